@@ -1,0 +1,85 @@
+"""Policy losses, KL estimators, entropy and loss aggregation: pure functions on `[B, R]` tensors.
+
+All per-token inputs are in the response layout (`[B, R]`, right-padded) with `mask` marking real
+response tokens; padded positions never contribute.
+
+- PPO clipped surrogate (Schulman et al. 2017) with dual clip (Ye et al. 2020, "Mastering Complex
+  Control in MOBA Games"): ratio r = exp(logp - old_logp);
+  per-token loss = max(-A r, -A clip(r, 1-eps_low, 1+eps_high)), and for A < 0 it is further
+  capped at -A * c (c = `clip_ratio_c` > 1), so a huge ratio on a bad action cannot blow up.
+- KL estimators against the reference policy (Schulman 2020, "Approximating KL Divergence"),
+  with d = logp - ref_logp: k1 = d, k2 = d^2 / 2, k3 = exp(-d) - 1 + d (unbiased, >= 0).
+- Entropy of the full next-token distribution at each response position, from the logits.
+- Aggregation: `token-mean` averages over every real token of the batch (DAPO, Yu et al. 2025);
+  `seq-mean-token-mean` averages tokens within each sequence, then sequences (the original GRPO).
+  `denominator` lets a data-parallel caller divide by the global count instead of the local one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum()
+
+
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str,
+              denominator: float | None = None) -> torch.Tensor:
+    """Reduce a per-token `[B, R]` loss to a scalar.
+
+    `denominator`: the number of tokens (token-mean) or sequences (seq-mean-token-mean) to divide
+    by; by default those of this batch. Passing the global count makes micro-batches and ranks add
+    up to the exact full-batch mean.
+    """
+    mask = mask.to(loss.dtype)
+    if mode == "token-mean":
+        denom = mask.sum() if denominator is None else denominator
+        return masked_sum(loss, mask) / max(float(denom), 1.0)
+    if mode == "seq-mean-token-mean":
+        per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
+        denom = has_tokens.sum() if denominator is None else denominator
+        return (per_seq * has_tokens).sum() / max(float(denom), 1.0)
+    raise ValueError(f"algo.loss_agg_mode={mode!r}; choose one of {LOSS_AGG_MODES}")
+
+
+def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
+                  clip_low: float, clip_high: float, clip_c: float):
+    """Per-token PPO dual-clip loss `[B, R]`, the ratio `[B, R]` and where clipping was active.
+
+    `advantages` is `[B, R]` (or `[B, 1]`, broadcast over tokens).
+    """
+    if clip_c <= 1.0:
+        raise ValueError(f"algo.clip_ratio_c must be > 1, got {clip_c}")
+    ratio = torch.exp(logp - old_logp)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    clipped = loss_clipped > loss_unclipped
+    dual = torch.minimum(loss, -advantages * clip_c)
+    loss = torch.where(advantages < 0, dual, loss)
+    return loss, ratio, clipped
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) `[B, R]`."""
+    d = logp - ref_logp
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d.square()
+    if estimator == "k3":
+        # clamp as in common practice: exp of a large negative d would overflow the estimate
+        return torch.exp(-d.clamp(min=-20.0, max=20.0)) - 1.0 + d
+    raise ValueError(f"algo.kl_estimator={estimator!r}; choose one of {KL_ESTIMATORS}")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of softmax(logits) over the last dim: logsumexp(z) - sum(p * z)."""
+    logits = logits.float()
+    p = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)

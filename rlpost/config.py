@@ -1,0 +1,364 @@
+"""The typed schema of every config key (Hydra structured configs) and its validation.
+
+YAML files under `configs/` and `recipes/` only set values; this module says which keys exist,
+their types, defaults, allowed values and what they mean. `load_config` composes the base config,
+a recipe (`+recipe=NAME`) and command-line overrides, and fails before anything starts if a key is
+unknown (naming the closest keys) or a value is not allowed (naming the allowed ones).
+`docs/configuration.md` is generated from this file (`rlpost doctor --config-docs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+def knob(default: Any, help: str, choices: tuple | None = None):
+    """A config field with its one-line documentation (and allowed values, if a closed set)."""
+    meta = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls, help: str):
+    return field(default_factory=cls, metadata={"help": help})
+
+
+# ----------------------------------------------------------------------------------------- model
+@dataclass
+class TinyModelConfig:
+    hidden_size: int = knob(128, "Hidden width of the tiny Qwen2-style decoder.")
+    num_layers: int = knob(4, "Decoder layers of the tiny model.")
+    num_heads: int = knob(4, "Attention heads of the tiny model.")
+    num_kv_heads: int = knob(2, "Key/value heads (grouped-query attention) of the tiny model.")
+    intermediate_size: int = knob(384, "MLP width of the tiny model.")
+    max_position: int = knob(128, "Longest sequence (prompt + response) the tiny model supports.")
+    warmup_steps: int = knob(600, "Supervised warm-up steps on the offline task before caching.")
+    warmup_lr: float = knob(3e-3, "Peak learning rate of the warm-up (cosine decay to 0).")
+    warmup_batch_size: int = knob(64, "Problems per warm-up step.")
+    seed: int = knob(0, "Seed of the tiny model's initialisation and warm-up.")
+
+
+@dataclass
+class ModelConfig:
+    path: str = knob("tiny", "Hugging Face hub id or local folder of the policy; `tiny` builds (once, "
+                     "then cached) a small Qwen2-style model and character tokenizer warm-started on "
+                     "the offline arithmetic task.")
+    dtype: str = knob("float32", "Parameter and compute dtype of trainer and rollout.",
+                      ("float32", "bfloat16", "float16"))
+    attn_implementation: str = knob("sdpa", "transformers attention implementation.",
+                                    ("sdpa", "eager", "flash_attention_2"))
+    trust_remote_code: bool = knob(False, "Allow model code from the model folder (transformers).")
+    cache_dir: str = knob("~/.cache/rlpost", "Where built tiny models and generated task data are cached.")
+    tiny: TinyModelConfig = section(TinyModelConfig, "Shape and warm-up of `model.path=tiny`.")
+
+
+# ------------------------------------------------------------------------------------------ data
+@dataclass
+class DataConfig:
+    task: str = knob("", "Offline task that generates its own rows (written as jsonl into "
+                     "`model.cache_dir`); empty to read `train_files`/`val_files`.", ("", "arithmetic"))
+    train_files: list = knob([], "Training rows: .jsonl, .parquet, a `datasets.save_to_disk` folder "
+                             "or `hub_id[:split]`. Each row: `prompt` (string or chat messages), "
+                             "`ground_truth`, optional `data_source`.")
+    val_files: list = knob([], "Validation rows, same formats as `train_files`.")
+    max_prompt_length: int = knob(512, "Prompts with more tokens are dropped at load and counted.")
+    train_batch_size: int = knob(32, "Prompts per training step (each sampled `rollout.n` times).")
+    val_size: int = knob(256, "Held-out problems of an offline task (validation uses all val rows).")
+    arithmetic_digits: int = knob(2, "Digits of each operand of the arithmetic task.")
+    shuffle: bool = knob(True, "Reshuffle the training rows every epoch (seeded by `run.seed`).")
+    default_data_source: str = knob("", "`data_source` of rows that have none (routes `reward.fn=auto`).")
+
+
+# --------------------------------------------------------------------------------------- rollout
+@dataclass
+class RolloutConfig:
+    backend: str = knob("hf", "Generation engine: `hf` (transformers generate; CPU default) or `vllm`.",
+                        ("hf", "vllm"))
+    num_workers: int = knob(1, "Rollout actors; each holds a full copy of the weights.")
+    n: int = knob(8, "Samples per prompt (the GRPO group size).")
+    temperature: float = knob(1.0, "Sampling temperature; the trainer scales its logits the same way.")
+    top_p: float = knob(1.0, "Nucleus sampling threshold (1.0 = off).")
+    top_k: int = knob(0, "Top-k sampling (0 = off).")
+    max_response_length: int = knob(256, "Most tokens generated per response.")
+    batch_size: int = knob(256, "Sequences generated together inside one rollout actor.")
+    val_greedy: bool = knob(True, "Validate with greedy decoding (else with the training sampler).")
+
+
+# ------------------------------------------------------------------------------------------ algo
+@dataclass
+class AlgoConfig:
+    advantage: str = knob("grpo", "Advantage estimator (rlpost.algos.advantages).", ("grpo", "rloo"))
+    norm_adv_by_std: bool = knob(True, "Divide group advantages by the group std; false gives "
+                                 "Dr.GRPO (Liu et al. 2025).")
+    clip_ratio_low: float = knob(0.2, "PPO clip: ratios below 1 - this are clipped (Schulman et al. 2017).")
+    clip_ratio_high: float = knob(0.2, "PPO clip: ratios above 1 + this are clipped (DAPO raises it).")
+    clip_ratio_c: float = knob(3.0, "Dual-clip bound for negative advantages (Ye et al. 2020); > 1.")
+    loss_agg_mode: str = knob("token-mean", "How per-token losses become one number.",
+                              ("token-mean", "seq-mean-token-mean"))
+    kl_coef: float = knob(0.0, "Weight of the KL loss against the frozen reference policy; 0 builds "
+                          "no reference model.")
+    kl_estimator: str = knob("k3", "KL estimator (Schulman 2020): k1, k2 or k3.", ("k1", "k2", "k3"))
+    entropy_coef: float = knob(0.0, "Weight of the entropy bonus (subtracted from the loss).")
+    ppo_epochs: int = knob(1, "Passes over each batch.")
+    ppo_mini_batch_size: int = knob(0, "Prompts per optimizer step (0 = the whole batch, one step).")
+
+
+# --------------------------------------------------------------------------------------- trainer
+@dataclass
+class OptimConfig:
+    lr: float = knob(1e-6, "AdamW learning rate.")
+    weight_decay: float = knob(0.0, "AdamW decoupled weight decay.")
+    betas: list = knob([0.9, 0.999], "AdamW betas.")
+    eps: float = knob(1e-8, "AdamW epsilon.")
+    grad_clip: float = knob(1.0, "Clip the global gradient norm to this (0 = off).")
+    warmup_steps: int = knob(0, "Linear learning-rate warm-up over this many optimizer steps.")
+
+
+@dataclass
+class TrainerConfig:
+    world_size: int = knob(2, "Trainer ranks (FSDP2 data-parallel shards).")
+    device: str = knob("cpu", "Device of trainer and rollout: `cpu` (gloo) or `cuda` (NCCL).", ("cpu", "cuda"))
+    micro_batch_size: int = knob(64, "Sequences per forward/backward on each rank.")
+    total_steps: int = knob(100, "Training steps (one batch of prompts each).")
+    val_every: int = knob(10, "Validate every this many steps, before the first and after the last (0 = never).")
+    save_every: int = knob(0, "Checkpoint every this many steps (0 = never).")
+    keep_checkpoints: int = knob(2, "Complete checkpoints kept; older ones are deleted.")
+    resume: str = knob("none", "`none`, `auto` (newest complete checkpoint in `run.dir`), or a checkpoint folder.")
+    optim: OptimConfig = section(OptimConfig, "Optimizer.")
+
+
+# ---------------------------------------------------------------------------- weight sync, reward
+@dataclass
+class WeightSyncConfig:
+    bucket_mb: int = knob(64, "Size of the flat buffers weights travel in.")
+    verify: bool = knob(True, "Receivers check a checksum of every tensor they loaded.")
+    timeout_s: int = knob(600, "Timeout of the weight-sync process group.")
+
+
+@dataclass
+class RewardConfig:
+    fn: str = knob("auto", "`auto` (by each row's data_source), a registered name, or `file.py:function`.")
+    kwargs: dict = knob({}, "Keyword arguments for an explicitly named `fn` (e.g. gsm8k `method: flexible`).")
+
+
+# -------------------------------------------------------------------------------- logger, cluster
+@dataclass
+class LoggerConfig:
+    backends: list = knob(["console", "jsonl"], "Trackers: console, jsonl, tensorboard, wandb.")
+    project: str = knob("rlpost", "Project name for wandb.")
+    wandb_mode: str = knob("offline", "wandb mode; `offline` needs no network.", ("offline", "online", "disabled"))
+    progress_bar: bool = knob(True, "Show a progress bar with step, reward and step time.")
+
+
+@dataclass
+class ClusterConfig:
+    address: str = knob("", "Ray cluster address (`auto` or host:port); empty starts a local Ray.")
+    placement: str = knob("colocate", "`colocate`: rollout shares the trainer's devices and takes turns; "
+                          "`split`: disjoint devices.", ("colocate", "split"))
+    num_threads: int = knob(1, "torch/OMP threads per actor (more threads on busy cores run slower).")
+
+
+@dataclass
+class RunConfig:
+    dir: str = knob("", "Run folder (config, metrics, checkpoints); empty: runs/<date>_<time>.")
+    seed: int = knob(0, "Seed of data order, sampling and initialisation.")
+
+
+@dataclass
+class TrainConfig:
+    run: RunConfig = section(RunConfig, "Run folder and seed.")
+    model: ModelConfig = section(ModelConfig, "Policy model.")
+    data: DataConfig = section(DataConfig, "Prompts and ground truths.")
+    rollout: RolloutConfig = section(RolloutConfig, "Generation.")
+    algo: AlgoConfig = section(AlgoConfig, "Advantages and losses.")
+    trainer: TrainerConfig = section(TrainerConfig, "FSDP2 trainer.")
+    weight_sync: WeightSyncConfig = section(WeightSyncConfig, "Trainer -> rollout weight transfer.")
+    reward: RewardConfig = section(RewardConfig, "Reward functions.")
+    logger: LoggerConfig = section(LoggerConfig, "Metrics.")
+    cluster: ClusterConfig = section(ClusterConfig, "Ray and placement.")
+
+
+# ------------------------------------------------------------------------------------ validation
+class ConfigError(ValueError):
+    """A config key is unknown or has a value that is not allowed; the message names the key."""
+
+
+def iter_fields(cls=TrainConfig, prefix: str = ""):
+    """(dotted key, dataclass field) for every leaf key of the schema."""
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+            yield from iter_fields(f.default_factory, key + ".")
+        else:
+            yield key, f
+
+
+ALL_KEYS = [k for k, _ in iter_fields()]
+
+
+def closest_keys(key: str, n: int = 3) -> list[str]:
+    """Schema keys that look like `key` (by full path, then by last component)."""
+    close = difflib.get_close_matches(key, ALL_KEYS, n=n, cutoff=0.85)
+    leaf = key.rsplit(".", 1)[-1]
+    by_leaf = [k for k in ALL_KEYS if difflib.get_close_matches(leaf, [k.rsplit(".", 1)[-1]], cutoff=0.75)]
+    return list(dict.fromkeys(close + by_leaf + difflib.get_close_matches(key, ALL_KEYS, n=n, cutoff=0.6)))[:n]
+
+
+def _get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Allowed values and cross-key rules; raises ConfigError naming the key at fault."""
+    for key, f in iter_fields():
+        choices = f.metadata.get("choices")
+        value = _get(cfg, key)
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}")
+    positive = ["trainer.world_size", "trainer.micro_batch_size", "rollout.n", "rollout.num_workers",
+                "rollout.max_response_length", "rollout.batch_size", "data.train_batch_size",
+                "data.max_prompt_length", "weight_sync.bucket_mb", "cluster.num_threads",
+                "algo.ppo_epochs"]
+    for key in positive:
+        if _get(cfg, key) < 1:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1")
+    if cfg.trainer.total_steps < 0:
+        raise ConfigError(f"trainer.total_steps={cfg.trainer.total_steps} must be >= 0")
+    for backend in cfg.logger.backends:
+        if backend not in ("console", "jsonl", "tensorboard", "wandb"):
+            raise ConfigError(f"logger.backends contains {backend!r}; allowed: console, jsonl, tensorboard, wandb")
+    if cfg.algo.clip_ratio_c <= 1:
+        raise ConfigError(f"algo.clip_ratio_c={cfg.algo.clip_ratio_c} must be > 1")
+    mini = cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size
+    if cfg.data.train_batch_size % mini:
+        raise ConfigError(f"algo.ppo_mini_batch_size={mini} must divide data.train_batch_size="
+                          f"{cfg.data.train_batch_size}")
+    if (mini * cfg.rollout.n) % cfg.trainer.world_size:
+        raise ConfigError(f"each optimizer step sees algo.ppo_mini_batch_size * rollout.n = "
+                          f"{mini * cfg.rollout.n} sequences, which trainer.world_size="
+                          f"{cfg.trainer.world_size} must divide")
+    if not cfg.data.task and not cfg.data.train_files:
+        raise ConfigError("data.train_files is empty and data.task is not set: give rows to train on")
+    if cfg.trainer.resume not in ("none", "auto") and not Path(cfg.trainer.resume).expanduser().is_dir():
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: not `none`, `auto` or an existing folder")
+    if cfg.trainer.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
+    if cfg.rollout.backend == "vllm" and cfg.trainer.device != "cuda":
+        raise ConfigError("rollout.backend=vllm needs trainer.device=cuda (on CPU use rollout.backend=hf)")
+
+
+# --------------------------------------------------------------------------------- composition
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+RECIPE_DIR = REPO_ROOT / "recipes"
+_KEY_IN_MESSAGE = re.compile(r"full_key: ([\w.\[\]]+)|Could not override '([\w.]+)'|Key '([\w.]+)'")
+
+
+def _register_schema_and_recipes() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="rlpost_schema", node=TrainConfig)
+    for path in sorted(RECIPE_DIR.glob("*.yaml")):
+        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+
+
+def _explain(error: Exception) -> str:
+    """Turn a Hydra/OmegaConf composition error into one line naming the key and what would fix it."""
+    text = str(error)
+    if error.__cause__ is not None:
+        text += "\n" + str(error.__cause__)
+    keys = [next(g for g in m.groups() if g) for m in _KEY_IN_MESSAGE.finditer(text)]
+    key = max(keys, key=len) if keys else None
+    first = text.strip().splitlines()[0]
+    if key and key not in ALL_KEYS and ("not in" in text or "not in struct" in text or "Could not override" in text):
+        hint = closest_keys(key)
+        return f"unknown config key '{key}'" + (f"; did you mean: {', '.join(hint)}?" if hint else "")
+    missing = re.search(r"Could not find '(\w+)/", text)
+    if missing:
+        group = missing.group(1)
+        folder = RECIPE_DIR if group == "recipe" else CONFIG_DIR / group
+        return f"{first}; options for {group}: {sorted(p.stem for p in folder.glob('*.yaml'))}"
+    detail = [line for line in text.splitlines()[1:] if line.strip() and "full_key" not in line
+              and "object_type" not in line and "Traceback" not in line]
+    return first + (f": {detail[0].strip()}" if detail else "") + (f" (key: {key})" if key and key not in first else "")
+
+
+def _unknown_keys(node, prefix: str = "") -> list[str]:
+    """Keys of a composed config that the schema does not have (`+key=` bypasses Hydra's check)."""
+    out = []
+    for k, v in node.items():
+        key = f"{prefix}{k}"
+        if key in ALL_KEYS:
+            continue
+        if isinstance(v, DictConfig) and any(a.startswith(key + ".") for a in ALL_KEYS):
+            out += _unknown_keys(v, key + ".")
+        else:
+            out.append(key)
+    return out
+
+
+def load_config(overrides: list[str]) -> TrainConfig:
+    """Compose configs/train.yaml + recipe + overrides into a validated `TrainConfig`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    _register_schema_and_recipes()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            composed: DictConfig = compose(config_name="train", overrides=list(overrides))
+        unknown = _unknown_keys(composed)
+        if unknown:
+            hint = closest_keys(unknown[0])
+            raise ConfigError(f"unknown config key '{unknown[0]}'"
+                              + (f"; did you mean: {', '.join(hint)}?" if hint else ""))
+        cfg = OmegaConf.to_object(composed)
+    except ConfigError:
+        raise
+    except Exception as e:  # Hydra and OmegaConf raise several types; all mean a bad key/value
+        raise ConfigError(_explain(e)) from e
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def config_docs() -> str:
+    """Markdown reference of every key, generated from the schema."""
+    lines = ["# Configuration reference", "",
+             "Generated from `rlpost/config.py` by `rlpost doctor --config-docs`; do not edit by hand.",
+             "Set any key on the command line: `rlpost train +recipe=quickstart trainer.total_steps=5`.", ""]
+    section_name = None
+    for key, f in iter_fields():
+        top = key.split(".")[0]
+        if top != section_name:
+            section_name = top
+            lines += ["", f"## `{top}`", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        help_text = f.metadata.get("help", "")
+        if "choices" in f.metadata:
+            help_text += " Allowed: " + ", ".join(f"`{c}`" for c in f.metadata["choices"]) + "."
+        lines.append(f"| `{key}` | {type_name} | `{default!r}` | {help_text.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["TrainConfig", "ConfigError", "load_config", "validate", "to_yaml", "config_docs", "MISSING"]

@@ -1,0 +1,123 @@
+"""Ray at the edge: starting Ray, placing actors, and calling groups of them.
+
+Placement (one placement group for the whole job):
+- `colocate`: one bundle per trainer rank; rollout actor i shares bundle i % world_size with
+  trainer rank i, each taking half of its CPU (and GPU): they take turns on the same device.
+- `split`: trainer bundles first, then one bundle per rollout actor: disjoint devices.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlpost.config import TrainConfig
+from rlpost.data.batch import Batch
+
+
+def actor_env(cfg: TrainConfig) -> dict[str, str]:
+    threads = str(cfg.cluster.num_threads)
+    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONWARNINGS": "ignore"}
+    # keep NVLink multicast off wherever NCCL runs (see docs/multinode.md)
+    env.update({k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "HF_HUB_OFFLINE", "PYTHONPATH") if k in os.environ})
+    return env
+
+
+def start_ray(cfg: TrainConfig) -> None:
+    if ray.is_initialized():
+        return
+    if cfg.cluster.address:
+        ray.init(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)})
+        return
+    # logical CPUs: enough for every bundle even on a 2-core machine (actors take turns)
+    needed = cfg.trainer.world_size + cfg.rollout.num_workers
+    ray.init(num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False,
+             runtime_env={"env_vars": actor_env(cfg)}, log_to_driver=True)
+
+
+@dataclass
+class Placement:
+    pg: object
+    trainer_bundles: list[int]
+    rollout_bundles: list[int]
+    share: float  # fraction of a bundle each actor takes
+
+    @staticmethod
+    def create(cfg: TrainConfig) -> "Placement":
+        ws, nr = cfg.trainer.world_size, cfg.rollout.num_workers
+        device = "GPU" if cfg.trainer.device == "cuda" else "CPU"
+        bundle = {"CPU": 1, "GPU": 1} if device == "GPU" else {"CPU": 1}
+        if cfg.cluster.placement == "colocate":
+            bundles, trainers, rollouts, share = [dict(bundle) for _ in range(ws)], list(range(ws)), \
+                [i % ws for i in range(nr)], 0.5
+        else:
+            bundles, trainers, rollouts, share = [dict(bundle) for _ in range(ws + nr)], list(range(ws)), \
+                list(range(ws, ws + nr)), 1.0
+        pg = placement_group(bundles, strategy="PACK")
+        ray.get(pg.ready(), timeout=300)
+        return Placement(pg, trainers, rollouts, share)
+
+    def options(self, cfg: TrainConfig, bundle: int, name: str) -> dict:
+        gpu = cfg.trainer.device == "cuda"
+        return {
+            "name": name,
+            "num_cpus": self.share,
+            "num_gpus": self.share if gpu else 0,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=bundle),
+            "runtime_env": {"env_vars": actor_env(cfg)},
+        }
+
+    def address_of_bundle(self, bundle: int) -> tuple[str, int]:
+        """(node ip, free port) on the node that holds `bundle`."""
+        return ray.get(_address.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self.pg, placement_group_bundle_index=bundle), num_cpus=0).remote())
+
+    def remove(self) -> None:
+        remove_placement_group(self.pg)
+
+
+@ray.remote
+def _address() -> tuple[str, int]:
+    from rlpost.weightsync.transport import free_port
+
+    return ray.util.get_node_ip_address(), free_port()
+
+
+class WorkerGroup:
+    """N actors of one role; `call` runs a method on all of them, `call_sharded` splits a batch
+    by data-parallel rank first. Both gather the results in rank order."""
+
+    def __init__(self, cls, cfg: TrainConfig, placement: Placement, bundles: list[int], role: str,
+                 args_for_rank):
+        remote_cls = ray.remote(cls)
+        self.role = role
+        self.workers = [
+            remote_cls.options(**placement.options(cfg, b, f"{role}-{rank}-{os.getpid()}")).remote(*args_for_rank(rank))
+            for rank, b in enumerate(bundles)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def call_async(self, method: str, *args, **kwargs) -> list:
+        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+
+    def call(self, method: str, *args, **kwargs) -> list:
+        return ray.get(self.call_async(method, *args, **kwargs))
+
+    def call_sharded_async(self, method: str, batch: Batch, *args, **kwargs) -> list:
+        shards = batch.chunk(len(self.workers))
+        return [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
+
+    def call_sharded(self, method: str, batch: Batch, *args, **kwargs) -> list:
+        return ray.get(self.call_sharded_async(method, batch, *args, **kwargs))
+
+    def kill(self) -> None:
+        for w in self.workers:
+            ray.kill(w)

@@ -1,0 +1,268 @@
+"""The single controller: one process that drives rollout and trainer groups through GRPO.
+
+One step (see shared/DESIGN.md): generate -> reward -> old/ref log-probs -> advantages ->
+update -> weight sync (version + 1) -> metrics, and on schedule validation and checkpoints.
+The controller holds no model: it tokenizes, scores, computes advantages and keeps the books.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from rlpost.algos.advantages import get_advantage
+from rlpost.config import TrainConfig, to_yaml
+from rlpost.controller import checkpoint
+from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
+from rlpost.data.batch import Batch
+from rlpost.data.dataset import PromptLoader, PromptRow, load_prompts
+from rlpost.data.padding import concat_generations
+from rlpost.data.tasks import arithmetic_split, write_jsonl
+from rlpost.metrics.trackers import Trackers
+from rlpost.models.loading import load_tokenizer, resolve_model_path, tiny_model_dir
+from rlpost.rewards import RewardInput, get_reward_fn, score_samples
+from rlpost.rollout.base import SamplingParams
+from rlpost.rollout.worker import RolloutWorker
+from rlpost.trainer.worker import TrainerWorker
+
+
+def make_run_dir(cfg: TrainConfig) -> Path:
+    run_dir = Path(cfg.run.dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}").expanduser().resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    return run_dir
+
+
+def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """Train and validation sources; an offline task writes its rows as jsonl first."""
+    if cfg.data.task == "arithmetic":
+        folder = Path(cfg.model.cache_dir).expanduser() / "data" / \
+            f"arithmetic-d{cfg.data.arithmetic_digits}-v{cfg.data.val_size}"
+        train, val = arithmetic_split(cfg.data.arithmetic_digits, seed=0, num_val=cfg.data.val_size)
+        if not (folder / "val.jsonl").is_file():
+            write_jsonl(train, folder / "train.jsonl")
+            write_jsonl(val, folder / "val.jsonl")
+        return [str(folder / "train.jsonl")], [str(folder / "val.jsonl")]
+    return list(cfg.data.train_files), list(cfg.data.val_files)
+
+
+class Controller:
+    def __init__(self, cfg: TrainConfig, log=print):
+        self.cfg, self.log = cfg, log
+        self.run_dir = make_run_dir(cfg)
+        log(f"run folder: {self.run_dir}")
+        self.model_path = resolve_model_path(cfg.model, cfg.data, log=log)
+        self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
+        self._load_data()
+        self.reward_fn = get_reward_fn(cfg.reward.fn)
+        self.version, self.step = 0, 0
+        self._start_workers()
+        if cfg.trainer.resume != "none":
+            self._resume()
+        self._sync_weights()  # the rollouts start from exactly the trainer's weights, verified
+
+    # ------------------------------------------------------------------------------- set-up
+    def _load_data(self) -> None:
+        cfg = self.cfg
+        train_src, val_src = data_sources(cfg)
+        train = load_prompts(train_src, self.tokenizer, cfg.data.max_prompt_length, cfg.data.default_data_source)
+        val = load_prompts(val_src, self.tokenizer, cfg.data.max_prompt_length, cfg.data.default_data_source)
+        self.dropped_prompts = train.dropped_too_long + val.dropped_too_long
+        if self.dropped_prompts:
+            self.log(f"dropped {self.dropped_prompts} prompts longer than data.max_prompt_length="
+                     f"{cfg.data.max_prompt_length} tokens")
+        self.loader = PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle)
+        self.val_rows = val.rows
+        self.log(f"data: {len(train.rows)} training prompts, {len(self.val_rows)} validation prompts")
+
+    def _start_workers(self) -> None:
+        cfg = self.cfg
+        start_ray(cfg)
+        self.placement = Placement.create(cfg)
+        ws = cfg.trainer.world_size
+        master = self.placement.address_of_bundle(self.placement.trainer_bundles[0])
+        self.trainers = WorkerGroup(TrainerWorker, cfg, self.placement, self.placement.trainer_bundles,
+                                    "trainer", lambda r: (cfg, self.model_path, r, ws, *master))
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        self.rollouts = WorkerGroup(RolloutWorker, cfg, self.placement, self.placement.rollout_bundles,
+                                    "rollout", lambda r: (cfg, self.model_path, r, pad, eos))
+        host, port = self.placement.address_of_bundle(self.placement.trainer_bundles[0])
+        world = 1 + len(self.rollouts)
+        import ray
+
+        ray.get(self.trainers.call_async("init_weight_sync", host, port, world)
+                + [w.init_weight_sync.remote(host, port, 1 + i, world)
+                   for i, w in enumerate(self.rollouts.workers)])
+
+    # ---------------------------------------------------------------------------- the parts
+    def generate(self, rows: list[PromptRow], params: SamplingParams) -> Batch:
+        """Prompts split over the rollout actors (groups stay whole), results in prompt order."""
+        import ray
+
+        k = len(self.rollouts)
+        per = [rows[i * len(rows) // k:(i + 1) * len(rows) // k] for i in range(k)]
+        refs = [w.generate.remote([r.prompt_ids for r in part],
+                                  SamplingParams(**{**params.__dict__, "seed": params.seed + i}))
+                for i, (w, part) in enumerate(zip(self.rollouts.workers, per)) if part]
+        batch = concat_generations(ray.get(refs), self.tokenizer.pad_token_id)
+        batch["group_ids"] = torch.arange(len(rows)).repeat_interleave(params.n)
+        return batch
+
+    def score(self, rows: list[PromptRow], batch: Batch, n: int):
+        responses = self.tokenizer.batch_decode(
+            [ids[m].tolist() for ids, m in zip(batch["response_ids"], batch["response_mask"])],
+            skip_special_tokens=True)
+        samples = [RewardInput(rows[i // n].prompt_text, text, rows[i // n].ground_truth, rows[i // n].data_source)
+                   for i, text in enumerate(responses)]
+        result = score_samples(samples, self.reward_fn, self.cfg.reward.kwargs)
+        if result.first_error:
+            self.log(f"reward errors this step: {result.errors} (first: {result.first_error})")
+        return torch.tensor(result.scores, dtype=torch.float32), result.errors
+
+    def _sync_weights(self) -> dict[str, float]:
+        import ray
+
+        start = time.perf_counter()
+        recv = self.rollouts.call_async("receive_weights", self.version)
+        sent = self.trainers.call_async("push_weights", self.version)
+        recv_stats = ray.get(recv)  # receivers first: their errors name the tensor
+        send_stats = ray.get(sent)[0]
+        versions = self.rollouts.call("weight_version")
+        if versions != [self.version] * len(versions):
+            raise RuntimeError(f"rollout weight versions {versions} after sync v{self.version}")
+        return {**send_stats, "weight_sync/version": float(self.version),
+                "weight_sync/recv_s": max(s["weight_sync/recv_s"] for s in recv_stats),
+                "timing_s/weight_sync": time.perf_counter() - start}
+
+    # ---------------------------------------------------------------------------- one step
+    def train_step(self) -> dict[str, float]:
+        cfg, timing = self.cfg, {}
+        rows = next(self.loader)
+        t = time.perf_counter()
+        params = SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                top_k=cfg.rollout.top_k, max_tokens=cfg.rollout.max_response_length,
+                                seed=cfg.run.seed * 1_000_003 + self.step * 101)
+        batch = self.generate(rows, params)
+        timing["timing_s/gen"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        rewards, reward_errors = self.score(rows, batch, cfg.rollout.n)
+        timing["timing_s/reward"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        batch = Batch({**batch.tensors, **Batch.cat(self.trainers.call_sharded("compute_logprobs", batch)).tensors})
+        timing["timing_s/logprob"] = time.perf_counter() - t
+
+        adv_fn = get_advantage(cfg.algo.advantage)
+        batch["advantages"] = adv_fn(rewards, batch["group_ids"], norm_by_std=cfg.algo.norm_adv_by_std)
+
+        t = time.perf_counter()
+        mini = cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size
+        actor = self.trainers.call_sharded("update", batch, cfg.data.train_batch_size // mini)[0]
+        timing["timing_s/update"] = time.perf_counter() - t
+
+        self.version += 1
+        sync = self._sync_weights()
+        return {**self._batch_metrics(batch, rewards, reward_errors), **actor, **sync, **timing}
+
+    def _batch_metrics(self, batch: Batch, rewards: torch.Tensor, reward_errors: int) -> dict[str, float]:
+        mask = batch["response_mask"]
+        lengths = mask.sum(-1).float()
+        diff = (batch["rollout_logprobs"] - batch["old_logprobs"]).abs()[mask]
+        groups = rewards.view(-1, self.cfg.rollout.n)
+        return {
+            "reward/mean": rewards.mean().item(),
+            "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+            "reward/errors": float(reward_errors),
+            "reward/solve_none": (groups.max(1).values == groups.min(1).values).float().mean().item(),
+            "response_length/mean": lengths.mean().item(),
+            "response_length/max": lengths.max().item(),
+            "rollout/logprob_diff_max": diff.max().item() if diff.numel() else 0.0,
+            "rollout/logprob_diff_mean": diff.mean().item() if diff.numel() else 0.0,
+            "rollout/weight_version": batch["weight_version"].float().mean().item(),
+            "data/dropped_prompts": float(self.dropped_prompts),
+            "perf/tokens": float(batch["prompt_mask"].sum() + mask.sum()),
+        }
+
+    # ---------------------------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        t = time.perf_counter()
+        params = SamplingParams(n=1, temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p,
+                                top_k=self.cfg.rollout.top_k, max_tokens=self.cfg.rollout.max_response_length,
+                                greedy=self.cfg.rollout.val_greedy, seed=self.cfg.run.seed)
+        batch = self.generate(self.val_rows, params)
+        scores, errors = self.score(self.val_rows, batch, 1)
+        return {"val/accuracy": (scores >= 1.0).float().mean().item(), "val/reward_mean": scores.mean().item(),
+                "val/reward_errors": float(errors), "val/size": float(len(scores)),
+                "timing_s/val": time.perf_counter() - t}
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def save(self) -> Path:
+        state = {"step": self.step, "version": self.version, "loader": self.loader.state_dict(),
+                 "python_rng": random.getstate(), "torch_rng": torch.get_rng_state()}
+        return checkpoint.save(self.run_dir, self.step, state, self.trainers, self.cfg.trainer.keep_checkpoints)
+
+    def _resume(self) -> None:
+        folder = checkpoint.find(self.run_dir, self.cfg.trainer.resume)
+        if folder is None:
+            self.log(f"trainer.resume={self.cfg.trainer.resume}: no complete checkpoint in {self.run_dir}, "
+                     "starting fresh")
+            return
+        state = checkpoint.load(folder, self.trainers)
+        self.step, self.version = state["step"], state["version"]
+        self.loader.load_state_dict(state["loader"])
+        random.setstate(state["python_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        self.log(f"resumed from {folder} (step {self.step}, weight version {self.version})")
+
+    # ------------------------------------------------------------------------------------ run
+    def run(self) -> Path:
+        from tqdm import tqdm
+
+        cfg = self.cfg
+        bar = tqdm(total=cfg.trainer.total_steps, initial=self.step, desc="grpo", dynamic_ncols=True,
+                   disable=not cfg.logger.progress_bar)
+        trackers = Trackers(cfg.logger.backends, self.run_dir, cfg.logger.project, cfg.logger.wandb_mode,
+                            write=tqdm.write)
+        try:
+            if cfg.trainer.val_every and self.step == 0:
+                trackers.log(self.validate(), self.step)
+            while self.step < cfg.trainer.total_steps:
+                start = time.perf_counter()
+                metrics = self.train_step()
+                self.step += 1
+                metrics["timing_s/step"] = time.perf_counter() - start
+                metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / metrics["timing_s/step"]
+                last = self.step == cfg.trainer.total_steps
+                if cfg.trainer.val_every and (self.step % cfg.trainer.val_every == 0 or last):
+                    metrics.update(self.validate())
+                if cfg.trainer.save_every and (self.step % cfg.trainer.save_every == 0 or last):
+                    self.save()
+                trackers.log(metrics, self.step)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", step_s=f"{metrics['timing_s/step']:.2f}",
+                                **({"val_acc": f"{metrics['val/accuracy']:.3f}"} if "val/accuracy" in metrics else {}))
+                bar.update(1)
+        finally:
+            bar.close()
+            trackers.close()
+        return self.run_dir
+
+    def shutdown(self) -> None:
+        for group in (self.trainers, self.rollouts):
+            group.kill()
+        self.placement.remove()
+
+
+def train(cfg: TrainConfig, log=print) -> Path:
+    controller = Controller(cfg, log=log)
+    try:
+        return controller.run()
+    finally:
+        controller.shutdown()
+
+
+__all__ = ["Controller", "train", "tiny_model_dir"]

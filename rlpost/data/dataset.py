@@ -1,0 +1,156 @@
+"""Loading prompt rows, checking them, tokenizing them, and iterating over them resumably.
+
+One loader for every source: `.jsonl`/`.json` (one object per line), `.parquet`, a folder written
+by `datasets.Dataset.save_to_disk`, or a Hugging Face hub id (`name[:split]`). Every row must
+have `prompt` (a string, or chat messages `[{"role", "content"}, ...]`) and `ground_truth`
+(string or number); `data_source` is optional. A bad row stops the load with an error that names
+the file, the row number and the field. Prompts longer than `data.max_prompt_length` tokens are
+dropped and counted, not fatal.
+
+String prompts are tokenized as they are; chat messages go through the tokenizer's chat template
+with the generation prompt appended.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DataError(ValueError):
+    """A data row or file is malformed: the message names file, row and field."""
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    prompt_ids: list[int]
+    prompt_text: str
+    ground_truth: str
+    data_source: str
+
+
+def read_rows(source: str) -> list[dict]:
+    """Raw rows of one source (file, saved dataset folder or hub id)."""
+    path = Path(source).expanduser()
+    if path.suffix in (".jsonl", ".json") and path.is_file():
+        rows = []
+        with open(path) as f:
+            for i, line in enumerate(f):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: row {i}: not valid JSON ({e.msg})") from None
+        return rows
+    if path.suffix == ".parquet" and path.is_file():
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if path.is_dir():
+        import datasets
+
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            raise DataError(f"{path}: holds several splits {list(loaded)}; point at one split's folder")
+        return list(loaded)
+    if path.suffix in (".jsonl", ".json", ".parquet"):
+        raise DataError(f"{path}: no such file")
+    import datasets
+
+    name, _, split = source.partition(":")
+    return list(datasets.load_dataset(name, split=split or "train"))
+
+
+def check_row(row: dict, where: str) -> dict:
+    """Validate one row's fields; return it normalised (`ground_truth` as str)."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object with 'prompt' and 'ground_truth', got {type(row).__name__}")
+    for key in ("prompt", "ground_truth"):
+        if key not in row or row[key] is None:
+            raise DataError(f"{where}: field '{key}' is missing (fields present: {sorted(row)})")
+    prompt = row["prompt"]
+    if isinstance(prompt, list):
+        for j, m in enumerate(prompt):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise DataError(f"{where}: field 'prompt' message {j} must be "
+                                "{'role': str, 'content': str}")
+    elif not isinstance(prompt, str):
+        raise DataError(f"{where}: field 'prompt' must be a string or a list of chat messages, "
+                        f"got {type(prompt).__name__}")
+    gt = row["ground_truth"]
+    if isinstance(gt, bool) or not isinstance(gt, (str, int, float)):
+        raise DataError(f"{where}: field 'ground_truth' must be a string or number, got {type(gt).__name__}")
+    source = row.get("data_source")
+    if source is not None and not isinstance(source, str):
+        raise DataError(f"{where}: field 'data_source' must be a string, got {type(source).__name__}")
+    return {"prompt": prompt, "ground_truth": str(gt), "data_source": source}
+
+
+def render_prompt(prompt, tokenizer) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+@dataclass
+class LoadResult:
+    rows: list[PromptRow]
+    dropped_too_long: int
+
+
+def load_prompts(sources: list[str], tokenizer, max_prompt_length: int,
+                 default_data_source: str = "") -> LoadResult:
+    """Read, check and tokenize every row of `sources`; drop (and count) over-long prompts."""
+    rows, dropped = [], 0
+    for source in sources:
+        for i, raw in enumerate(read_rows(source)):
+            row = check_row(raw, f"{source}: row {i}")
+            text = render_prompt(row["prompt"], tokenizer)
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            if len(ids) > max_prompt_length:
+                dropped += 1
+                continue
+            if not ids:
+                raise DataError(f"{source}: row {i}: field 'prompt' is empty")
+            rows.append(PromptRow(ids, text, row["ground_truth"], row["data_source"] or default_data_source))
+    return LoadResult(rows, dropped)
+
+
+class PromptLoader:
+    """Endless batches of rows, reshuffled each epoch with a seed; `state_dict` resumes exactly.
+
+    The last incomplete batch of an epoch is dropped, so every step sees `batch_size` prompts."""
+
+    def __init__(self, rows: list, batch_size: int, seed: int, shuffle: bool = True):
+        if len(rows) < batch_size:
+            raise DataError(f"{len(rows)} training rows are fewer than data.train_batch_size={batch_size}")
+        self.rows, self.batch_size, self.seed, self.shuffle = rows, batch_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._epoch_order()
+
+    def _epoch_order(self) -> list[int]:
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(self.seed * 100_003 + self.epoch).shuffle(order)
+        return order
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list:
+        if self.position + self.batch_size > len(self.rows):
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._epoch_order()
+        idx = self._order[self.position : self.position + self.batch_size]
+        self.position += self.batch_size
+        return [self.rows[i] for i in idx]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._epoch_order()

@@ -1,0 +1,97 @@
+"""Where metrics go: console, `metrics.jsonl`, tensorboard, wandb (offline by default).
+
+Every tracker takes `log(metrics, step)` with a flat dict of floats and `close()`.
+`metrics.jsonl` gets one JSON object per step, with the step under `"step"`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+CONSOLE_KEYS = ("reward/mean", "val/accuracy", "actor/pg_loss", "actor/kl", "actor/grad_norm",
+                "response_length/mean", "timing_s/step")
+
+
+class JsonlTracker:
+    def __init__(self, run_dir: Path):
+        self.file = open(run_dir / "metrics.jsonl", "a")
+
+    def log(self, metrics: dict, step: int) -> None:
+        clean = {k: (v if isinstance(v, (int, str)) or math.isfinite(v) else None) for k, v in metrics.items()}
+        self.file.write(json.dumps({"step": step, **clean}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class ConsoleTracker:
+    """A line per validation and every `every` steps (the progress bar shows the rest)."""
+
+    def __init__(self, write=print, every: int = 10):
+        self.write, self.every = write, every
+
+    def log(self, metrics: dict, step: int) -> None:
+        if step % self.every and "val/accuracy" not in metrics:
+            return
+        parts = [f"{k} {metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics]
+        self.write(f"step {step}: " + "  ".join(parts))
+
+    def close(self) -> None:
+        pass
+
+
+class TensorboardTracker:
+    def __init__(self, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log(self, metrics: dict, step: int) -> None:
+        for k, v in metrics.items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    def __init__(self, run_dir: Path, project: str, mode: str, config: dict):
+        import wandb
+
+        self.run = wandb.init(project=project, dir=str(run_dir), mode=mode, config=config,
+                              name=run_dir.name, reinit="finish_previous")
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class Trackers:
+    def __init__(self, backends: list[str], run_dir: Path, project: str = "rlpost",
+                 wandb_mode: str = "offline", config: dict | None = None, write=print):
+        self.trackers = []
+        for name in backends:
+            if name == "console":
+                self.trackers.append(ConsoleTracker(write))
+            elif name == "jsonl":
+                self.trackers.append(JsonlTracker(run_dir))
+            elif name == "tensorboard":
+                self.trackers.append(TensorboardTracker(run_dir))
+            elif name == "wandb":
+                self.trackers.append(WandbTracker(run_dir, project, wandb_mode, config or {}))
+            else:
+                raise ValueError(f"logger.backends: unknown tracker {name!r}")
+
+    def log(self, metrics: dict, step: int) -> None:
+        for t in self.trackers:
+            t.log(metrics, step)
+
+    def close(self) -> None:
+        for t in self.trackers:
+            t.close()

@@ -1,0 +1,106 @@
+"""Tiny models and tokenizers built locally, so everything runs with no download.
+
+`build_char_tokenizer` makes a character-level tokenizer (one token per character, `<eos>` and
+`<pad>` specials) that saves and loads like any Hugging Face tokenizer. `tiny_qwen2_config` gives
+a Qwen2-shaped decoder config of the requested size. `warm_up` runs a short supervised pass on an
+offline task so that sampling already finds some correct answers, which GRPO needs to learn
+from: a policy that is never rewarded has nothing to reinforce.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import torch
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+CHARS = (
+    "0123456789+-*/=()., ?!:;'\"\n#$%<>_"
+    + "abcdefghijklmnopqrstuvwxyz"
+    + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+# Messages are rendered as plain text so the character vocabulary covers the template itself.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
+def build_char_tokenizer():
+    """A character-level `PreTrainedTokenizerFast`: ids 0..2 are pad, eos, unk."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate([PAD, EOS, UNK, *CHARS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left"
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_qwen2_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int,
+                      num_kv_heads: int, intermediate_size: int, max_position: int,
+                      pad_token_id: int, eos_token_id: int):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position,
+        tie_word_embeddings=True,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=eos_token_id,
+        torch_dtype="float32",
+    )
+
+
+def sft_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `prompt + answer + eos` ids [B, T], attention mask and labels (answer only)."""
+    seqs, labels = [], []
+    for row in rows:
+        p = tokenizer(row["prompt"], add_special_tokens=False).input_ids
+        a = tokenizer(row["ground_truth"], add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+        seqs.append(p + a)
+        labels.append([-100] * len(p) + a)
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    lab = torch.full((len(rows), width), -100)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (s, l) in enumerate(zip(seqs, labels)):
+        ids[i, : len(s)] = torch.tensor(s)
+        lab[i, : len(l)] = torch.tensor(l)
+        mask[i, : len(s)] = 1
+    return ids, mask, lab
+
+
+def warm_up(model, tokenizer, rows: list[dict], steps: int, batch_size: int, lr: float,
+            seed: int, log=print) -> None:
+    """Supervised warm-up: next-token loss on the answer tokens of `rows`, AdamW, cosine decay."""
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.5 * (1 + torch.cos(torch.tensor(s / max(steps, 1) * torch.pi)).item())
+    )
+    model.train()
+    start = time.time()
+    for step in range(steps):
+        ids, mask, labels = sft_batch(tokenizer, rng.sample(rows, batch_size))
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if (step + 1) % max(steps // 10, 1) == 0:
+            log(f"warm-up step {step + 1}/{steps}  loss {loss.item():.3f}  {time.time() - start:.0f}s")
+    model.eval()

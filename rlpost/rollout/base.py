@@ -1,0 +1,42 @@
+"""The `RolloutEngine` protocol every generation backend implements, and its sampling settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from rlpost.data.batch import Batch
+from rlpost.weightsync.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 256
+    greedy: bool = False
+    seed: int = 0
+
+
+class RolloutEngine(Protocol):
+    """Generates responses and takes new weights.
+
+    `generate` returns a generation-layout `Batch` (see `rlpost.data.batch`) with `prompt_ids`,
+    `prompt_mask`, `response_ids`, `response_mask`, `rollout_logprobs` (log-probs of the sampled
+    tokens under softmax(logits / temperature), the distribution the trainer scores) and
+    `weight_version`; the n samples of prompt i are rows i*n .. i*n+n-1.
+    """
+
+    weight_version: int
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch: ...
+
+    def weight_manifest(self) -> Manifest: ...
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None: ...
+
+    def loaded_tensor(self, name: str) -> torch.Tensor: ...

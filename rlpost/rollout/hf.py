@@ -1,0 +1,67 @@
+"""The `hf` rollout backend: transformers `generate` with a KV cache, the embedded CPU default."""
+
+from __future__ import annotations
+
+import torch
+
+from rlpost.data.batch import Batch
+from rlpost.data.padding import concat_generations, left_pad, response_mask_from_eos, token_logprobs
+from rlpost.models.loading import load_causal_lm
+from rlpost.rollout.base import SamplingParams
+from rlpost.weightsync.manifest import Manifest, manifest_of
+
+
+class HFRolloutEngine:
+    def __init__(self, model_path: str, dtype: str, device: str, pad_id: int, eos_id: int,
+                 batch_size: int, attn_implementation: str = "sdpa", trust_remote_code: bool = False):
+        self.device = torch.device(device)
+        self.model = load_causal_lm(model_path, dtype, attn_implementation, trust_remote_code).to(self.device)
+        self.model.eval().requires_grad_(False)
+        self.params = dict(self.model.named_parameters())
+        self.pad_id, self.eos_id, self.batch_size = pad_id, eos_id, batch_size
+        self.weight_version = 0
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
+        torch.manual_seed(params.seed)
+        rows = [p for p in prompts for _ in range(params.n)]
+        chunks = [self._generate_chunk(rows[i : i + self.batch_size], params)
+                  for i in range(0, len(rows), self.batch_size)]
+        return concat_generations(chunks, self.pad_id)
+
+    def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> Batch:
+        prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
+        sampling = {} if params.greedy else {
+            "do_sample": True, "temperature": params.temperature,
+            "top_p": params.top_p, "top_k": params.top_k or None,
+        }
+        out = self.model.generate(
+            input_ids=prompt_ids.to(self.device), attention_mask=prompt_mask.long().to(self.device),
+            max_new_tokens=params.max_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
+            return_dict_in_generate=True, output_logits=True,
+            **({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if params.greedy else sampling),
+        )
+        response_ids = out.sequences[:, prompt_ids.shape[1]:].cpu()
+        # raw logits of each step -> log-probs of the sampled tokens under softmax(logits / T)
+        logits = torch.stack(out.logits, dim=1).float().cpu()
+        temperature = 1.0 if params.greedy else params.temperature
+        logprobs = token_logprobs(logits / temperature, response_ids)
+        response_mask = response_mask_from_eos(response_ids, self.eos_id)
+        return Batch({
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": torch.where(response_mask, response_ids, self.pad_id),
+            "response_mask": response_mask,
+            "rollout_logprobs": logprobs * response_mask,
+            "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
+        })
+
+    def weight_manifest(self) -> Manifest:
+        return manifest_of(self.params.items())
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            self.params[name].data.copy_(tensor)
+
+    def loaded_tensor(self, name: str) -> torch.Tensor:
+        return self.params[name]

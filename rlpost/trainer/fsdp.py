@@ -1,0 +1,38 @@
+"""FSDP2 wrapping: each decoder layer is one FSDP unit, the root holds embeddings and head."""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The repeated transformer blocks of a Hugging Face causal LM."""
+    for path in ("model.layers", "transformer.h", "model.decoder.layers"):
+        module = model
+        try:
+            for part in path.split("."):
+                module = getattr(module, part)
+        except AttributeError:
+            continue
+        return list(module)
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype):
+    """Move to `device` and shard with FSDP2 over the default process group."""
+    model = model.to(device)
+    mp = None
+    if compute_dtype != torch.float32:
+        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    kwargs = {"mp_policy": mp} if mp is not None else {}
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The unsharded value of a (possibly) sharded tensor; a collective for DTensors."""
+    return t.full_tensor() if isinstance(t, DTensor) else t

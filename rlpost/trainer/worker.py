@@ -1,0 +1,262 @@
+"""The trainer rank: an FSDP2-sharded policy (and frozen reference), log-probs and PPO updates.
+
+A plain class: the controller wraps it in a Ray actor, tests call it directly. Every method that
+runs collectives must be called on all ranks of the trainer group at once.
+
+Loss normalisation across data-parallel ranks: FSDP averages gradients over ranks, so each rank
+scales its loss by world_size and divides by the *global* token (or sequence) count of the
+mini-batch. Micro-batches and ranks then add up to exactly the full mini-batch loss.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlpost.algos.losses import aggregate, entropy_from_logits, kl_penalty, ppo_clip_loss
+from rlpost.config import TrainConfig
+from rlpost.data.batch import Batch
+from rlpost.data.padding import model_inputs, response_logits, token_logprobs
+from rlpost.models.loading import DTYPES, load_causal_lm
+from rlpost.trainer.fsdp import full_tensor, shard_model
+from rlpost.weightsync.manifest import spec_of
+from rlpost.weightsync.sync import send_weights
+from rlpost.weightsync.transport import SyncGroup, node_ip
+
+
+class TrainerWorker:
+    def __init__(self, cfg: TrainConfig, model_path: str, rank: int, world_size: int,
+                 master_addr: str, master_port: int):
+        torch.set_num_threads(cfg.cluster.num_threads)
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        if cfg.trainer.device == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            backend = "nccl"
+        else:
+            self.device, backend = torch.device("cpu"), "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
+                                    rank=rank, world_size=world_size)
+        torch.manual_seed(cfg.run.seed)
+        self.compute_dtype = DTYPES[cfg.model.dtype]
+        m = cfg.model
+        # master weights in float32; FSDP casts to the compute dtype for forward/backward
+        self.model = shard_model(load_causal_lm(model_path, "float32", m.attn_implementation,
+                                                m.trust_remote_code), self.device, self.compute_dtype)
+        self.model.train()
+        o = cfg.trainer.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas),
+                                           eps=o.eps, weight_decay=o.weight_decay)
+        warmup = o.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        self.ref_model = None
+        if cfg.algo.kl_coef > 0:
+            ref = load_causal_lm(model_path, "float32", m.attn_implementation, m.trust_remote_code)
+            self.ref_model = shard_model(ref, self.device, self.compute_dtype).eval().requires_grad_(False)
+        self.sync_group: SyncGroup | None = None
+        self.manifest = [spec_of(n, full_tensor_meta(p, self.compute_dtype))
+                         for n, p in self.model.named_parameters()]
+
+    # ------------------------------------------------------------------------------ log-probs
+    def _logprobs(self, model, mb: Batch, with_entropy: bool):
+        """Per-token log-probs [b, R] of the response tokens (and entropy [b, R])."""
+        mb = mb.to(self.device)
+        input_ids, attention_mask, position_ids = model_inputs(mb)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids, use_cache=False).logits
+        logits = response_logits(logits, mb["prompt_ids"].shape[1]).float() / self._temperature
+        logp = token_logprobs(logits, mb["response_ids"])
+        entropy = entropy_from_logits(logits) if with_entropy else None
+        return logp, entropy
+
+    @property
+    def _temperature(self) -> float:
+        return self.cfg.rollout.temperature
+
+    def micro_batches(self, batch: Batch) -> list[Batch]:
+        size = self.cfg.trainer.micro_batch_size
+        return [batch.select(slice(i, i + size)) for i in range(0, len(batch), size)]
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> Batch:
+        """`old_logprobs` (and `ref_logprobs` when a reference exists), [b, R] each.
+
+        Uses the same micro-batches as the first pass of `update`, so that the first ratio is 1."""
+        out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": []}
+        for mb in self.micro_batches(batch):
+            out["old_logprobs"].append(self._logprobs(self.model, mb, False)[0].cpu())
+            if self.ref_model is not None:
+                out["ref_logprobs"].append(self._logprobs(self.ref_model, mb, False)[0].cpu())
+        return Batch({k: torch.cat(v) for k, v in out.items() if v})
+
+    # --------------------------------------------------------------------------------- update
+    def _global_sum(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def update(self, batch: Batch, num_mini_batches: int) -> dict[str, float]:
+        """PPO epochs over `num_mini_batches` mini-batches of this rank's shard; one optimizer
+        step per mini-batch. Returns metrics already reduced over ranks (identical on every rank)."""
+        a = self.cfg.algo
+        stats = _Stats(self.device)
+        first_step_done = False
+        for _ in range(a.ppo_epochs):
+            for mini in batch.chunk(num_mini_batches):
+                mask = mini["response_mask"]
+                if a.loss_agg_mode == "token-mean":
+                    denom = self._global_sum(mask.sum().item())
+                else:
+                    denom = self._global_sum((mask.sum(-1) > 0).sum().item())
+                for mb in self.micro_batches(mini):
+                    ratio_dev = self._micro_step(mb, denom, stats)
+                    if not first_step_done:
+                        stats.max("actor/first_ratio_dev", ratio_dev)
+                grad_norm = self._optimizer_step()
+                stats.add("actor/grad_norm", grad_norm, 1.0)
+                stats.add("actor/skipped_steps", float(not math.isfinite(grad_norm)), 0.0)
+                first_step_done = True
+        stats.set("actor/lr", self.scheduler.get_last_lr()[0])
+        return stats.reduce()
+
+    def _micro_step(self, mb: Batch, denom: float, stats: "_Stats") -> float:
+        a = self.cfg.algo
+        mb = mb.to(self.device)
+        mask = mb["response_mask"].float()
+        logp, entropy = self._logprobs(self.model, mb, with_entropy=True)
+        adv = mb["advantages"].float()[:, None]
+        pg, ratio, clipped = ppo_clip_loss(logp, mb["old_logprobs"], adv,
+                                           a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c)
+        scale = self.world_size
+        loss = aggregate(pg, mask, a.loss_agg_mode, denom) * scale
+        if self.ref_model is not None:
+            kl = kl_penalty(logp, mb["ref_logprobs"], a.kl_estimator)
+            loss = loss + a.kl_coef * aggregate(kl, mask, a.loss_agg_mode, denom) * scale
+            stats.add("actor/kl", (kl.detach() * mask).sum().item(), mask.sum().item())
+        if a.entropy_coef:
+            loss = loss - a.entropy_coef * aggregate(entropy, mask, a.loss_agg_mode, denom) * scale
+        loss.backward()
+        real = mask.bool()
+        n = mask.sum().item()
+        stats.add("actor/pg_loss", (pg.detach() * mask).sum().item(), n)
+        stats.add("actor/pg_clipfrac", (clipped.float() * mask).sum().item(), n)
+        stats.add("actor/entropy", (entropy.detach() * mask).sum().item(), n)
+        ratio = ratio.detach()
+        # every rank records every key (collective reduce); an empty micro-batch adds -inf/+inf
+        stats.max("actor/ppo_ratio_max", ratio[real].max().item() if n else -math.inf)
+        stats.min("actor/ppo_ratio_min", ratio[real].min().item() if n else math.inf)
+        return (ratio[real] - 1).abs().max().item() if n else 0.0
+
+    def _optimizer_step(self) -> float:
+        clip = self.cfg.trainer.optim.grad_clip
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        norm = float(full_tensor(norm).item())
+        if math.isfinite(norm):
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ---------------------------------------------------------------------------- weight sync
+    def address(self) -> str:
+        return node_ip()
+
+    def init_weight_sync(self, host: str, port: int, world_size: int) -> None:
+        if self.rank == 0:
+            self.sync_group = SyncGroup(host, port, 0, world_size, str(self.device),
+                                        self.cfg.weight_sync.timeout_s)
+
+    def push_weights(self, version: int) -> dict[str, float]:
+        """All ranks gather full tensors (FSDP all-gather); rank 0 sends them to the rollouts."""
+        tensors = (full_tensor(p.detach()).to(self.compute_dtype) for _, p in self.model.named_parameters())
+        if self.rank != 0:
+            for _ in tensors:
+                pass
+            return {}
+        ws = self.cfg.weight_sync
+        stats = send_weights(self.sync_group, self.manifest, tensors, version,
+                             ws.bucket_mb * 2**20, ws.verify)
+        return {"weight_sync/bytes": float(stats.bytes), "weight_sync/send_s": stats.seconds}
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, folder: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(folder, "trainer"))
+        torch.save({"rng": torch.get_rng_state(), "scheduler": self.scheduler.state_dict()},
+                   Path(folder) / f"trainer_rank{self.rank}.pt")
+        dist.barrier()
+
+    def load_checkpoint(self, folder: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_sd, "optimizer": optim_sd}
+        dcp.load(state, checkpoint_id=os.path.join(folder, "trainer"))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])
+        extra = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
+        torch.set_rng_state(extra["rng"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def full_tensor_meta(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A meta tensor with the full (unsharded) shape of `p` and the sync dtype."""
+    return torch.empty(p.shape, dtype=dtype, device="meta")
+
+
+class _Stats:
+    """Metric accumulators reduced over the trainer ranks: sums/counts, maxima, minima."""
+
+    def __init__(self, device):
+        self.device = device
+        self.sums: dict[str, list[float]] = {}
+        self.maxes: dict[str, float] = {}
+        self.mins: dict[str, float] = {}
+        self.values: dict[str, float] = {}
+
+    def add(self, key, total, count):
+        s = self.sums.setdefault(key, [0.0, 0.0])
+        s[0] += total
+        s[1] += count
+
+    def max(self, key, value):
+        self.maxes[key] = max(self.maxes.get(key, -math.inf), value)
+
+    def min(self, key, value):
+        self.mins[key] = min(self.mins.get(key, math.inf), value)
+
+    def set(self, key, value):
+        self.values[key] = value
+
+    def reduce(self) -> dict[str, float]:
+        keys = sorted(self.sums)
+        out = dict(self.values)
+        if keys:
+            t = torch.tensor([v for k in keys for v in self.sums[k]], dtype=torch.float64, device=self.device)
+            dist.all_reduce(t)
+            for i, k in enumerate(keys):
+                total, count = t[2 * i].item(), t[2 * i + 1].item()
+                # count 0 marks a pure sum (e.g. skipped steps); else a mean over count
+                out[k] = total / count if count else total
+        for table, op in ((self.maxes, dist.ReduceOp.MAX), (self.mins, dist.ReduceOp.MIN)):
+            keys = sorted(table)
+            if keys:
+                t = torch.tensor([table[k] for k in keys], dtype=torch.float64, device=self.device)
+                dist.all_reduce(t, op=op)
+                out.update(dict(zip(keys, t.tolist())))
+        return out

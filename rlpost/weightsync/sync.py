@@ -1,0 +1,103 @@
+"""One weight sync: trainer rank 0 sends, every rollout actor receives and verifies.
+
+Protocol (all over the `SyncGroup`, sender = rank 0):
+1. header: version, manifest (names, shapes, dtypes) and bucket plan;
+2. every receiver compares the manifest with its own and the version with the one it expects;
+   an all-reduce tells everyone if any receiver refused (the receiver's error names the tensor);
+3. the tensors, bucket by bucket, each bucket one flat buffer of one dtype;
+4. the sender's checksums; each receiver checksums what it *loaded* and compares; a second
+   all-reduce makes a mismatch an error on every rank.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from rlpost.weightsync.manifest import (
+    Manifest,
+    WeightSyncError,
+    checksum,
+    compare_manifests,
+    plan_buckets,
+)
+from rlpost.weightsync.transport import SyncGroup
+
+
+@dataclass
+class SyncStats:
+    version: int
+    bytes: int
+    seconds: float
+    tensors: int
+
+
+def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.Tensor],
+                 version: int, bucket_bytes: int, verify: bool = True) -> SyncStats:
+    """Send `tensors` (in manifest order, full unsharded values) to every receiver."""
+    start = time.perf_counter()
+    buckets = plan_buckets(manifest, bucket_bytes)
+    group.broadcast_object({"version": version, "manifest": manifest, "buckets": buckets,
+                            "verify": verify})
+    refused = group.all_reduce_max(0)
+    if refused:
+        raise WeightSyncError(f"weight sync v{version}: rollout rank {refused} refused the manifest "
+                              "(its error names the tensor)")
+    sums: list[int] = []
+    sent = 0
+    for bucket in buckets:
+        parts = [next(tensors) for _ in bucket]
+        for i, t in zip(bucket, parts):
+            if tuple(t.shape) != manifest[i].shape:
+                raise WeightSyncError(f"tensor {manifest[i].name!r} has shape {list(t.shape)}, "
+                                      f"its manifest says {list(manifest[i].shape)}")
+        flat = torch.cat([t.detach().reshape(-1).to(group.device) for t in parts])
+        group.broadcast(flat, src=0)
+        sent += flat.numel() * flat.element_size()
+        if verify:
+            sums += [checksum(t) for t in parts]
+    if verify:
+        group.broadcast_object(sums)
+        bad = group.all_reduce_max(0)
+        if bad:
+            raise WeightSyncError(f"weight sync v{version}: rollout rank {bad} loaded tensors whose "
+                                  "checksum differs from the sent ones (its error names them)")
+    return SyncStats(version, sent, time.perf_counter() - start, len(manifest))
+
+
+def receive_weights(group: SyncGroup, expected: Manifest, version: int,
+                    load: Callable[[list[tuple[str, torch.Tensor]]], None],
+                    loaded: Callable[[str], torch.Tensor]) -> SyncStats:
+    """Receive one sync. `load(named_tensors)` puts a bucket into the engine; `loaded(name)`
+    returns the tensor the engine now holds under `name`, for the checksum."""
+    start = time.perf_counter()
+    header = group.broadcast_object()
+    problem = compare_manifests(expected, header["manifest"])
+    if problem is None and header["version"] != version:
+        problem = f"sender is at version {header['version']}, this receiver expected {version}"
+    group.all_reduce_max(group.rank if problem else 0)
+    if problem:
+        raise WeightSyncError(f"weight sync v{version} refused: {problem}")
+    manifest: Manifest = header["manifest"]
+    received = 0
+    for bucket in header["buckets"]:
+        specs = [manifest[i] for i in bucket]
+        dtype = getattr(torch, specs[0].dtype)
+        numels = [torch.Size(s.shape).numel() for s in specs]
+        flat = torch.empty(sum(numels), dtype=dtype, device=group.device)
+        group.broadcast(flat, src=0)
+        received += flat.numel() * flat.element_size()
+        views = torch.split(flat, numels)
+        load([(s.name, v.view(s.shape)) for s, v in zip(specs, views)])
+    if header["verify"]:
+        sent_sums = group.broadcast_object()
+        wrong = [s.name for s, expected_sum in zip(manifest, sent_sums)
+                 if checksum(loaded(s.name)) != expected_sum]
+        group.all_reduce_max(group.rank if wrong else 0)
+        if wrong:
+            raise WeightSyncError(f"weight sync v{version}: checksum of loaded tensor {wrong[0]!r} "
+                                  f"differs from the sender's ({len(wrong)} tensors differ)")
+    return SyncStats(version, received, time.perf_counter() - start, len(manifest))

@@ -1,0 +1,106 @@
+import json
+
+import pytest
+import torch
+
+from rlpost.data.batch import Batch
+from rlpost.data.dataset import DataError, PromptLoader, load_prompts, read_rows
+from rlpost.data.tasks import arithmetic_split
+from rlpost.models.tiny import build_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_jsonl_parquet_and_saved_dataset_load_alike(tmp_path, tokenizer):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": "1+2=", "ground_truth": "3", "data_source": "arithmetic"},
+            {"prompt": [{"role": "user", "content": "2+2="}], "ground_truth": 4}]
+    jsonl = write(tmp_path / "a.jsonl", rows)
+    pq.write_table(pa.Table.from_pylist([rows[0]]), tmp_path / "a.parquet")
+    datasets.Dataset.from_list([rows[0]]).save_to_disk(str(tmp_path / "saved"))
+    loaded = load_prompts([jsonl], tokenizer, 64, default_data_source="gsm8k").rows
+    assert loaded[0].prompt_text == "1+2=" and loaded[0].prompt_ids == tokenizer("1+2=").input_ids
+    assert loaded[1].prompt_text == "user: 2+2=\nassistant: "  # chat template applied
+    assert loaded[1].ground_truth == "4" and loaded[1].data_source == "gsm8k"
+    assert read_rows(str(tmp_path / "a.parquet")) == [rows[0]]
+    assert read_rows(str(tmp_path / "saved")) == [rows[0]]
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"ground_truth": "1"}, "row 1: field 'prompt' is missing"),
+    ({"prompt": 5, "ground_truth": "1"}, "row 1: field 'prompt' must be a string"),
+    ({"prompt": [{"role": "user"}], "ground_truth": "1"}, "row 1: field 'prompt' message 0"),
+    ({"prompt": "x", "ground_truth": None}, "row 1: field 'ground_truth' is missing"),
+    ({"prompt": "x", "ground_truth": [1]}, "row 1: field 'ground_truth' must be a string or number"),
+    ({"prompt": "x", "ground_truth": "1", "data_source": 3}, "row 1: field 'data_source'"),
+])
+def test_bad_rows_name_file_row_and_field(tmp_path, tokenizer, row, message):
+    path = write(tmp_path / "bad.jsonl", [{"prompt": "ok", "ground_truth": "1"}, row])
+    with pytest.raises(DataError, match=message) as info:
+        load_prompts([path], tokenizer, 64)
+    assert "bad.jsonl" in str(info.value)
+
+
+def test_invalid_json_and_missing_file(tmp_path, tokenizer):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"prompt": "a", "ground_truth": "1"}\n{oops\n')
+    with pytest.raises(DataError, match="broken.jsonl: row 1: not valid JSON"):
+        load_prompts([str(path)], tokenizer, 64)
+    with pytest.raises(DataError, match="no such file"):
+        load_prompts([str(tmp_path / "missing.jsonl")], tokenizer, 64)
+
+
+def test_long_prompts_are_dropped_and_counted(tmp_path, tokenizer):
+    path = write(tmp_path / "a.jsonl", [{"prompt": "1+1=", "ground_truth": "2"},
+                                         {"prompt": "123456789+1=", "ground_truth": "123456790"}])
+    result = load_prompts([path], tokenizer, max_prompt_length=5)
+    assert len(result.rows) == 1 and result.dropped_too_long == 1
+
+
+def test_loader_resumes_exactly():
+    rows = list(range(10))
+    a = PromptLoader(rows, batch_size=3, seed=1)
+    seen = [next(a) for _ in range(4)]  # crosses an epoch boundary (3 batches per epoch)
+    state = a.state_dict()
+    rest = [next(a) for _ in range(3)]
+    b = PromptLoader(rows, batch_size=3, seed=1)
+    b.load_state_dict(state)
+    assert [next(b) for _ in range(3)] == rest
+    assert len(set(sum(seen[:3], []))) == 9  # one epoch: no row twice
+    assert all(len(x) == 3 for x in seen + rest)
+    with pytest.raises(DataError, match="fewer than data.train_batch_size=20"):
+        PromptLoader(rows, batch_size=20, seed=0)
+
+
+def test_arithmetic_split_is_disjoint_and_stable():
+    train, val = arithmetic_split(2, seed=0, num_val=50)
+    assert len(train) + len(val) == 90 * 90
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in val}
+    assert arithmetic_split(2, seed=0, num_val=50)[1] == val
+    a, b = map(int, val[0]["prompt"][:-1].split("+"))
+    assert val[0]["ground_truth"] == str(a + b)
+
+
+def test_batch_chunk_select_cat():
+    b = Batch({"x": torch.arange(6), "y": torch.arange(12).view(6, 2)})
+    parts = b.chunk(3)
+    assert [p["x"].tolist() for p in parts] == [[0, 1], [2, 3], [4, 5]]
+    assert torch.equal(Batch.cat(parts)["y"], b["y"])
+    assert b.select([5, 0])["x"].tolist() == [5, 0]
+    with pytest.raises(ValueError, match="evenly"):
+        b.chunk(4)
+    with pytest.raises(ValueError, match="disagree"):
+        Batch({"x": torch.zeros(2), "y": torch.zeros(3)})
+    with pytest.raises(KeyError, match="has no 'z'"):
+        b["z"]

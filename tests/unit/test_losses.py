@@ -1,0 +1,54 @@
+import math
+
+import pytest
+import torch
+
+from rlpost.algos.losses import aggregate, entropy_from_logits, kl_penalty, ppo_clip_loss
+
+
+def test_ppo_clip_hand_computed():
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 5.0]]))
+    old = torch.zeros(1, 4)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    loss, ratio, clipped = ppo_clip_loss(logp, old, adv, 0.2, 0.2, 3.0)
+    assert torch.allclose(ratio, torch.tensor([[1.5, 0.5, 1.0, 5.0]]))
+    # A>0, r=1.5: max(-1.5, -1.2) = -1.2 (clipped); A>0, r=0.5: max(-0.5, -0.8) = -0.5
+    # A<0, r=1: 1; A<0, r=5: max(5, 1.2) = 5, dual clip caps it at 3
+    assert torch.allclose(loss, torch.tensor([[-1.2, -0.5, 1.0, 3.0]]))
+    assert clipped.tolist() == [[True, False, False, False]]
+
+
+def test_dual_clip_needs_c_above_one():
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        ppo_clip_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), 0.2, 0.2, 1.0)
+
+
+def test_kl_estimators_hand_computed():
+    logp, ref = torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, 0.0]])
+    # d = logp - ref = [1, -1]
+    assert torch.allclose(kl_penalty(logp, ref, "k1"), torch.tensor([[1.0, -1.0]]))
+    assert torch.allclose(kl_penalty(logp, ref, "k2"), torch.tensor([[0.5, 0.5]]))
+    k3 = torch.tensor([[math.exp(-1) - 1 + 1, math.exp(1) - 1 - 1]])
+    assert torch.allclose(kl_penalty(logp, ref, "k3"), k3)
+    with pytest.raises(ValueError, match="k1"):
+        kl_penalty(logp, ref, "k4")
+
+
+def test_aggregation_modes():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx(10 / 4)
+    # per sequence: mean(1,2,3) = 2, mean(4) = 4 -> 3
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    # a global denominator: micro-batches add up to the full-batch mean
+    halves = [aggregate(loss[i : i + 1], mask[i : i + 1], "token-mean", denominator=4) for i in range(2)]
+    assert sum(halves).item() == pytest.approx(10 / 4)
+    with pytest.raises(ValueError, match="token-mean"):
+        aggregate(loss, mask, "sum")
+
+
+def test_entropy_of_uniform_and_peaked():
+    uniform = torch.zeros(1, 1, 8)
+    assert entropy_from_logits(uniform).item() == pytest.approx(math.log(8), rel=1e-6)
+    peaked = torch.tensor([[[100.0, 0.0, 0.0]]])
+    assert entropy_from_logits(peaked).item() == pytest.approx(0.0, abs=1e-6)

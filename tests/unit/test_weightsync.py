@@ -1,0 +1,136 @@
+"""Weight sync over a real gloo group: sender and receivers run in threads of this process."""
+
+import threading
+
+import pytest
+import torch
+
+from rlpost.weightsync.manifest import (
+    WeightSyncError,
+    checksum,
+    compare_manifests,
+    manifest_of,
+    plan_buckets,
+    spec_of,
+)
+from rlpost.weightsync.sync import receive_weights, send_weights
+from rlpost.weightsync.transport import SyncGroup, free_port
+
+
+def run_ranks(*fns):
+    """Run one function per rank in threads; return results, re-raise nothing (errors returned)."""
+    results = [None] * len(fns)
+
+    def wrap(i, fn):
+        try:
+            results[i] = fn()
+        except Exception as e:  # noqa: BLE001
+            results[i] = e
+
+    threads = [threading.Thread(target=wrap, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+class Engine:
+    """A receiver that holds tensors in a dict, like a rollout engine's parameters."""
+
+    def __init__(self, named, corrupt: str | None = None):
+        self.params = {n: torch.zeros_like(t) for n, t in named}
+        self.corrupt = corrupt
+
+    def load(self, named):
+        for name, t in named:
+            self.params[name].copy_(t)
+            if name == self.corrupt:
+                self.params[name].view(-1)[0] += 1
+
+    def loaded(self, name):
+        return self.params[name]
+
+
+def weights():
+    g = torch.Generator().manual_seed(0)
+    return [("embed.weight", torch.randn(10, 4, generator=g)),
+            ("layer.0.w", torch.randn(4, 4, generator=g)),
+            ("layer.0.b", torch.randn(4, generator=g)),
+            ("norm.half", torch.randn(6, generator=g).to(torch.bfloat16))]
+
+
+def sync(named, engines, version=3, sender_version=None, bucket_bytes=64):
+    port = free_port()
+    world = 1 + len(engines)
+    manifest = manifest_of(named)
+
+    def sender():
+        group = SyncGroup("127.0.0.1", port, 0, world, "cpu", 30)
+        return send_weights(group, manifest, iter([t for _, t in named]),
+                            sender_version if sender_version is not None else version, bucket_bytes)
+
+    def receiver(rank, engine):
+        def fn():
+            group = SyncGroup("127.0.0.1", port, rank, world, "cpu", 30)
+            expected = manifest_of(engine.params.items())
+            return receive_weights(group, expected, version, engine.load, engine.loaded)
+        return fn
+
+    return run_ranks(sender, *[receiver(i + 1, e) for i, e in enumerate(engines)])
+
+
+def test_sync_delivers_every_tensor_bitwise_to_every_receiver():
+    named = weights()
+    engines = [Engine(named), Engine(named)]
+    sent, *received = sync(named, engines)
+    assert not isinstance(sent, Exception), sent
+    assert sent.version == 3 and sent.tensors == 4
+    assert sent.bytes == sum(t.numel() * t.element_size() for _, t in named)
+    for engine, stats in zip(engines, received):
+        assert stats.bytes == sent.bytes
+        for name, t in named:
+            assert torch.equal(engine.params[name], t)
+
+
+def test_manifest_mismatch_names_the_tensor_on_both_sides():
+    named = weights()
+    wrong = [(n, torch.zeros(5, 4) if n == "embed.weight" else t) for n, t in named]
+    sent, received = sync(named, [Engine(wrong)])
+    assert isinstance(received, WeightSyncError) and "'embed.weight'" in str(received)
+    assert "[10, 4]" in str(received) and "[5, 4]" in str(received)
+    assert isinstance(sent, WeightSyncError) and "rank 1 refused" in str(sent)
+
+
+def test_version_mismatch_is_refused():
+    named = weights()
+    sent, received = sync(named, [Engine(named)], version=3, sender_version=4)
+    assert isinstance(received, WeightSyncError) and "version 4" in str(received)
+    assert isinstance(sent, WeightSyncError)
+
+
+def test_checksum_mismatch_names_the_tensor():
+    named = weights()
+    sent, received = sync(named, [Engine(named, corrupt="layer.0.b")])
+    assert isinstance(received, WeightSyncError) and "'layer.0.b'" in str(received)
+    assert isinstance(sent, WeightSyncError) and "checksum" in str(sent)
+
+
+def test_checksum_sees_swaps_and_single_bits():
+    t = torch.arange(12, dtype=torch.float32)
+    swapped = t.clone()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    flipped = t.clone()
+    flipped.view(torch.int32)[5] ^= 1
+    assert checksum(t) == checksum(t.clone())
+    assert len({checksum(t), checksum(swapped), checksum(flipped)}) == 3
+    assert checksum(torch.ones(3, dtype=torch.bfloat16)) == checksum(torch.ones(3, dtype=torch.bfloat16))
+
+
+def test_buckets_respect_size_and_dtype():
+    specs = [spec_of("a", torch.zeros(4)), spec_of("b", torch.zeros(4)), spec_of("c", torch.zeros(100)),
+             spec_of("d", torch.zeros(2, dtype=torch.bfloat16))]
+    assert plan_buckets(specs, 32) == [[0, 1], [2], [3]]
+    assert compare_manifests(specs, specs) is None
+    assert "not sent" in compare_manifests(specs, specs[:3])
+    assert "no such tensor" in compare_manifests(specs[:3], specs)
