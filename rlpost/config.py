@@ -42,8 +42,10 @@ class TinyModelConfig:
     num_kv_heads: int = knob(2, "Key/value heads (grouped-query attention) of the tiny model.")
     intermediate_size: int = knob(384, "MLP width of the tiny model.")
     max_position: int = knob(128, "Longest sequence (prompt + response) the tiny model supports.")
-    warmup_steps: int = knob(600, "Supervised warm-up steps on the offline task before caching.")
-    warmup_lr: float = knob(3e-3, "Peak learning rate of the warm-up (cosine decay to 0).")
+    warmup_steps: int = knob(650, "Supervised warm-up steps on the offline task before caching.")
+    warmup_schedule_steps: int = knob(1000, "Length of the warm-up's cosine schedule; stopping before "
+                                      "its end leaves the model mid-way through learning the task.")
+    warmup_lr: float = knob(3e-3, "Peak learning rate of the warm-up.")
     warmup_batch_size: int = knob(64, "Problems per warm-up step.")
     seed: int = knob(0, "Seed of the tiny model's initialisation and warm-up.")
 
@@ -122,13 +124,22 @@ class OptimConfig:
     eps: float = knob(1e-8, "AdamW epsilon.")
     grad_clip: float = knob(1.0, "Clip the global gradient norm to this (0 = off).")
     warmup_steps: int = knob(0, "Linear learning-rate warm-up over this many optimizer steps.")
+    lr_schedule: str = knob("constant", "After the warm-up: `constant`, or `cosine` decay to "
+                            "`min_lr_ratio * lr` at the last optimizer step.", ("constant", "cosine"))
+    min_lr_ratio: float = knob(0.0, "Final learning rate of the cosine schedule, as a fraction of `lr`.")
 
 
 @dataclass
 class TrainerConfig:
     world_size: int = knob(2, "Trainer ranks (FSDP2 data-parallel shards).")
     device: str = knob("cpu", "Device of trainer and rollout: `cpu` (gloo) or `cuda` (NCCL).", ("cpu", "cuda"))
-    micro_batch_size: int = knob(64, "Sequences per forward/backward on each rank.")
+    micro_batch_size: int = knob(64, "Most sequences per forward/backward on each rank.")
+    max_tokens_per_microbatch: int = knob(0, "Token budget of a micro-batch (prompt + response tokens; "
+                                          "0 = cut by `micro_batch_size` only). Ranks are balanced by tokens.")
+    layout: str = knob("auto", "Token layout of trainer forwards: `packed` (padding-free, needs a varlen "
+                       "attention such as flash_attention_2 to be fast), `padded` ([B, P+R]), or `auto` "
+                       "(packed with flash attention, else padded). Both give the same log-probs.",
+                       ("auto", "packed", "padded"))
     total_steps: int = knob(100, "Training steps (one batch of prompts each).")
     val_every: int = knob(10, "Validate every this many steps, before the first and after the last (0 = never).")
     save_every: int = knob(0, "Checkpoint every this many steps (0 = never).")

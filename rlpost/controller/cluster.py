@@ -111,12 +111,12 @@ class WorkerGroup:
     def call(self, method: str, *args, **kwargs) -> list:
         return ray.get(self.call_async(method, *args, **kwargs))
 
-    def call_sharded_async(self, method: str, batch: Batch, *args, **kwargs) -> list:
-        shards = batch.chunk(len(self.workers))
-        return [getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)]
-
-    def call_sharded(self, method: str, batch: Batch, *args, **kwargs) -> list:
-        return ray.get(self.call_sharded_async(method, batch, *args, **kwargs))
+    def call_sharded(self, method: str, batch: Batch | list[Batch], *args, **kwargs) -> list:
+        """`batch` split into equal contiguous shards by rank, or a list of one shard per rank."""
+        shards = batch.chunk(len(self.workers)) if isinstance(batch, Batch) else batch
+        if len(shards) != len(self.workers):
+            raise ValueError(f"{len(shards)} shards for {len(self.workers)} {self.role} workers")
+        return ray.get([getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)])
 
     def kill(self) -> None:
         for w in self.workers:

@@ -20,6 +20,7 @@ from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptLoader, PromptRow, load_prompts
+from rlpost.data.microbatch import padding_fraction, plan_step, shard_batch
 from rlpost.data.padding import concat_generations
 from rlpost.data.tasks import arithmetic_split, write_jsonl
 from rlpost.metrics.trackers import Trackers
@@ -153,17 +154,27 @@ class Controller:
         rewards, reward_errors = self.score(rows, batch, cfg.rollout.n)
         timing["timing_s/reward"] = time.perf_counter() - t
 
+        lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
+        mini = cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size
+        plan = plan_step(lengths, cfg.trainer.world_size, cfg.data.train_batch_size // mini,
+                         cfg.trainer.max_tokens_per_microbatch, cfg.trainer.micro_batch_size)
+
         t = time.perf_counter()
-        batch = Batch({**batch.tensors, **Batch.cat(self.trainers.call_sharded("compute_logprobs", batch)).tensors})
+        parts = Batch.cat(self.trainers.call_sharded("compute_logprobs", shard_batch(batch, plan)))
+        order = torch.argsort(parts["row_index"])  # back to the batch's row order
+        for key in ("old_logprobs", "ref_logprobs"):
+            if key in parts:
+                batch[key] = parts[key][order]
         timing["timing_s/logprob"] = time.perf_counter() - t
 
         adv_fn = get_advantage(cfg.algo.advantage)
         batch["advantages"] = adv_fn(rewards, batch["group_ids"], norm_by_std=cfg.algo.norm_adv_by_std)
 
         t = time.perf_counter()
-        mini = cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size
-        actor = self.trainers.call_sharded("update", batch, cfg.data.train_batch_size // mini)[0]
+        actor = self.trainers.call_sharded("update", shard_batch(batch, plan))[0]
         timing["timing_s/update"] = time.perf_counter() - t
+        actor["perf/padding_fraction"] = sum(padding_fraction(lengths, [rank[m] for rank in plan])
+                                             for m in range(len(plan[0]))) / len(plan[0])
 
         self.version += 1
         sync = self._sync_weights()

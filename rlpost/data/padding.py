@@ -3,15 +3,23 @@
 Generation layout: `prompt_ids [B, P]` left-padded, `response_ids [B, R]` right-padded; every
 per-token quantity is stored `[B, R]`.
 
-Model layout (padded): the concatenation `[B, P + R]` of the two. Because every prompt is
+Padded model layout: the concatenation `[B, P + R]` of the two. Because every prompt is
 left-padded to the same width P, response token j of every row sits at column P + j, and its
 log-prob is read from the logits at column P + j - 1 (the position just before it). Position ids
 count real tokens only, so padding never shifts a sequence's positions.
+
+Packed model layout: the real tokens of every row, prompt then response, back to back in one
+row `[1, T]` (T = total real tokens), position ids restarting at 0 for each sequence and
+`cu_seqlens [B + 1]` marking where each starts. No padding is computed at all. Response token j
+of row i sits at `cu_seqlens[i] + prompt_len[i] + j`; its log-prob again comes from the logits
+one position earlier, which always lies inside the same sequence (a prompt has >= 1 token).
 """
 
 from __future__ import annotations
 
 import torch
+
+from dataclasses import dataclass
 
 from rlpost.data.batch import Batch
 
@@ -95,3 +103,88 @@ def concat_generations(batches: list[Batch], pad_id: int) -> Batch:
                 t[k] = torch.nn.functional.pad(v, (0, dr), value=fill)
         out.append(Batch(t))
     return Batch.cat(out)
+
+
+# ------------------------------------------------------------------------------ packed layout
+@dataclass
+class Packed:
+    """A batch in the packed layout, plus what is needed to go back to `[B, R]`."""
+
+    input_ids: torch.Tensor  # [1, T]
+    position_ids: torch.Tensor  # [1, T], restarting at 0 per sequence
+    cu_seqlens: torch.Tensor  # [B + 1] int32, sequence i is [cu[i], cu[i+1])
+    token_index: torch.Tensor  # [B, R] long: packed position of response token (i, j); 0 where padded
+    response_mask: torch.Tensor  # [B, R] bool
+
+    @property
+    def max_seqlen(self) -> int:
+        return int((self.cu_seqlens[1:] - self.cu_seqlens[:-1]).max()) if len(self.cu_seqlens) > 1 else 0
+
+
+def pack(batch: Batch) -> Packed:
+    """Generation layout -> packed layout (real tokens only)."""
+    prompt_mask, response_mask = batch["prompt_mask"], batch["response_mask"]
+    prompt_lens, response_lens = prompt_mask.sum(-1), response_mask.sum(-1)
+    if (prompt_lens == 0).any():
+        raise ValueError(f"row {int((prompt_lens == 0).nonzero()[0])} has an empty prompt")
+    if not torch.equal(response_mask, torch.arange(response_mask.shape[1]) < response_lens[:, None]):
+        raise ValueError("response_mask must mark a prefix of each row (responses are right-padded)")
+    seqlens = prompt_lens + response_lens
+    cu = torch.zeros(len(seqlens) + 1, dtype=torch.int32)
+    cu[1:] = seqlens.cumsum(0)
+    # real tokens in row order: left-padded prompt tokens, then right-padded response tokens
+    tokens = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1)
+    real = torch.cat([prompt_mask, response_mask], dim=1)
+    input_ids = tokens[real]
+    starts = torch.repeat_interleave(cu[:-1].long(), seqlens)
+    position_ids = torch.arange(len(input_ids)) - starts
+    j = torch.arange(response_mask.shape[1])
+    token_index = (cu[:-1].long() + prompt_lens)[:, None] + j[None, :]
+    token_index = torch.where(response_mask, token_index, torch.zeros_like(token_index))
+    return Packed(input_ids[None], position_ids[None], cu, token_index, response_mask)
+
+
+def shifted_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """Packed logits [T, V] -> [T]: entry t is the log-prob of token t from the logits at t - 1
+    (entry 0, and every sequence's first token, have no prediction and are never read)."""
+    out = torch.zeros(input_ids.shape[-1], dtype=torch.float32, device=logits.device)
+    out[1:] = token_logprobs(logits[:-1], input_ids[1:])
+    return out
+
+
+def shifted(per_position: torch.Tensor) -> torch.Tensor:
+    """[T, ...] computed from logits at each position -> aligned with the token it predicts."""
+    out = torch.zeros_like(per_position)
+    out[1:] = per_position[:-1]
+    return out
+
+
+def unpack_tokens(values: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """Per-token packed values [T] -> response layout [B, R] (0 on padding)."""
+    out = values[packed.token_index.to(values.device)]
+    return out * packed.response_mask.to(out.device)
+
+
+def pack_tokens(values: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """Response layout [B, R] -> packed [T] (0 on prompt tokens); inverse of `unpack_tokens`."""
+    T = packed.input_ids.shape[1]
+    out = torch.zeros(T, dtype=values.dtype, device=values.device)
+    out[packed.token_index[packed.response_mask]] = values[packed.response_mask]
+    return out
+
+
+def trim_padding(batch: Batch) -> Batch:
+    """Drop prompt columns that are padding in every row (left) and response columns that are
+    padding in every row (right): a micro-batch padded only to its own longest row."""
+    keep_p = int(batch["prompt_mask"].sum(-1).max()) if len(batch) else 0
+    keep_r = int(batch["response_mask"].sum(-1).max()) if len(batch) else 0
+    P, R = batch["prompt_ids"].shape[1], batch["response_ids"].shape[1]
+    out = {}
+    for k, v in batch.tensors.items():
+        if k.startswith("prompt_") and v.dim() == 2 and v.shape[1] == P:
+            out[k] = v[:, P - keep_p:]
+        elif v.dim() == 2 and v.shape[1] == R:
+            out[k] = v[:, :keep_r]
+        else:
+            out[k] = v
+    return Batch(out)

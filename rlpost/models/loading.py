@@ -72,7 +72,7 @@ def ensure_tiny_model(model_cfg, data_cfg, log=print) -> Path:
     torch.set_num_threads(1)
     try:
         warm_up(model, tokenizer, train_rows, t.warmup_steps, t.warmup_batch_size, t.warmup_lr,
-                t.seed, log=log)
+                t.seed, schedule_steps=t.warmup_schedule_steps, log=log)
     finally:
         torch.set_num_threads(threads)
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")

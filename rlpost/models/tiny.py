@@ -9,6 +9,7 @@ from: a policy that is never rewarded has nothing to reinforce.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -83,14 +84,20 @@ def sft_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, 
     return ids, mask, lab
 
 
+def cosine(step: int, total: int, min_ratio: float) -> float:
+    """Cosine decay from 1 to `min_ratio` over `total` steps."""
+    progress = min(step / max(total, 1), 1.0)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def warm_up(model, tokenizer, rows: list[dict], steps: int, batch_size: int, lr: float,
-            seed: int, log=print) -> None:
-    """Supervised warm-up: next-token loss on the answer tokens of `rows`, AdamW, cosine decay."""
+            seed: int, schedule_steps: int | None = None, log=print) -> None:
+    """Supervised warm-up: next-token loss on the answer tokens of `rows`, AdamW, cosine decay
+    of the learning rate over `schedule_steps` (default `steps`); stopping before the end of the
+    schedule leaves the model part-way through learning."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.5 * (1 + torch.cos(torch.tensor(s / max(steps, 1) * torch.pi)).item())
-    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine(s, schedule_steps or steps, 0.0))
     model.train()
     start = time.time()
     for step in range(steps):

@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import math
 import os
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from rlpost.algos.losses import aggregate, entropy_from_logits, kl_penalty, ppo_clip_loss
+from rlpost.algos.losses import aggregate, kl_penalty, ppo_clip_loss
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
-from rlpost.data.padding import model_inputs, response_logits, token_logprobs
+from rlpost.data.microbatch import split_shard
 from rlpost.models.loading import DTYPES, load_causal_lm
+from rlpost.models.tiny import cosine
 from rlpost.trainer.fsdp import full_tensor, shard_model
+from rlpost.trainer.logprobs import response_logprobs
 from rlpost.weightsync.manifest import spec_of
 from rlpost.weightsync.sync import send_weights
 from rlpost.weightsync.transport import SyncGroup, node_ip
@@ -52,13 +54,13 @@ class TrainerWorker:
         o = cfg.trainer.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas),
                                            eps=o.eps, weight_decay=o.weight_decay)
-        warmup = o.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+            self.optimizer, partial(lr_factor, o, total_optimizer_steps(cfg)))
         self.ref_model = None
         if cfg.algo.kl_coef > 0:
             ref = load_causal_lm(model_path, "float32", m.attn_implementation, m.trust_remote_code)
             self.ref_model = shard_model(ref, self.device, self.compute_dtype).eval().requires_grad_(False)
+        self.packed = use_packed_layout(cfg.trainer.layout, m.attn_implementation)
         self.sync_group: SyncGroup | None = None
         self.manifest = [spec_of(n, full_tensor_meta(p, self.compute_dtype))
                          for n, p in self.model.named_parameters()]
@@ -66,33 +68,20 @@ class TrainerWorker:
     # ------------------------------------------------------------------------------ log-probs
     def _logprobs(self, model, mb: Batch, with_entropy: bool):
         """Per-token log-probs [b, R] of the response tokens (and entropy [b, R])."""
-        mb = mb.to(self.device)
-        input_ids, attention_mask, position_ids = model_inputs(mb)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                       position_ids=position_ids, use_cache=False).logits
-        logits = response_logits(logits, mb["prompt_ids"].shape[1]).float() / self._temperature
-        logp = token_logprobs(logits, mb["response_ids"])
-        entropy = entropy_from_logits(logits) if with_entropy else None
-        return logp, entropy
-
-    @property
-    def _temperature(self) -> float:
-        return self.cfg.rollout.temperature
-
-    def micro_batches(self, batch: Batch) -> list[Batch]:
-        size = self.cfg.trainer.micro_batch_size
-        return [batch.select(slice(i, i + size)) for i in range(0, len(batch), size)]
+        return response_logprobs(model, mb, self.cfg.rollout.temperature, self.packed, with_entropy)
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: Batch) -> Batch:
-        """`old_logprobs` (and `ref_logprobs` when a reference exists), [b, R] each.
-
-        Uses the same micro-batches as the first pass of `update`, so that the first ratio is 1."""
-        out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": []}
-        for mb in self.micro_batches(batch):
-            out["old_logprobs"].append(self._logprobs(self.model, mb, False)[0].cpu())
-            if self.ref_model is not None:
-                out["ref_logprobs"].append(self._logprobs(self.ref_model, mb, False)[0].cpu())
+    def compute_logprobs(self, shard: Batch) -> Batch:
+        """`old_logprobs` (and `ref_logprobs` when a reference exists), [b, R] each, with the
+        shard's `row_index`. Runs the micro-batches of the plan (see `rlpost.data.microbatch`),
+        the same ones as the first pass of `update`, so that the first ratio is 1."""
+        out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": [], "row_index": []}
+        for mini in split_shard(shard):
+            for mb in mini:
+                out["old_logprobs"].append(self._logprobs(self.model, mb, False)[0].cpu())
+                if self.ref_model is not None:
+                    out["ref_logprobs"].append(self._logprobs(self.ref_model, mb, False)[0].cpu())
+                out["row_index"].append(mb["row_index"])
         return Batch({k: torch.cat(v) for k, v in out.items() if v})
 
     # --------------------------------------------------------------------------------- update
@@ -101,20 +90,21 @@ class TrainerWorker:
         dist.all_reduce(t)
         return float(t.item())
 
-    def update(self, batch: Batch, num_mini_batches: int) -> dict[str, float]:
-        """PPO epochs over `num_mini_batches` mini-batches of this rank's shard; one optimizer
-        step per mini-batch. Returns metrics already reduced over ranks (identical on every rank)."""
+    def update(self, shard: Batch) -> dict[str, float]:
+        """PPO epochs over this rank's planned mini-batches; one optimizer step per mini-batch.
+        Returns metrics already reduced over ranks (identical on every rank)."""
         a = self.cfg.algo
         stats = _Stats(self.device)
         first_step_done = False
+        minis = split_shard(shard)
         for _ in range(a.ppo_epochs):
-            for mini in batch.chunk(num_mini_batches):
-                mask = mini["response_mask"]
+            for mini in minis:
+                mask = torch.cat([mb["response_mask"] for mb in mini])
                 if a.loss_agg_mode == "token-mean":
                     denom = self._global_sum(mask.sum().item())
                 else:
                     denom = self._global_sum((mask.sum(-1) > 0).sum().item())
-                for mb in self.micro_batches(mini):
+                for mb in mini:
                     ratio_dev = self._micro_step(mb, denom, stats)
                     if not first_step_done:
                         stats.max("actor/first_ratio_dev", ratio_dev)
@@ -127,16 +117,15 @@ class TrainerWorker:
 
     def _micro_step(self, mb: Batch, denom: float, stats: "_Stats") -> float:
         a = self.cfg.algo
-        mb = mb.to(self.device)
-        mask = mb["response_mask"].float()
-        logp, entropy = self._logprobs(self.model, mb, with_entropy=True)
-        adv = mb["advantages"].float()[:, None]
-        pg, ratio, clipped = ppo_clip_loss(logp, mb["old_logprobs"], adv,
+        logp, entropy = self._logprobs(self.model, mb, with_entropy=True)  # packs on the CPU first
+        mask = mb["response_mask"].to(self.device).float()
+        adv = mb["advantages"].to(self.device).float()[:, None]
+        pg, ratio, clipped = ppo_clip_loss(logp, mb["old_logprobs"].to(self.device), adv,
                                            a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c)
         scale = self.world_size
         loss = aggregate(pg, mask, a.loss_agg_mode, denom) * scale
         if self.ref_model is not None:
-            kl = kl_penalty(logp, mb["ref_logprobs"], a.kl_estimator)
+            kl = kl_penalty(logp, mb["ref_logprobs"].to(self.device), a.kl_estimator)
             loss = loss + a.kl_coef * aggregate(kl, mask, a.loss_agg_mode, denom) * scale
             stats.add("actor/kl", (kl.detach() * mask).sum().item(), mask.sum().item())
         if a.entropy_coef:
@@ -212,6 +201,30 @@ class TrainerWorker:
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def use_packed_layout(layout: str, attn_implementation: str) -> bool:
+    """`auto`: packed only with a varlen attention kernel. With sdpa/eager, transformers turns a
+    packed row into a dense [T, T] block-diagonal mask: quadratic in the tokens of a whole
+    micro-batch, much slower than padding for many short sequences."""
+    if layout == "auto":
+        return attn_implementation.startswith("flash_attention")
+    return layout == "packed"
+
+
+def total_optimizer_steps(cfg: TrainConfig) -> int:
+    mini = cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size
+    return cfg.trainer.total_steps * cfg.algo.ppo_epochs * (cfg.data.train_batch_size // mini)
+
+
+def lr_factor(o, total: int, step: int) -> float:
+    """Learning rate at optimizer step `step`, as a fraction of `optim.lr`: linear warm-up, then
+    constant or cosine decay to `min_lr_ratio` at the last step."""
+    if step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    if o.lr_schedule == "cosine":
+        return cosine(step - o.warmup_steps, max(total - o.warmup_steps - 1, 1), o.min_lr_ratio)
+    return 1.0
 
 
 def full_tensor_meta(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
