@@ -42,7 +42,7 @@ class TinyModelConfig:
     num_kv_heads: int = knob(2, "Key/value heads (grouped-query attention) of the tiny model.")
     intermediate_size: int = knob(384, "MLP width of the tiny model.")
     max_position: int = knob(128, "Longest sequence (prompt + response) the tiny model supports.")
-    warmup_steps: int = knob(650, "Supervised warm-up steps on the offline task before caching.")
+    warmup_steps: int = knob(600, "Supervised warm-up steps on the offline task before caching.")
     warmup_schedule_steps: int = knob(1000, "Length of the warm-up's cosine schedule; stopping before "
                                       "its end leaves the model mid-way through learning the task.")
     warmup_lr: float = knob(3e-3, "Peak learning rate of the warm-up.")
@@ -57,8 +57,10 @@ class ModelConfig:
                      "the offline arithmetic task.")
     dtype: str = knob("float32", "Parameter and compute dtype of trainer and rollout.",
                       ("float32", "bfloat16", "float16"))
-    attn_implementation: str = knob("sdpa", "transformers attention implementation.",
-                                    ("sdpa", "eager", "flash_attention_2"))
+    attn_implementation: str = knob("sdpa", "transformers attention implementation; `rlpost_varlen` is "
+                                    "PyTorch's built-in FlashAttention varlen kernel (CUDA, no flash-attn "
+                                    "package needed) for the packed layout.",
+                                    ("sdpa", "eager", "flash_attention_2", "rlpost_varlen"))
     trust_remote_code: bool = knob(False, "Allow model code from the model folder (transformers).")
     cache_dir: str = knob("~/.cache/rlpost", "Where built tiny models and generated task data are cached.")
     tiny: TinyModelConfig = section(TinyModelConfig, "Shape and warm-up of `model.path=tiny`.")

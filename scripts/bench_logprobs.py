@@ -89,7 +89,7 @@ def main() -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     model = make_model(args)
     if args.attn == "auto":
-        from rlpost.trainer import varlen
+        from rlpost.models import varlen
 
         try:
             import flash_attn  # noqa: F401
@@ -98,7 +98,7 @@ def main() -> int:
         except ImportError:
             args.attn = varlen.register() if varlen.varlen_available() else "sdpa"
     elif args.attn == "rlpost_varlen":
-        from rlpost.trainer import varlen
+        from rlpost.models import varlen
 
         varlen.register()
     batch = make_batch(args, model.config.vocab_size)

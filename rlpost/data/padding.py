@@ -64,6 +64,11 @@ def response_mask_from_eos(response_ids: torch.Tensor, eos_id: int, lengths: tor
     return mask
 
 
+def generated_responses(sequences: torch.Tensor, prompt_width: int) -> torch.Tensor:
+    """`generate` output [B, P + R] (prompts left-padded to P) -> the response part [B, R]."""
+    return sequences[:, prompt_width:]
+
+
 def model_inputs(batch: Batch):
     """Generation layout -> padded model inputs `input_ids, attention_mask, position_ids`, [B, P+R]."""
     input_ids = torch.cat([batch["prompt_ids"], batch["response_ids"]], dim=1)

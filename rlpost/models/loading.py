@@ -25,6 +25,10 @@ def load_causal_lm(path: str, dtype: str, attn_implementation: str = "sdpa",
                    trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
+    if attn_implementation == "rlpost_varlen":
+        from rlpost.models import varlen
+
+        varlen.register()
     return AutoModelForCausalLM.from_pretrained(
         path, dtype=DTYPES[dtype], attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,

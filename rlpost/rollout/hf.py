@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 
 from rlpost.data.batch import Batch
-from rlpost.data.padding import concat_generations, left_pad, response_mask_from_eos, token_logprobs
+from rlpost.data.padding import (
+    concat_generations,
+    generated_responses,
+    left_pad,
+    response_mask_from_eos,
+    token_logprobs,
+)
 from rlpost.models.loading import load_causal_lm
 from rlpost.rollout.base import SamplingParams
 from rlpost.weightsync.manifest import Manifest, manifest_of
@@ -41,7 +47,7 @@ class HFRolloutEngine:
             return_dict_in_generate=True, output_logits=True,
             **({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if params.greedy else sampling),
         )
-        response_ids = out.sequences[:, prompt_ids.shape[1]:].cpu()
+        response_ids = generated_responses(out.sequences, prompt_ids.shape[1]).cpu()
         # raw logits of each step -> log-probs of the sampled tokens under softmax(logits / T)
         logits = torch.stack(out.logits, dim=1).float().cpu()
         temperature = 1.0 if params.greedy else params.temperature

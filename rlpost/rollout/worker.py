@@ -17,9 +17,10 @@ def make_engine(cfg: TrainConfig, model_path: str, pad_id: int, eos_id: int) -> 
     if cfg.rollout.backend == "hf":
         from rlpost.rollout.hf import HFRolloutEngine
 
+        # the varlen kernel serves packed training batches; generation with a KV cache uses sdpa
+        attn = "sdpa" if cfg.model.attn_implementation == "rlpost_varlen" else cfg.model.attn_implementation
         return HFRolloutEngine(model_path, cfg.model.dtype, cfg.trainer.device, pad_id, eos_id,
-                               cfg.rollout.batch_size, cfg.model.attn_implementation,
-                               cfg.model.trust_remote_code)
+                               cfg.rollout.batch_size, attn, cfg.model.trust_remote_code)
     raise ValueError(f"rollout.backend={cfg.rollout.backend!r} is not available in this build; "
                      "choose rollout.backend=hf")
 

@@ -208,7 +208,7 @@ def use_packed_layout(layout: str, attn_implementation: str) -> bool:
     packed row into a dense [T, T] block-diagonal mask: quadratic in the tokens of a whole
     micro-batch, much slower than padding for many short sequences."""
     if layout == "auto":
-        return attn_implementation.startswith("flash_attention")
+        return attn_implementation.startswith("flash_attention") or attn_implementation == "rlpost_varlen"
     return layout == "packed"
 
 

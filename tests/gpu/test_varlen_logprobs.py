@@ -6,7 +6,7 @@ import torch
 
 from rlpost.data.padding import left_pad, right_pad
 from rlpost.data.batch import Batch
-from rlpost.trainer import varlen
+from rlpost.models import varlen
 from rlpost.trainer.logprobs import response_logprobs
 
 pytestmark = pytest.mark.gpu
