@@ -129,6 +129,12 @@ class OptimConfig:
     lr_schedule: str = knob("constant", "After the warm-up: `constant`, or `cosine` decay to "
                             "`min_lr_ratio * lr` at the last optimizer step.", ("constant", "cosine"))
     min_lr_ratio: float = knob(0.0, "Final learning rate of the cosine schedule, as a fraction of `lr`.")
+    offload: str = knob("none", "Where Adam's states live. `none`: on the device. `cpu`: parameters, "
+                        "gradients, states and the step on the CPU (FSDP CPU offload; slow). `layerwise`: "
+                        "states pinned on the CPU, streamed to the GPU one FSDP unit at a time and stepped "
+                        "there (verl PR #5364) -- use it instead of `cpu`.", ("none", "cpu", "layerwise"))
+    prefetch_layers: int = knob(1, "`layerwise`: units whose states are copied to the GPU ahead of the one "
+                                "being stepped.")
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 
@@ -20,13 +20,16 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
-def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype):
-    """Move to `device` and shard with FSDP2 over the default process group."""
+def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype,
+                cpu_offload: bool = False):
+    """Move to `device` and shard with FSDP2 over the default process group (parameters and
+    gradients kept on the CPU between uses with `cpu_offload`)."""
     model = model.to(device)
-    mp = None
+    kwargs = {}
     if compute_dtype != torch.float32:
-        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
-    kwargs = {"mp_policy": mp} if mp is not None else {}
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    if cpu_offload and device.type == "cuda":
+        kwargs["offload_policy"] = CPUOffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -36,3 +39,10 @@ def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: tor
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The unsharded value of a (possibly) sharded tensor; a collective for DTensors."""
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def fsdp_units(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
+    """Parameters grouped by FSDP unit: one group per decoder layer, then the root's own."""
+    units = [list(layer.parameters()) for layer in decoder_layers(model)]
+    in_layers = {id(p) for unit in units for p in unit}
+    return units + [[p for p in model.parameters() if id(p) not in in_layers]]

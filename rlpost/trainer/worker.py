@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from functools import partial
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from rlpost.data.batch import Batch
 from rlpost.data.microbatch import split_shard
 from rlpost.models.loading import DTYPES, load_causal_lm
 from rlpost.models.tiny import cosine
-from rlpost.trainer.fsdp import full_tensor, shard_model
+from rlpost.trainer.fsdp import fsdp_units, full_tensor, shard_model
+from rlpost.trainer.optim import LayerwiseAdamW
 from rlpost.trainer.logprobs import response_logprobs
 from rlpost.weightsync.manifest import spec_of
 from rlpost.weightsync.sync import send_weights
@@ -48,12 +50,12 @@ class TrainerWorker:
         self.compute_dtype = DTYPES[cfg.model.dtype]
         m = cfg.model
         # master weights in float32; FSDP casts to the compute dtype for forward/backward
-        self.model = shard_model(load_causal_lm(model_path, "float32", m.attn_implementation,
-                                                m.trust_remote_code), self.device, self.compute_dtype)
-        self.model.train()
         o = cfg.trainer.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas),
-                                           eps=o.eps, weight_decay=o.weight_decay)
+        self.model = shard_model(load_causal_lm(model_path, "float32", m.attn_implementation,
+                                                m.trust_remote_code), self.device, self.compute_dtype,
+                                 cpu_offload=o.offload == "cpu")
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, o)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, partial(lr_factor, o, total_optimizer_steps(cfg)))
         self.ref_model = None
@@ -108,7 +110,7 @@ class TrainerWorker:
                     ratio_dev = self._micro_step(mb, denom, stats)
                     if not first_step_done:
                         stats.max("actor/first_ratio_dev", ratio_dev)
-                grad_norm = self._optimizer_step()
+                grad_norm = self._optimizer_step(stats)
                 stats.add("actor/grad_norm", grad_norm, 1.0)
                 stats.add("actor/skipped_steps", float(not math.isfinite(grad_norm)), 0.0)
                 first_step_done = True
@@ -142,13 +144,23 @@ class TrainerWorker:
         stats.min("actor/ppo_ratio_min", ratio[real].min().item() if n else math.inf)
         return (ratio[real] - 1).abs().max().item() if n else 0.0
 
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self, stats: "_Stats") -> float:
         clip = self.cfg.trainer.optim.grad_clip
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         norm = float(full_tensor(norm).item())
-        if math.isfinite(norm):
+        if math.isfinite(norm):  # a NaN/inf gradient skips the step (counted in actor/skipped_steps)
+            cuda = self.device.type == "cuda"
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+                before = torch.cuda.memory_allocated(self.device)
+            start = time.perf_counter()
             self.optimizer.step()
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                stats.max("perf/optimizer_peak_gb", (torch.cuda.max_memory_allocated(self.device) - before) / 2**30)
+            stats.max("timing_s/optimizer_step", time.perf_counter() - start)
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
@@ -179,9 +191,13 @@ class TrainerWorker:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=os.path.join(folder, "trainer"))
-        torch.save({"rng": torch.get_rng_state(), "scheduler": self.scheduler.state_dict()},
+        layerwise = isinstance(self.optimizer, LayerwiseAdamW)
+        model_sd, optim_sd = get_state_dict(self.model, [] if layerwise else self.optimizer)
+        state = {"model": model_sd} if layerwise else {"model": model_sd, "optimizer": optim_sd}
+        dcp.save(state, checkpoint_id=os.path.join(folder, "trainer"))
+        # per rank: RNG, scheduler and (layerwise) this rank's host-resident optimizer shards
+        torch.save({"rng": torch.get_rng_state(), "scheduler": self.scheduler.state_dict(),
+                    "optimizer": self.optimizer.state_dict() if layerwise else None},
                    Path(folder) / f"trainer_rank{self.rank}.pt")
         dist.barrier()
 
@@ -189,18 +205,29 @@ class TrainerWorker:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optimizer": optim_sd}
+        layerwise = isinstance(self.optimizer, LayerwiseAdamW)
+        model_sd, optim_sd = get_state_dict(self.model, [] if layerwise else self.optimizer)
+        state = {"model": model_sd} if layerwise else {"model": model_sd, "optimizer": optim_sd}
         dcp.load(state, checkpoint_id=os.path.join(folder, "trainer"))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        set_state_dict(self.model, [] if layerwise else self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict={} if layerwise else state["optimizer"])
         extra = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
         torch.set_rng_state(extra["rng"])
         self.scheduler.load_state_dict(extra["scheduler"])
+        if layerwise:
+            self.optimizer.load_state_dict(extra["optimizer"])  # copied into the pinned buffers
 
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def build_optimizer(model, o) -> torch.optim.Optimizer:
+    """AdamW with the states where `trainer.optim.offload` says (built once per run)."""
+    kwargs = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
+    if o.offload == "layerwise":
+        return LayerwiseAdamW(fsdp_units(model), prefetch_layers=o.prefetch_layers, **kwargs)
+    return torch.optim.AdamW(model.parameters(), **kwargs)
 
 
 def use_packed_layout(layout: str, attn_implementation: str) -> bool:
