@@ -34,3 +34,14 @@ def test_streamed_step_matches_torch_adamw(dtype, prefetch):
         else:
             ulp = torch.finfo(dtype).eps * r.float().abs()
             assert torch.all((p.float() - r.float()).abs() <= ulp)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("weight_decay, dtype", [(0.0, torch.float32), (0.1, torch.float32), (0.1, torch.bfloat16)])
+def test_fsdp2_nccl_matches_torch_adamw(tmp_path, world, weight_decay, dtype):
+    """The CPU test's FSDP2 comparison, on GPUs over NCCL (10 steps, clipping on)."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs")
+    from tests.unit.test_layerwise_optim import check_against_torch
+
+    check_against_torch(tmp_path, world, weight_decay, dtype, device_type="cuda")

@@ -1,5 +1,6 @@
-"""LayerwiseAdamW is torch's AdamW: 10 steps under FSDP2 (gloo, world size 1 and 2, CPU path),
-with gradient clipping, weight decay on and off, against torch.optim.AdamW on the same model."""
+"""LayerwiseAdamW is torch's AdamW: 10 steps under FSDP2 (world size 1 and 2), with gradient
+clipping, weight decay on and off, against torch.optim.AdamW on the same model. On the CPU
+(gloo) here; tests/gpu/test_layerwise_optim_gpu.py runs the same on CUDA (NCCL, streams)."""
 
 import os
 
@@ -21,14 +22,18 @@ def tiny_model(dtype):
     return Qwen2ForCausalLM(cfg).to(dtype)
 
 
-def train(rank, world, port, kind, weight_decay, dtype, out):
+def train(rank, world, port, kind, weight_decay, dtype, out, device_type="cpu"):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cuda = device_type == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     try:
         from rlpost.trainer.fsdp import fsdp_units, full_tensor, shard_model
 
-        model = shard_model(tiny_model(dtype), torch.device("cpu"), dtype)
+        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        model = shard_model(tiny_model(dtype), device, dtype)
         hyper = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
         if kind == "layerwise":
             opt = LayerwiseAdamW(fsdp_units(model), prefetch_layers=1, **hyper)
@@ -36,42 +41,48 @@ def train(rank, world, port, kind, weight_decay, dtype, out):
             opt = torch.optim.AdamW(model.parameters(), foreach=False, **hyper)
         g = torch.Generator().manual_seed(100 + rank)
         for _ in range(10):
-            ids = torch.randint(0, 64, (4, 12), generator=g)
+            ids = torch.randint(0, 64, (4, 12), generator=g).to(device)
             model(input_ids=ids, labels=ids).loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # clipping is active
             opt.step()
             opt.zero_grad(set_to_none=True)
-        state = {n: full_tensor(p.detach()).clone() for n, p in model.named_parameters()}
+        state = {n: full_tensor(p.detach()).cpu().clone() for n, p in model.named_parameters()}
         if rank == 0:
             torch.save(state, out)
     finally:
         dist.destroy_process_group()
 
 
-def run(tmp_path, world, kind, weight_decay, dtype):
-    out = tmp_path / f"{kind}-{world}-{weight_decay}.pt"
-    mp.spawn(train, args=(world, free_port(), kind, weight_decay, dtype, str(out)), nprocs=world, join=True)
+def run(tmp_path, world, kind, weight_decay, dtype, device_type="cpu"):
+    out = tmp_path / f"{kind}-{world}-{weight_decay}-{dtype}.pt"
+    mp.spawn(train, args=(world, free_port(), kind, weight_decay, dtype, str(out), device_type),
+             nprocs=world, join=True)
     return torch.load(out)
+
+
+def check_against_torch(tmp_path, world, weight_decay, dtype, device_type="cpu"):
+    ours = run(tmp_path, world, "layerwise", weight_decay, dtype, device_type)
+    ref = run(tmp_path, world, "torch", weight_decay, dtype, device_type)
+    start = tiny_model(dtype).state_dict()
+    for name, r in ref.items():
+        assert not torch.equal(r, start[name]), f"{name} never moved: the test would prove nothing"
+        if dtype == torch.float32:
+            rel = ((ours[name] - r).abs().max() / r.abs().max().clamp(min=1e-12)).item()
+            assert rel <= 1e-6, f"{name}: relative difference {rel:.2e}"
+        else:  # within one ulp of the reference
+            ulp = torch.finfo(dtype).eps * r.float().abs().clamp(min=2**-126)
+            assert torch.all((ours[name].float() - r.float()).abs() <= ulp), name
 
 
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_matches_torch_adamw_float32(tmp_path, world, weight_decay):
-    ours = run(tmp_path, world, "layerwise", weight_decay, torch.float32)
-    ref = run(tmp_path, world, "torch", weight_decay, torch.float32)
-    start = tiny_model(torch.float32).state_dict()
-    for name, r in ref.items():
-        assert not torch.equal(r, start[name]), f"{name} never moved: the test would prove nothing"
-        rel = ((ours[name] - r).abs().max() / r.abs().max().clamp(min=1e-12)).item()
-        assert rel <= 1e-6, f"{name}: relative difference {rel:.2e}"
+    check_against_torch(tmp_path, world, weight_decay, torch.float32)
 
 
-def test_matches_torch_adamw_bfloat16_within_one_ulp(tmp_path):
-    ours = run(tmp_path, 1, "layerwise", 0.1, torch.bfloat16)
-    ref = run(tmp_path, 1, "torch", 0.1, torch.bfloat16)
-    for name, r in ref.items():
-        ulp = torch.finfo(torch.bfloat16).eps * r.float().abs().clamp(min=2**-126)
-        assert torch.all((ours[name].float() - r.float()).abs() <= ulp), name
+@pytest.mark.parametrize("world", [1, 2])
+def test_matches_torch_adamw_bfloat16_within_one_ulp(tmp_path, world):
+    check_against_torch(tmp_path, world, 0.1, torch.bfloat16)
 
 
 def test_state_dict_round_trip_keeps_pinned_buffers():
