@@ -360,6 +360,10 @@ def to_yaml(cfg: TrainConfig) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
+def config_dict(cfg: TrainConfig) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
 def config_docs() -> str:
     """Markdown reference of every key, generated from the schema."""
     lines = ["# Configuration reference", "",

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rlpost.algos.advantages import get_advantage
-from rlpost.config import TrainConfig, to_yaml
+from rlpost.config import TrainConfig, config_dict, to_yaml
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
 from rlpost.data.batch import Batch
@@ -24,7 +24,7 @@ from rlpost.data.microbatch import padding_fraction, plan_step, shard_batch
 from rlpost.data.padding import concat_generations
 from rlpost.data.tasks import arithmetic_split, write_jsonl
 from rlpost.metrics.trackers import Trackers
-from rlpost.models.loading import load_tokenizer, resolve_model_path, tiny_model_dir
+from rlpost.models.loading import load_tokenizer, resolve_model_path
 from rlpost.rewards import RewardInput, get_reward_fn, score_samples
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.worker import RolloutWorker
@@ -189,7 +189,7 @@ class Controller:
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
             "reward/errors": float(reward_errors),
-            "reward/solve_none": (groups.max(1).values == groups.min(1).values).float().mean().item(),
+            "reward/uniform_groups": (groups.max(1).values == groups.min(1).values).float().mean().item(),
             "response_length/mean": lengths.mean().item(),
             "response_length/max": lengths.max().item(),
             "rollout/logprob_diff_max": diff.max().item() if diff.numel() else 0.0,
@@ -238,7 +238,7 @@ class Controller:
         bar = tqdm(total=cfg.trainer.total_steps, initial=self.step, desc="grpo", dynamic_ncols=True,
                    disable=not cfg.logger.progress_bar)
         trackers = Trackers(cfg.logger.backends, self.run_dir, cfg.logger.project, cfg.logger.wandb_mode,
-                            write=tqdm.write)
+                            config=config_dict(cfg), write=tqdm.write)
         try:
             if cfg.trainer.val_every and self.step == 0:
                 trackers.log(self.validate(), self.step)
@@ -276,4 +276,4 @@ def train(cfg: TrainConfig, log=print) -> Path:
         controller.shutdown()
 
 
-__all__ = ["Controller", "train", "tiny_model_dir"]
+__all__ = ["Controller", "train"]

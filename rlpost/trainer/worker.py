@@ -30,7 +30,7 @@ from rlpost.trainer.optim import LayerwiseAdamW
 from rlpost.trainer.logprobs import response_logprobs
 from rlpost.weightsync.manifest import spec_of
 from rlpost.weightsync.sync import send_weights
-from rlpost.weightsync.transport import SyncGroup, node_ip
+from rlpost.weightsync.transport import SyncGroup
 
 
 class TrainerWorker:
@@ -166,9 +166,6 @@ class TrainerWorker:
         return norm
 
     # ---------------------------------------------------------------------------- weight sync
-    def address(self) -> str:
-        return node_ip()
-
     def init_weight_sync(self, host: str, port: int, world_size: int) -> None:
         if self.rank == 0:
             self.sync_group = SyncGroup(host, port, 0, world_size, str(self.device),

@@ -21,18 +21,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_ip() -> str:
-    """An address other processes on this node (or cluster) can reach this one at."""
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return "127.0.0.1"
-
-
 class SyncGroup:
     def __init__(self, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: int):
         timeout = datetime.timedelta(seconds=timeout_s)
