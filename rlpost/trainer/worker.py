@@ -173,7 +173,9 @@ class TrainerWorker:
 
     def push_weights(self, version: int) -> dict[str, float]:
         """All ranks gather full tensors (FSDP all-gather); rank 0 sends them to the rollouts."""
-        tensors = (full_tensor(p.detach()).to(self.compute_dtype) for _, p in self.model.named_parameters())
+        # `.to(device)`: with `offload=cpu` the shards live on the host; gather them on the device
+        tensors = (full_tensor(p.detach().to(self.device)).to(self.compute_dtype)
+                   for _, p in self.model.named_parameters())
         if self.rank != 0:
             for _ in tensors:
                 pass
