@@ -15,9 +15,12 @@ import sys
 def cmd_train(overrides: list[str]) -> int:
     from rlpost.config import ConfigError, load_config
 
+    from rlpost.rewards import get_reward_fn
+
     try:
         cfg = load_config(overrides)
-    except (ConfigError, FileNotFoundError) as e:
+        get_reward_fn(cfg.reward.fn)  # a bad reward.fn fails here, before anything starts
+    except (ConfigError, FileNotFoundError, KeyError, AttributeError) as e:
         print(f"rlpost: config error: {e}", file=sys.stderr)
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -25,8 +28,13 @@ def cmd_train(overrides: list[str]) -> int:
 
     torch.set_num_threads(cfg.cluster.num_threads)
     from rlpost.controller.loop import train
+    from rlpost.data.dataset import DataError
 
-    run_dir = train(cfg)
+    try:
+        run_dir = train(cfg)
+    except (DataError, FileNotFoundError) as e:
+        print(f"rlpost: {e}", file=sys.stderr)  # bad input: the message names the file, row and field
+        return 2
     print(f"done: metrics in {run_dir / 'metrics.jsonl'}")
     return 0
 

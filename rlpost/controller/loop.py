@@ -19,13 +19,13 @@ from rlpost.config import TrainConfig, config_dict, to_yaml
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
 from rlpost.data.batch import Batch
-from rlpost.data.dataset import PromptLoader, PromptRow, load_prompts
+from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.microbatch import padding_fraction, plan_step, shard_batch
 from rlpost.data.padding import concat_generations
 from rlpost.data.tasks import arithmetic_split, write_jsonl
 from rlpost.metrics.trackers import Trackers
 from rlpost.models.loading import load_tokenizer, resolve_model_path
-from rlpost.rewards import RewardInput, get_reward_fn, score_samples
+from rlpost.rewards import REWARDS, RewardInput, get_reward_fn, score_samples
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.worker import RolloutWorker
 from rlpost.trainer.worker import TrainerWorker
@@ -49,6 +49,19 @@ def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
             write_jsonl(val, folder / "val.jsonl")
         return [str(folder / "train.jsonl")], [str(folder / "val.jsonl")]
     return list(cfg.data.train_files), list(cfg.data.val_files)
+
+
+def check_reward_routing(rows: list[PromptRow], reward_fn: str) -> None:
+    """With `reward.fn=auto`, every row's data_source must name a registered reward function:
+    fail at start rather than score every sample 0."""
+    if reward_fn != "auto":
+        return
+    unknown = sorted({r.data_source for r in rows} - set(REWARDS))
+    if unknown:
+        what = "rows without a data_source" if unknown[0] == "" else f"data_source {unknown[0]!r}"
+        raise DataError(f"reward.fn=auto has no reward function for {what}; set reward.fn=NAME or "
+                        f"path/to/file.py:function, or data.default_data_source=NAME "
+                        f"(registered: {sorted(REWARDS)})")
 
 
 class Controller:
@@ -76,6 +89,7 @@ class Controller:
         if self.dropped_prompts:
             self.log(f"dropped {self.dropped_prompts} prompts longer than data.max_prompt_length="
                      f"{cfg.data.max_prompt_length} tokens")
+        check_reward_routing(train.rows + val.rows, cfg.reward.fn)
         self.loader = PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle)
         self.val_rows = val.rows
         self.log(f"data: {len(train.rows)} training prompts, {len(self.val_rows)} validation prompts")

@@ -47,3 +47,18 @@ def test_configuration_docs_are_generated_from_the_schema():
     committed = (REPO / "docs" / "configuration.md").read_text()
     assert committed == config_docs(), "docs/configuration.md is stale: run `rlpost doctor --config-docs > docs/configuration.md`"
     assert "`trainer.world_size`" in committed and "`algo.kl_coef`" in committed
+
+
+def test_cli_bad_data_file_is_a_clean_error(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rlpost.cli", "train", "+recipe=quickstart", "data.task=",
+                             f"data.train_files=[{tmp_path / 'missing.jsonl'}]", f"run.dir={tmp_path / 'run'}",
+                             f"model.cache_dir={tmp_path / 'cache'}", "model.tiny.warmup_steps=1"],
+                            capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 2
+    assert "missing.jsonl: no such file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_bad_reward_fn_is_a_config_error():
+    result = subprocess.run([sys.executable, "-m", "rlpost.cli", "train", "+recipe=quickstart", "reward.fn=nope"],
+                            capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 2 and "reward.fn='nope' is not a registered reward" in result.stderr

@@ -104,3 +104,16 @@ def test_batch_chunk_select_cat():
         Batch({"x": torch.zeros(2), "y": torch.zeros(3)})
     with pytest.raises(KeyError, match="has no 'z'"):
         b["z"]
+
+
+def test_auto_reward_routing_fails_early_naming_the_source():
+    from rlpost.controller.loop import check_reward_routing
+    from rlpost.data.dataset import PromptRow
+
+    ok = PromptRow([1], "1+1=", "2", "arithmetic")
+    check_reward_routing([ok], "auto")
+    check_reward_routing([PromptRow([1], "x", "2", "mystery")], "my.py:fn")  # explicit fn: no routing
+    with pytest.raises(DataError, match="data_source 'mystery'"):
+        check_reward_routing([ok, PromptRow([1], "x", "2", "mystery")], "auto")
+    with pytest.raises(DataError, match="rows without a data_source"):
+        check_reward_routing([PromptRow([1], "x", "2", "")], "auto")
