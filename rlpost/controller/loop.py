@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -121,7 +122,7 @@ class Controller:
         k = len(self.rollouts)
         per = [rows[i * len(rows) // k:(i + 1) * len(rows) // k] for i in range(k)]
         refs = [w.generate.remote([r.prompt_ids for r in part],
-                                  SamplingParams(**{**params.__dict__, "seed": params.seed + i}))
+                                  replace(params, seed=params.seed + i))
                 for i, (w, part) in enumerate(zip(self.rollouts.workers, per)) if part]
         batch = concat_generations(ray.get(refs), self.tokenizer.pad_token_id)
         batch["group_ids"] = torch.arange(len(rows)).repeat_interleave(params.n)

@@ -37,15 +37,16 @@ class HFRolloutEngine:
 
     def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> Batch:
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
-        sampling = {} if params.greedy else {
-            "do_sample": True, "temperature": params.temperature,
-            "top_p": params.top_p, "top_k": params.top_k or None,
-        }
+        # explicit values: None would fall back to the model's generation_config (e.g. top_k=50)
+        if params.greedy:
+            sampling = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        else:
+            sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
+                        "top_k": params.top_k}  # 0 = off
         out = self.model.generate(
             input_ids=prompt_ids.to(self.device), attention_mask=prompt_mask.long().to(self.device),
             max_new_tokens=params.max_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
-            return_dict_in_generate=True, output_logits=True,
-            **({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if params.greedy else sampling),
+            return_dict_in_generate=True, output_logits=True, **sampling,
         )
         response_ids = generated_responses(out.sequences, prompt_ids.shape[1]).cpu()
         # raw logits of each step -> log-probs of the sampled tokens under softmax(logits / T)
