@@ -53,15 +53,10 @@ def right_pad(rows: list[list[float]] | list[list[int]], pad, width: int | None 
     return out, mask
 
 
-def response_mask_from_eos(response_ids: torch.Tensor, eos_id: int, lengths: torch.Tensor | None = None):
-    """Mask [B, R] of real response tokens: everything up to and including the first EOS
-    (and within `lengths`, when the generator reports them)."""
-    is_eos = response_ids == eos_id
-    before_eos = (is_eos.long().cumsum(-1) - is_eos.long()) == 0
-    mask = before_eos
-    if lengths is not None:
-        mask = mask & (torch.arange(response_ids.shape[1]) < lengths[:, None])
-    return mask
+def response_mask_from_eos(response_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Mask [B, R] of real response tokens: everything up to and including the first EOS."""
+    is_eos = (response_ids == eos_id).long()
+    return (is_eos.cumsum(-1) - is_eos) == 0
 
 
 def generated_responses(sequences: torch.Tensor, prompt_width: int) -> torch.Tensor:
