@@ -51,6 +51,19 @@ class TinyModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = knob(0, "LoRA rank (0 = off: full fine-tuning). With LoRA only the adapter is trained, "
+                     "optimized and checkpointed.")
+    alpha: float = knob(16.0, "LoRA alpha; the update is (alpha / rank) * B @ A.")
+    target_modules: list = knob(["all-linear"], "Modules that get adapters (peft names, e.g. "
+                                "[q_proj, v_proj]); `all-linear` = every linear layer but the output head.")
+    mode: str = knob("merge", "How rollouts see the adapter. `merge`: W + (alpha/rank) B A is computed per "
+                     "FSDP unit and synced as plain weights (rollout at base-model speed). `adapter`: the "
+                     "base weights are synced once, then only the adapter (vLLM LoRA / peft in `hf`).",
+                     ("merge", "adapter"))
+
+
+@dataclass
 class ModelConfig:
     path: str = knob("tiny", "Hugging Face hub id or local folder of the policy; `tiny` builds (once, "
                      "then cached) a small Qwen2-style model and character tokenizer warm-started on "
@@ -64,6 +77,7 @@ class ModelConfig:
     trust_remote_code: bool = knob(False, "Allow model code from the model folder (transformers).")
     cache_dir: str = knob("~/.cache/rlpost", "Where built tiny models and generated task data are cached.")
     tiny: TinyModelConfig = section(TinyModelConfig, "Shape and warm-up of `model.path=tiny`.")
+    lora: LoraConfig = section(LoraConfig, "Low-rank adapters (peft).")
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -96,6 +110,11 @@ class RolloutConfig:
     max_response_length: int = knob(256, "Most tokens generated per response.")
     batch_size: int = knob(256, "Sequences generated together inside one rollout actor.")
     val_greedy: bool = knob(True, "Validate with greedy decoding (else with the training sampler).")
+    gpu_memory_utilization: float = knob(0.5, "vllm: fraction of the GPU's memory vLLM may take (weights "
+                                         "+ KV cache). In colocate placement it must fit in what the "
+                                         "trainer leaves free; the start-up check says by how much.")
+    enforce_eager: bool = knob(False, "vllm: no CUDA graphs (faster start, slower decoding).")
+    max_num_seqs: int = knob(256, "vllm: most sequences decoded at once.")
 
 
 # ------------------------------------------------------------------------------------------ algo
@@ -115,6 +134,14 @@ class AlgoConfig:
     entropy_coef: float = knob(0.0, "Weight of the entropy bonus (subtracted from the loss).")
     ppo_epochs: int = knob(1, "Passes over each batch.")
     ppo_mini_batch_size: int = knob(0, "Prompts per optimizer step (0 = the whole batch, one step).")
+    max_staleness: int = knob(1, "Split placement: how many weight versions a batch's generator may lag "
+                              "the trainer. 1 = one-step-off-policy (batch k+1 is generated while step k "
+                              "trains); 0 = synchronous. Colocate placement is always synchronous.")
+    rollout_is: str = knob("token", "Truncated importance sampling (TIS) of the rollout/trainer mismatch: "
+                           "each token's loss is weighted by min(pi_old / pi_rollout, rollout_is_threshold) "
+                           "per `token`, or by the sequence's product per `sequence`; `none` = off.",
+                           ("none", "token", "sequence"))
+    rollout_is_threshold: float = knob(2.0, "Cap of the truncated importance weights.")
 
 
 # --------------------------------------------------------------------------------------- trainer
@@ -153,6 +180,9 @@ class TrainerConfig:
     save_every: int = knob(0, "Checkpoint every this many steps (0 = never).")
     keep_checkpoints: int = knob(2, "Complete checkpoints kept; older ones are deleted.")
     resume: str = knob("none", "`none`, `auto` (newest complete checkpoint in `run.dir`), or a checkpoint folder.")
+    param_offload: bool = knob(False, "Keep the trainer's parameter shards on the CPU between trainer phases "
+                               "(frees GPU memory for a colocated vLLM); they come to the GPU for "
+                               "log-probs, updates and weight export and go back afterwards.")
     optim: OptimConfig = section(OptimConfig, "Optimizer.")
 
 
@@ -277,8 +307,14 @@ def validate(cfg: TrainConfig) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
-    if cfg.rollout.backend == "vllm" and cfg.trainer.device != "cuda":
-        raise ConfigError("rollout.backend=vllm needs trainer.device=cuda (on CPU use rollout.backend=hf)")
+    if cfg.algo.max_staleness < 0:
+        raise ConfigError(f"algo.max_staleness={cfg.algo.max_staleness} must be >= 0")
+    if cfg.algo.rollout_is_threshold < 1:
+        raise ConfigError(f"algo.rollout_is_threshold={cfg.algo.rollout_is_threshold} must be >= 1")
+    if not 0 < cfg.rollout.gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} must be in (0, 1]")
+    if cfg.model.lora.rank < 0:
+        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} must be >= 0")
 
 
 # --------------------------------------------------------------------------------- composition
