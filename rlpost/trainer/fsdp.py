@@ -8,7 +8,9 @@ from torch.distributed.tensor import DTensor
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
-    """The repeated transformer blocks of a Hugging Face causal LM."""
+    """The repeated transformer blocks of a Hugging Face causal LM (inside a peft wrapper too)."""
+    if hasattr(model, "get_base_model"):  # peft.PeftModel: the transformers model it wraps
+        model = model.get_base_model()
     for path in ("model.layers", "transformer.h", "model.decoder.layers"):
         module = model
         try:
