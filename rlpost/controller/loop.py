@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import replace
+from collections import deque
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -30,6 +31,31 @@ from rlpost.rewards import REWARDS, RewardInput, get_reward_fn, score_samples
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.worker import RolloutWorker
 from rlpost.trainer.worker import TrainerWorker
+
+
+@dataclass
+class Pending:
+    """A batch whose generation is under way: its prompts, the rollout actors' futures and the
+    loader position before its prompts were drawn."""
+    rows: list[PromptRow]
+    refs: list
+    loader_state: dict
+
+
+def sync_plan(cfg: TrainConfig) -> dict[int, list[int]]:
+    """Which trainer rank sends the weights to which rollout actors. Over NCCL/gloo rank 0
+    broadcasts to all of them; with CUDA IPC (colocate on GPUs) each rank feeds the actors on
+    its own GPU (every rank holds the full tensors after FSDP's all-gather)."""
+    if sync_transport(cfg) == "ipc":
+        plan: dict[int, list[int]] = {}
+        for r in range(cfg.rollout.num_workers):
+            plan.setdefault(r % cfg.trainer.world_size, []).append(r)
+        return plan
+    return {0: list(range(cfg.rollout.num_workers))}
+
+
+def sync_transport(cfg: TrainConfig) -> str:
+    return "ipc" if cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda" else "broadcast"
 
 
 def make_run_dir(cfg: TrainConfig) -> Path:
@@ -75,6 +101,9 @@ class Controller:
         self._load_data()
         self.reward_fn = get_reward_fn(cfg.reward.fn)
         self.version, self.step = 0, 0
+        # split placement: batches generate while earlier ones train (one-step-off-policy)
+        self.overlap = cfg.cluster.placement == "split" and cfg.algo.max_staleness > 0
+        self.pending: deque[Pending] = deque()
         self._start_workers()
         if cfg.trainer.resume != "none":
             self._resume()
@@ -106,26 +135,33 @@ class Controller:
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         self.rollouts = WorkerGroup(RolloutWorker, cfg, self.placement, self.placement.rollout_bundles,
                                     "rollout", lambda r: (cfg, self.model_path, r, pad, eos))
-        host, port = self.placement.address_of_bundle(self.placement.trainer_bundles[0])
-        world = 1 + len(self.rollouts)
         import ray
 
-        ray.get(self.trainers.call_async("init_weight_sync", host, port, world)
-                + [w.init_weight_sync.remote(host, port, 1 + i, world)
-                   for i, w in enumerate(self.rollouts.workers)])
+        calls = []
+        for rank, receivers in sync_plan(cfg).items():
+            host, port = self.placement.address_of_bundle(self.placement.trainer_bundles[rank])
+            world, transport = 1 + len(receivers), sync_transport(cfg)
+            calls.append(self.trainers.workers[rank].init_weight_sync.remote(host, port, world, transport))
+            calls += [self.rollouts.workers[r].init_weight_sync.remote(host, port, 1 + j, world, transport)
+                      for j, r in enumerate(receivers)]
+        ray.get(calls)
 
     # ---------------------------------------------------------------------------- the parts
     def generate(self, rows: list[PromptRow], params: SamplingParams) -> Batch:
         """Prompts split over the rollout actors (groups stay whole), results in prompt order."""
-        import ray
+        return self._gather(self._launch(rows, params), len(rows), params.n)
 
+    def _launch(self, rows: list[PromptRow], params: SamplingParams) -> list:
         k = len(self.rollouts)
         per = [rows[i * len(rows) // k:(i + 1) * len(rows) // k] for i in range(k)]
-        refs = [w.generate.remote([r.prompt_ids for r in part],
-                                  replace(params, seed=params.seed + i))
+        return [w.generate.remote([r.prompt_ids for r in part], replace(params, seed=params.seed + i))
                 for i, (w, part) in enumerate(zip(self.rollouts.workers, per)) if part]
+
+    def _gather(self, refs: list, num_prompts: int, n: int) -> Batch:
+        import ray
+
         batch = concat_generations(ray.get(refs), self.tokenizer.pad_token_id)
-        batch["group_ids"] = torch.arange(len(rows)).repeat_interleave(params.n)
+        batch["group_ids"] = torch.arange(num_prompts).repeat_interleave(n)
         return batch
 
     def score(self, rows: list[PromptRow], batch: Batch, n: int):
@@ -146,24 +182,50 @@ class Controller:
         recv = self.rollouts.call_async("receive_weights", self.version)
         sent = self.trainers.call_async("push_weights", self.version)
         recv_stats = ray.get(recv)  # receivers first: their errors name the tensor
-        send_stats = ray.get(sent)[0]
+        send_stats = next(s for s in ray.get(sent) if s)
         versions = self.rollouts.call("weight_version")
         if versions != [self.version] * len(versions):
             raise RuntimeError(f"rollout weight versions {versions} after sync v{self.version}")
         return {**send_stats, "weight_sync/version": float(self.version),
                 "weight_sync/recv_s": max(s["weight_sync/recv_s"] for s in recv_stats),
+                "weight_sync/readback_tensors": min(s["weight_sync/readback_tensors"] for s in recv_stats),
                 "timing_s/weight_sync": time.perf_counter() - start}
 
     # ---------------------------------------------------------------------------- one step
+    def _sampling(self, step: int) -> SamplingParams:
+        """Sampling settings of the batch that trains step `step` (seeded by the step)."""
+        r = self.cfg.rollout
+        return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                              max_tokens=r.max_response_length, seed=self.cfg.run.seed * 1_000_003 + step * 101)
+
+    def _queue_generation(self) -> None:
+        """Launch the generation of the next batch not yet launched (it runs on the rollout
+        actors with their current weights while the controller goes on)."""
+        step = self.step + len(self.pending)
+        loader_state = self.loader.state_dict()  # before its rows are drawn: a checkpoint resumes here
+        rows = next(self.loader)
+        params = self._sampling(step)
+        self.pending.append(Pending(rows, self._launch(rows, params), loader_state))
+
     def train_step(self) -> dict[str, float]:
         cfg, timing = self.cfg, {}
-        rows = next(self.loader)
         t = time.perf_counter()
-        params = SamplingParams(n=cfg.rollout.n, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                top_k=cfg.rollout.top_k, max_tokens=cfg.rollout.max_response_length,
-                                seed=cfg.run.seed * 1_000_003 + self.step * 101)
-        batch = self.generate(rows, params)
-        timing["timing_s/gen"] = time.perf_counter() - t
+        if not self.pending:
+            self._queue_generation()
+        job = self.pending.popleft()
+        rows = job.rows
+        batch = self._gather(job.refs, len(rows), cfg.rollout.n)
+        timing["timing_s/gen"] = time.perf_counter() - t  # the wait: less when overlapped
+        if self.overlap:  # one-step-off-policy: the next batches generate while this one trains
+            while len(self.pending) < cfg.algo.max_staleness and \
+                    self.step + 1 + len(self.pending) < cfg.trainer.total_steps:
+                self._queue_generation()
+        elif cfg.cluster.placement == "colocate":
+            self.rollouts.call("sleep")  # the trainer gets the device (vLLM on a GPU)
+        staleness = self.version - batch["weight_version"].min().item()
+        if staleness > (cfg.algo.max_staleness if self.overlap else 0):
+            raise RuntimeError(f"a batch generated by weight version {batch['weight_version'].min().item()} "
+                               f"would train version {self.version} (algo.max_staleness={cfg.algo.max_staleness})")
 
         t = time.perf_counter()
         rewards, reward_errors = self.score(rows, batch, cfg.rollout.n)
@@ -193,7 +255,8 @@ class Controller:
 
         self.version += 1
         sync = self._sync_weights()
-        return {**self._batch_metrics(batch, rewards, reward_errors), **actor, **sync, **timing}
+        return {**self._batch_metrics(batch, rewards, reward_errors), **actor, **sync, **timing,
+                "rollout/staleness": float(staleness)}
 
     def _batch_metrics(self, batch: Batch, rewards: torch.Tensor, reward_errors: int) -> dict[str, float]:
         mask = batch["response_mask"]
@@ -228,7 +291,9 @@ class Controller:
 
     # ----------------------------------------------------------------------------- checkpoints
     def save(self) -> Path:
-        state = {"step": self.step, "version": self.version, "loader": self.loader.state_dict(),
+        # batches generated but not trained yet are generated again after a resume
+        loader = self.pending[0].loader_state if self.pending else self.loader.state_dict()
+        state = {"step": self.step, "version": self.version, "loader": loader,
                  "python_rng": random.getstate(), "torch_rng": torch.get_rng_state()}
         return checkpoint.save(self.run_dir, self.step, state, self.trainers, self.cfg.trainer.keep_checkpoints)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import torch
 
@@ -37,6 +37,8 @@ class RolloutEngine(Protocol):
 
     def weight_manifest(self) -> Manifest: ...
 
-    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None: ...
+    def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Consume every (name, tensor) of one sync (they arrive bucket by bucket)."""
 
-    def loaded_tensor(self, name: str) -> torch.Tensor: ...
+    def loaded_tensor(self, name: str) -> torch.Tensor | None:
+        """The tensor now held under `name`, or None where the engine keeps another layout."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from rlpost.data.batch import Batch
@@ -66,7 +68,7 @@ class HFRolloutEngine:
     def weight_manifest(self) -> Manifest:
         return manifest_of(self.params.items())
 
-    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in named_tensors:
             self.params[name].data.copy_(tensor)
 

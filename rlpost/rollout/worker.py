@@ -13,23 +13,33 @@ from rlpost.weightsync.sync import receive_weights
 from rlpost.weightsync.transport import SyncGroup
 
 
-def make_engine(cfg: TrainConfig, model_path: str, pad_id: int, eos_id: int) -> RolloutEngine:
-    if cfg.rollout.backend == "hf":
+def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_id: int) -> RolloutEngine:
+    r = cfg.rollout
+    if r.backend == "vllm":
+        from rlpost.rollout.vllm_engine import VLLMRolloutEngine
+
+        return VLLMRolloutEngine(
+            model_path, cfg.model.dtype, cfg.trainer.device, pad_id, eos_id, seed=cfg.run.seed + rank,
+            max_model_len=cfg.data.max_prompt_length + r.max_response_length,
+            gpu_memory_utilization=r.gpu_memory_utilization, enforce_eager=r.enforce_eager,
+            max_num_seqs=r.max_num_seqs,
+            sleep_mode=cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda",
+            trust_remote_code=cfg.model.trust_remote_code)
+    if r.backend == "hf":
         from rlpost.rollout.hf import HFRolloutEngine
 
         # the varlen kernel serves packed training batches; generation with a KV cache uses sdpa
         attn = "sdpa" if cfg.model.attn_implementation == "rlpost_varlen" else cfg.model.attn_implementation
         return HFRolloutEngine(model_path, cfg.model.dtype, cfg.trainer.device, pad_id, eos_id,
                                cfg.rollout.batch_size, attn, cfg.model.trust_remote_code)
-    raise ValueError(f"rollout.backend={cfg.rollout.backend!r} is not available in this build; "
-                     "choose rollout.backend=hf")
+    raise ValueError(f"rollout.backend={r.backend!r} is unknown; choose hf or vllm")
 
 
 class RolloutWorker:
     def __init__(self, cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_id: int):
         torch.set_num_threads(cfg.cluster.num_threads)
         self.cfg, self.rank = cfg, rank
-        self.engine = make_engine(cfg, model_path, pad_id, eos_id)
+        self.engine = make_engine(cfg, model_path, rank, pad_id, eos_id)
         self.sync_group: SyncGroup | None = None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
@@ -38,12 +48,18 @@ class RolloutWorker:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
-    def init_weight_sync(self, host: str, port: int, rank: int, world_size: int) -> None:
+    def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, transport: str) -> None:
         self.sync_group = SyncGroup(host, port, rank, world_size, self.cfg.trainer.device,
-                                    self.cfg.weight_sync.timeout_s)
+                                    self.cfg.weight_sync.timeout_s, transport)
+
+    def sleep(self) -> None:
+        """Colocate placement: give the device to the trainer until the next sync or generate."""
+        if hasattr(self.engine, "sleep"):
+            self.engine.sleep()
 
     def receive_weights(self, version: int) -> dict[str, float]:
         stats = receive_weights(self.sync_group, self.engine.weight_manifest(), version,
                                 self.engine.load_weights, self.engine.loaded_tensor)
         self.engine.weight_version = version
-        return {"weight_sync/recv_s": stats.seconds, "weight_sync/recv_bytes": float(stats.bytes)}
+        return {"weight_sync/recv_s": stats.seconds, "weight_sync/recv_bytes": float(stats.bytes),
+                "weight_sync/readback_tensors": float(stats.readback)}

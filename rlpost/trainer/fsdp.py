@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -48,3 +50,22 @@ def fsdp_units(model: torch.nn.Module) -> list[list[torch.nn.Parameter]]:
     units = [list(layer.parameters()) for layer in decoder_layers(model)]
     in_layers = {id(p) for unit in units for p in unit}
     return units + [[p for p in model.parameters() if id(p) not in in_layers]]
+
+
+@contextmanager
+def params_on(model: torch.nn.Module, device: torch.device, keep: bool = False):
+    """Inside the block every parameter (shard) of `model` is on `device`; afterwards they go
+    back to the device they were on, unless `keep`. FSDP2 moves sharded modules with
+    `module.to`, which swaps the tensors in place: optimizers keep their references."""
+    homes = {p.device for p in model.parameters()}
+    if len(homes) > 1:
+        raise ValueError(f"parameters on several devices {sorted(map(str, homes))}; cannot move them as one")
+    home = homes.pop() if homes else torch.device(device)
+    moved = home != torch.device(device)
+    if moved:
+        model.to(device)
+    try:
+        yield model
+    finally:
+        if moved and not keep:
+            model.to(home)

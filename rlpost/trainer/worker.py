@@ -13,19 +13,20 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from rlpost.algos.losses import aggregate, kl_penalty, ppo_clip_loss
+from rlpost.algos.losses import aggregate, kl_penalty, ppo_clip_loss, truncated_is_weights
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import split_shard
 from rlpost.models.loading import DTYPES, load_causal_lm
 from rlpost.models.tiny import cosine
-from rlpost.trainer.fsdp import fsdp_units, full_tensor, shard_model
+from rlpost.trainer.fsdp import fsdp_units, full_tensor, params_on, shard_model
 from rlpost.trainer.optim import LayerwiseAdamW
 from rlpost.trainer.logprobs import response_logprobs
 from rlpost.weightsync.manifest import spec_of
@@ -66,6 +67,20 @@ class TrainerWorker:
         self.sync_group: SyncGroup | None = None
         self.manifest = [spec_of(n, full_tensor_meta(p, self.compute_dtype))
                          for n, p in self.model.named_parameters()]
+        if cfg.trainer.param_offload:  # shards live on the CPU between phases
+            for model in (self.model, self.ref_model):
+                if model is not None:
+                    model.to("cpu")
+
+    @contextmanager
+    def _resident(self):
+        """With `trainer.param_offload`, the shards come to the device for one phase and go back."""
+        with ExitStack() as stack:
+            if self.cfg.trainer.param_offload:
+                for model in (self.model, self.ref_model):
+                    if model is not None:
+                        stack.enter_context(params_on(model, self.device))
+            yield
 
     # ------------------------------------------------------------------------------ log-probs
     def _logprobs(self, model, mb: Batch, with_entropy: bool):
@@ -78,12 +93,13 @@ class TrainerWorker:
         shard's `row_index`. Runs the micro-batches of the plan (see `rlpost.data.microbatch`),
         the same ones as the first pass of `update`, so that the first ratio is 1."""
         out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": [], "row_index": []}
-        for mini in split_shard(shard):
-            for mb in mini:
-                out["old_logprobs"].append(self._logprobs(self.model, mb, False)[0].cpu())
-                if self.ref_model is not None:
-                    out["ref_logprobs"].append(self._logprobs(self.ref_model, mb, False)[0].cpu())
-                out["row_index"].append(mb["row_index"])
+        with self._resident():
+            for mini in split_shard(shard):
+                for mb in mini:
+                    out["old_logprobs"].append(self._logprobs(self.model, mb, False)[0].cpu())
+                    if self.ref_model is not None:
+                        out["ref_logprobs"].append(self._logprobs(self.ref_model, mb, False)[0].cpu())
+                    out["row_index"].append(mb["row_index"])
         return Batch({k: torch.cat(v) for k, v in out.items() if v})
 
     # --------------------------------------------------------------------------------- update
@@ -95,6 +111,10 @@ class TrainerWorker:
     def update(self, shard: Batch) -> dict[str, float]:
         """PPO epochs over this rank's planned mini-batches; one optimizer step per mini-batch.
         Returns metrics already reduced over ranks (identical on every rank)."""
+        with self._resident():
+            return self._update(shard)
+
+    def _update(self, shard: Batch) -> dict[str, float]:
         a = self.cfg.algo
         stats = _Stats(self.device)
         first_step_done = False
@@ -122,8 +142,18 @@ class TrainerWorker:
         logp, entropy = self._logprobs(self.model, mb, with_entropy=True)  # packs on the CPU first
         mask = mb["response_mask"].to(self.device).float()
         adv = mb["advantages"].to(self.device).float()[:, None]
-        pg, ratio, clipped = ppo_clip_loss(logp, mb["old_logprobs"].to(self.device), adv,
-                                           a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c)
+        old = mb["old_logprobs"].to(self.device)
+        pg, ratio, clipped = ppo_clip_loss(logp, old, adv, a.clip_ratio_low, a.clip_ratio_high, a.clip_ratio_c)
+        n = mask.sum().item()
+        if a.rollout_is != "none":  # the sampler is not the policy scored here: reweight (TIS)
+            rollout = mb["rollout_logprobs"].to(self.device)
+            weights, truncated = truncated_is_weights(old, rollout, mask, a.rollout_is, a.rollout_is_threshold)
+            pg = pg * weights
+            stats.add("rollout_corr/is_weight_mean", (weights * mask).sum().item(), n)
+            stats.add("rollout_corr/truncated_frac", (truncated.float() * mask).sum().item(), n)
+            stats.max("rollout_corr/is_weight_max", (weights * mask).max().item() if n else -math.inf)
+            kl = kl_penalty(rollout, old, "k3")  # KL(rollout || trainer), per token
+            stats.add("rollout_corr/kl", (kl * mask).sum().item(), n)
         scale = self.world_size
         loss = aggregate(pg, mask, a.loss_agg_mode, denom) * scale
         if self.ref_model is not None:
@@ -134,7 +164,6 @@ class TrainerWorker:
             loss = loss - a.entropy_coef * aggregate(entropy, mask, a.loss_agg_mode, denom) * scale
         loss.backward()
         real = mask.bool()
-        n = mask.sum().item()
         stats.add("actor/pg_loss", (pg.detach() * mask).sum().item(), n)
         stats.add("actor/pg_clipfrac", (clipped.float() * mask).sum().item(), n)
         stats.add("actor/entropy", (entropy.detach() * mask).sum().item(), n)
@@ -166,23 +195,28 @@ class TrainerWorker:
         return norm
 
     # ---------------------------------------------------------------------------- weight sync
-    def init_weight_sync(self, host: str, port: int, world_size: int) -> None:
-        if self.rank == 0:
-            self.sync_group = SyncGroup(host, port, 0, world_size, str(self.device),
-                                        self.cfg.weight_sync.timeout_s)
+    def init_weight_sync(self, host: str, port: int, world_size: int, transport: str) -> None:
+        """Called on the ranks that send (rank 0; with the ipc transport every rank that shares
+        its GPU with a rollout actor)."""
+        self.sync_group = SyncGroup(host, port, 0, world_size, str(self.device),
+                                    self.cfg.weight_sync.timeout_s, transport)
 
-    def push_weights(self, version: int) -> dict[str, float]:
-        """All ranks gather full tensors (FSDP all-gather); rank 0 sends them to the rollouts."""
-        # `.to(device)`: with `offload=cpu` the shards live on the host; gather them on the device
-        tensors = (full_tensor(p.detach().to(self.device)).to(self.compute_dtype)
-                   for _, p in self.model.named_parameters())
-        if self.rank != 0:
-            for _ in tensors:
-                pass
-            return {}
-        ws = self.cfg.weight_sync
-        stats = send_weights(self.sync_group, self.manifest, tensors, version,
-                             ws.bucket_mb * 2**20, ws.verify)
+    def push_weights(self, version: int, keep_on_gpu: bool = False) -> dict[str, float]:
+        """All ranks gather full tensors (FSDP all-gather); rank 0 sends them to the rollouts.
+        Offloaded shards (`trainer.param_offload`) come to the device for the gather and go back
+        afterwards unless `keep_on_gpu`."""
+        with params_on(self.model, self.device, keep=keep_on_gpu) if self.cfg.trainer.param_offload \
+                else ExitStack():
+            # `.to(device)`: with `optim.offload=cpu` FSDP keeps the shards on the host for good
+            tensors = (full_tensor(p.detach().to(self.device)).to(self.compute_dtype)
+                       for _, p in self.model.named_parameters())
+            if self.sync_group is None:  # this rank only takes part in the gathers
+                for _ in tensors:
+                    pass
+                return {}
+            ws = self.cfg.weight_sync
+            stats = send_weights(self.sync_group, self.manifest, tensors, version,
+                                 ws.bucket_mb * 2**20, ws.verify)
         return {"weight_sync/bytes": float(stats.bytes), "weight_sync/send_s": stats.seconds}
 
     # ----------------------------------------------------------------------------- checkpoints

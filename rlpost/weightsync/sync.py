@@ -33,6 +33,7 @@ class SyncStats:
     bytes: int
     seconds: float
     tensors: int
+    readback: int = 0  # tensors verified by reading them back from the engine (the rest: as received)
 
 
 def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.Tensor],
@@ -55,7 +56,7 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
                 raise WeightSyncError(f"tensor {manifest[i].name!r} has shape {list(t.shape)}, "
                                       f"its manifest says {list(manifest[i].shape)}")
         flat = torch.cat([t.detach().reshape(-1).to(group.device) for t in parts])
-        group.broadcast(flat, src=0)
+        group.send_bucket(flat)
         sent += flat.numel() * flat.element_size()
         if verify:
             sums += [checksum(t) for t in parts]
@@ -69,10 +70,13 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
 
 
 def receive_weights(group: SyncGroup, expected: Manifest, version: int,
-                    load: Callable[[list[tuple[str, torch.Tensor]]], None],
-                    loaded: Callable[[str], torch.Tensor]) -> SyncStats:
-    """Receive one sync. `load(named_tensors)` puts a bucket into the engine; `loaded(name)`
-    returns the tensor the engine now holds under `name`, for the checksum."""
+                    load: Callable[[Iterator[tuple[str, torch.Tensor]]], None],
+                    loaded: Callable[[str], torch.Tensor | None]) -> SyncStats:
+    """Receive one sync. `load(named_tensors)` consumes an iterator of (name, tensor) that
+    receives bucket by bucket as it is read (an engine can stream it into its own loader; only
+    one bucket is in memory at a time). `loaded(name)` returns the tensor the engine now holds
+    under `name` for the checksum, or None where the engine keeps it in another layout (fused or
+    repacked kernels): then the checksum of the received bytes stands in for it."""
     start = time.perf_counter()
     header = group.broadcast_object()
     problem = compare_manifests(expected, header["manifest"])
@@ -82,22 +86,40 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
     if problem:
         raise WeightSyncError(f"weight sync v{version} refused: {problem}")
     manifest: Manifest = header["manifest"]
+    verify = header["verify"]
+    received_sums: dict[str, int] = {}
     received = 0
-    for bucket in header["buckets"]:
-        specs = [manifest[i] for i in bucket]
-        dtype = getattr(torch, specs[0].dtype)
-        numels = [torch.Size(s.shape).numel() for s in specs]
-        flat = torch.empty(sum(numels), dtype=dtype, device=group.device)
-        group.broadcast(flat, src=0)
-        received += flat.numel() * flat.element_size()
-        views = torch.split(flat, numels)
-        load([(s.name, v.view(s.shape)) for s, v in zip(specs, views)])
-    if header["verify"]:
+
+    def stream() -> Iterator[tuple[str, torch.Tensor]]:
+        nonlocal received
+        for bucket in header["buckets"]:
+            specs = [manifest[i] for i in bucket]
+            numels = [torch.Size(s.shape).numel() for s in specs]
+            flat = group.recv_bucket(sum(numels), getattr(torch, specs[0].dtype))
+            received += flat.numel() * flat.element_size()
+            for s, v in zip(specs, torch.split(flat, numels)):
+                if verify:
+                    received_sums[s.name] = checksum(v)
+                yield s.name, v.view(s.shape)
+
+    tensors = stream()
+    load(tensors)
+    left = sum(1 for _ in tensors)  # drain what an engine left, so the sender does not stall
+    skipped = (f"weight sync v{version}: the engine loaded {len(manifest) - left} of "
+               f"{len(manifest)} tensors") if left else None
+    readback = 0
+    if verify:
         sent_sums = group.broadcast_object()
-        wrong = [s.name for s, expected_sum in zip(manifest, sent_sums)
-                 if checksum(loaded(s.name)) != expected_sum]
-        group.all_reduce_max(group.rank if wrong else 0)
-        if wrong:
+        wrong = []
+        for s, sent in zip(manifest, sent_sums):
+            held = loaded(s.name)
+            readback += held is not None
+            if (checksum(held) if held is not None else received_sums[s.name]) != sent:
+                wrong.append(s.name)
+        group.all_reduce_max(group.rank if wrong or skipped else 0)
+        if wrong and not skipped:
             raise WeightSyncError(f"weight sync v{version}: checksum of loaded tensor {wrong[0]!r} "
                                   f"differs from the sender's ({len(wrong)} tensors differ)")
-    return SyncStats(version, received, time.perf_counter() - start, len(manifest))
+    if skipped:
+        raise WeightSyncError(skipped)
+    return SyncStats(version, received, time.perf_counter() - start, len(manifest), readback)

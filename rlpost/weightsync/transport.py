@@ -1,8 +1,12 @@
 """A process group of its own between trainer rank 0 (rank 0 here) and the rollout actors.
 
 The trainer ranks already belong to their FSDP default group, and rollout actors are not part of
-it, so the sync group is built directly from a TCP store: gloo on CPU, NCCL on CUDA. Only the
-few collectives a weight sync needs are exposed.
+it, so the sync group is built directly from a TCP store. Buckets of weights travel by
+- `broadcast`: gloo on CPU, NCCL between GPUs (split placement);
+- `ipc`: CUDA IPC between processes that share one GPU (colocate placement; NCCL refuses two
+  ranks on one device). The sender shares each bucket's memory; receivers map it, copy it once
+  and acknowledge, and only then does the sender reuse the memory. Control messages go over gloo.
+Only the few collectives a weight sync needs are exposed.
 """
 
 from __future__ import annotations
@@ -22,24 +26,59 @@ def free_port() -> int:
 
 
 class SyncGroup:
-    def __init__(self, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: int):
+    def __init__(self, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: int,
+                 transport: str = "broadcast"):
         timeout = datetime.timedelta(seconds=timeout_s)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.transport = rank, world_size, transport
         self.device = torch.device(device)
+        if transport == "ipc" and self.device.type != "cuda":
+            raise ValueError("the ipc transport shares CUDA memory; use broadcast on the CPU")
         store = dist.TCPStore(host, port, world_size, is_master=(rank == 0), timeout=timeout)
-        if self.device.type == "cuda":
+        nccl = self.device.type == "cuda" and transport == "broadcast"
+        if nccl:
             opts = dist.ProcessGroupNCCL.Options()
             self.pg = dist.ProcessGroupNCCL(store, rank, world_size, opts)
         else:
             self.pg = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        # where control tensors live: the device for NCCL, else the host
+        self.control = self.device if nccl else torch.device("cpu")
         self.barrier()  # every member is connected before the first sync
+
+    # --------------------------------------------------------------------------- buckets
+    def send_bucket(self, flat: torch.Tensor) -> None:
+        """Sender: deliver one flat bucket to every receiver."""
+        if self.transport == "broadcast":
+            self.broadcast(flat, src=0)
+            return
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        torch.cuda.current_stream(flat.device).synchronize()  # the bucket is written before it is read
+        self.broadcast_object(reduce_tensor(flat))
+        self.barrier()  # every receiver has copied the bucket: its memory may be reused
+
+    def recv_bucket(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Receiver: one flat bucket, in memory this process owns."""
+        if self.transport == "broadcast":
+            flat = torch.empty(numel, dtype=dtype, device=self.device)
+            return self.broadcast(flat, src=0)
+        rebuild, args = self.broadcast_object()
+        args = list(args)
+        args[6] = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        shared = rebuild(*args)
+        if shared.numel() != numel or shared.dtype != dtype:
+            raise RuntimeError(f"ipc bucket of {shared.numel()} {shared.dtype}, expected {numel} {dtype}")
+        flat = shared.clone()
+        torch.cuda.current_stream(flat.device).synchronize()
+        del shared
+        self.barrier()
+        return flat
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         self.pg.broadcast([tensor], self._opts(dist.BroadcastOptions, rootRank=src)).wait()
         return tensor
 
     def all_reduce_max(self, value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        t = torch.tensor([value], dtype=torch.int64, device=self.control)
         opts = self._opts(dist.AllreduceOptions, reduceOp=dist.ReduceOp.MAX)
         self.pg.allreduce([t], opts).wait()
         return int(t.item())
@@ -47,13 +86,13 @@ class SyncGroup:
     def broadcast_object(self, obj=None, src: int = 0):
         """Pickle `obj` on `src`, return the unpickled copy on every rank."""
         if self.rank == src:
-            data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(self.device)
-            size = torch.tensor([data.numel()], dtype=torch.int64, device=self.device)
+            data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(self.control)
+            size = torch.tensor([data.numel()], dtype=torch.int64, device=self.control)
         else:
-            size = torch.zeros(1, dtype=torch.int64, device=self.device)
+            size = torch.zeros(1, dtype=torch.int64, device=self.control)
         self.broadcast(size, src)
         if self.rank != src:
-            data = torch.empty(int(size.item()), dtype=torch.uint8, device=self.device)
+            data = torch.empty(int(size.item()), dtype=torch.uint8, device=self.control)
         self.broadcast(data, src)
         return obj if self.rank == src else pickle.loads(data.cpu().numpy().tobytes())
 

@@ -52,3 +52,20 @@ def test_entropy_of_uniform_and_peaked():
     assert entropy_from_logits(uniform).item() == pytest.approx(math.log(8), rel=1e-6)
     peaked = torch.tensor([[[100.0, 0.0, 0.0]]])
     assert entropy_from_logits(peaked).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_truncated_is_weights_by_token_and_by_sequence():
+    from rlpost.algos.losses import truncated_is_weights
+
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.6, 0.1]]))
+    rollout = torch.log(torch.tensor([[0.25, 0.4, 0.1], [0.3, 0.2, 0.7]]))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float32)
+    w, cut = truncated_is_weights(old, rollout, mask, "token", 2.0)
+    # ratios 2, 0.5, 9 -> capped at 2; 1, 3 -> 2; the padded token has log-weight 0 -> 1
+    assert torch.allclose(w, torch.tensor([[2.0, 0.5, 2.0], [1.0, 2.0, 1.0]]), atol=1e-6)
+    assert cut.tolist() == [[False, False, True], [False, True, False]]
+    w, cut = truncated_is_weights(old, rollout, mask, "sequence", 5.0)
+    # sequence products: 2 * 0.5 * 9 = 9 -> 5; 1 * 3 = 3 (the padded token does not count)
+    assert torch.allclose(w, torch.tensor([[5.0] * 3, [3.0] * 3]), atol=1e-5)
+    assert cut.tolist() == [[True] * 3, [False] * 3]
+    assert not w.requires_grad
