@@ -32,8 +32,9 @@ def cmd_train(overrides: list[str]) -> int:
 
     try:
         run_dir = train(cfg)
-    except (DataError, FileNotFoundError) as e:
-        print(f"rlpost: {e}", file=sys.stderr)  # bad input: the message names the file, row and field
+    except (DataError, FileNotFoundError, ConfigError) as e:
+        # bad input (names the file, row and field) or settings that do not fit the machine
+        print(f"rlpost: {e}", file=sys.stderr)
         return 2
     print(f"done: metrics in {run_dir / 'metrics.jsonl'}")
     return 0

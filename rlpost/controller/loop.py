@@ -7,6 +7,7 @@ The controller holds no model: it tokenizes, scores, computes advantages and kee
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 
 from rlpost.algos.advantages import get_advantage
-from rlpost.config import TrainConfig, config_dict, to_yaml
+from rlpost.config import ConfigError, TrainConfig, config_dict, to_yaml
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
 from rlpost.data.batch import Batch
@@ -56,6 +57,25 @@ def sync_plan(cfg: TrainConfig) -> dict[int, list[int]]:
 
 def sync_transport(cfg: TrainConfig) -> str:
     return "ipc" if cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda" else "broadcast"
+
+
+def check_colocated_memory(cfg: TrainConfig, reports: list[dict[str, float]], margin_gib: float = 1.0) -> None:
+    """vLLM takes `rollout.gpu_memory_utilization` of the whole GPU whenever it is awake; the
+    trainer keeps its resident memory (weights, Adam states) there all along. Both must fit."""
+    gib = 2**30
+    for rank, rep in enumerate(reports):
+        if cfg.rollout.backend != "vllm" or not rep:
+            continue
+        total, resident = rep["total"], rep["resident"]
+        wanted = cfg.rollout.gpu_memory_utilization * total
+        room = total - resident - margin_gib * gib
+        if wanted > room:
+            raise ConfigError(
+                f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} asks vLLM for "
+                f"{wanted / gib:.1f} GiB of the {total / gib:.1f} GiB GPU of trainer rank {rank}, but the trainer "
+                f"keeps {resident / gib:.1f} GiB there between phases (+{margin_gib:.0f} GiB margin): set "
+                f"rollout.gpu_memory_utilization<={math.floor(max(room, 0) / total * 100) / 100:.2f}, or free trainer memory with "
+                f"trainer.param_offload=true or trainer.optim.offload=layerwise")
 
 
 def make_run_dir(cfg: TrainConfig) -> Path:
@@ -132,6 +152,9 @@ class Controller:
         master = self.placement.address_of_bundle(self.placement.trainer_bundles[0])
         self.trainers = WorkerGroup(TrainerWorker, cfg, self.placement, self.placement.trainer_bundles,
                                     "trainer", lambda r: (cfg, self.model_path, r, ws, *master))
+        if cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda":
+            # the rollout engines start only once the trainer holds its memory, and must fit beside it
+            check_colocated_memory(cfg, self.trainers.call("memory_report"))
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         self.rollouts = WorkerGroup(RolloutWorker, cfg, self.placement, self.placement.rollout_bundles,
                                     "rollout", lambda r: (cfg, self.model_path, r, pad, eos))
@@ -254,6 +277,8 @@ class Controller:
                                              for m in range(len(plan[0]))) / len(plan[0])
 
         self.version += 1
+        if cfg.cluster.placement == "colocate":
+            self.trainers.call("release_memory")  # vLLM wakes up into this memory
         sync = self._sync_weights()
         return {**self._batch_metrics(batch, rewards, reward_errors), **actor, **sync, **timing,
                 "rollout/staleness": float(staleness)}

@@ -250,6 +250,27 @@ class TrainerWorker:
         if layerwise:
             self.optimizer.load_state_dict(extra["optimizer"])  # copied into the pinned buffers
 
+    # ------------------------------------------------------------------------ colocate memory
+    def memory_report(self) -> dict[str, float]:
+        """GPU memory (bytes) this rank keeps between phases once training runs: what is
+        allocated now plus Adam's two moments when they will live on the GPU (created lazily at
+        the first step)."""
+        if self.device.type != "cuda":
+            return {}
+        free, total = torch.cuda.mem_get_info(self.device)
+        on_gpu_states = self.cfg.trainer.optim.offload == "none"
+        local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                    for p in self.model.parameters() if p.requires_grad)
+        states = 2 * 4 * local if on_gpu_states else 0  # float32 exp_avg + exp_avg_sq
+        return {"total": float(total), "free": float(free),
+                "resident": float(torch.cuda.memory_allocated(self.device) + states)}
+
+    def release_memory(self) -> None:
+        """Colocate placement: hand the allocator's cached blocks back to the driver so that the
+        rollout engine can wake up into them (once per phase, not inside one)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
