@@ -111,8 +111,8 @@ class RolloutConfig:
     batch_size: int = knob(256, "Sequences generated together inside one rollout actor.")
     val_greedy: bool = knob(True, "Validate with greedy decoding (else with the training sampler).")
     gpu_memory_utilization: float = knob(0.5, "vllm: fraction of the GPU's memory vLLM may take (weights "
-                                         "+ KV cache). In colocate placement it must fit in what the "
-                                         "trainer leaves free; the start-up check says by how much.")
+                                         "+ KV cache; on the CPU backend: of the host's memory). In colocate placement it must "
+                                         "fit in what the trainer leaves free; the start-up check says by how much.")
     enforce_eager: bool = knob(False, "vllm: no CUDA graphs (faster start, slower decoding).")
     max_num_seqs: int = knob(256, "vllm: most sequences decoded at once.")
 

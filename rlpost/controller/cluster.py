@@ -23,8 +23,10 @@ def actor_env(cfg: TrainConfig) -> dict[str, str]:
     threads = str(cfg.cluster.num_threads)
     env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false",
            "PYTHONWARNINGS": "ignore"}
-    # keep NVLink multicast off wherever NCCL runs (see docs/multinode.md)
-    env.update({k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "HF_HUB_OFFLINE", "PYTHONPATH") if k in os.environ})
+    # the driver's NCCL and vLLM settings (e.g. NCCL_NVLS_ENABLE=0: NVLink multicast off, see
+    # docs/multinode.md) and import path reach every actor
+    env.update({k: v for k, v in os.environ.items()
+                if k.startswith(("NCCL_", "VLLM_")) or k in ("HF_HUB_OFFLINE", "PYTHONPATH")})
     return env
 
 

@@ -28,12 +28,15 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_char_tokenizer():
-    """A character-level `PreTrainedTokenizerFast`: ids 0..2 are pad, eos, unk."""
+def build_char_tokenizer(vocab_size: int | None = None):
+    """A character-level `PreTrainedTokenizerFast`: ids 0..2 are pad, eos, unk. With `vocab_size`,
+    filler tokens `<xN>` pad the vocabulary so that every id of a larger model decodes."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate([PAD, EOS, UNK, *CHARS])}
+    tokens = [PAD, EOS, UNK, *CHARS]
+    tokens += [f"<x{i}>" for i in range(len(tokens), vocab_size or 0)]
+    vocab = {t: i for i, t in enumerate(tokens)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()

@@ -78,9 +78,10 @@ class VLLMRolloutEngine:
         self.weight_version = 0
         self.manifest = expected_manifest(model_path, dtype, trust_remote_code)
         self._by_name = {s.name: s for s in self.manifest}
-        kwargs = {}
+        # on the CPU backend gpu_memory_utilization is the share of host memory vLLM may reserve
+        kwargs = {"gpu_memory_utilization": gpu_memory_utilization}
         if device == "cuda":
-            kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode)
+            kwargs["enable_sleep_mode"] = sleep_mode
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, skip_tokenizer_init=True,
                        logprobs_mode="processed_logprobs", max_model_len=max_model_len,
                        enforce_eager=enforce_eager, max_num_seqs=max_num_seqs,

@@ -215,9 +215,16 @@ class TrainerWorker:
                     pass
                 return {}
             ws = self.cfg.weight_sync
+            cuda = self.device.type == "cuda"
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+                before = torch.cuda.memory_allocated(self.device)
             stats = send_weights(self.sync_group, self.manifest, tensors, version,
                                  ws.bucket_mb * 2**20, ws.verify)
-        return {"weight_sync/bytes": float(stats.bytes), "weight_sync/send_s": stats.seconds}
+        out = {"weight_sync/bytes": float(stats.bytes), "weight_sync/send_s": stats.seconds}
+        if cuda:  # what the export needs beyond the trainer's own memory (gathers, buckets)
+            out["perf/sync_peak_gb"] = (torch.cuda.max_memory_allocated(self.device) - before) / 2**30
+        return out
 
     # ----------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, folder: str) -> None:

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Weight-sync bandwidth: rlpost's protocol (`send_weights`/`receive_weights`: header, manifest
+check, flat buckets, load into the receiver's tensors, checksums) vs a raw broadcast of the same
+bytes as one buffer over the same process group, side by side in one pair of processes.
+
+- `broadcast`: sender on GPU 0, receiver on GPU 1 (NCCL), as in split placement; goal >= 0.7x raw.
+- `ipc`: sender and receiver share GPU 0 (CUDA IPC), as in colocate placement: time per sync.
+On a machine without GPUs both processes use gloo on the CPU (checks the script, no claim).
+The tensors have the names and shapes of `--model`'s checkpoint (random values, `--dtype`). JSON out.
+
+    python3 scripts/bench_weight_sync.py --model /tmp/qwen2-0.5b --out benchmarks/weight_sync_h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlpost.rollout.vllm_engine import expected_manifest  # noqa: E402
+from rlpost.weightsync.sync import receive_weights, send_weights  # noqa: E402
+from rlpost.weightsync.transport import SyncGroup, free_port  # noqa: E402
+
+
+def sync_mb(sync_s: float, nbytes: int) -> float:
+    return nbytes / sync_s / 1e9
+
+
+def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -> None:
+    cuda = torch.cuda.is_available()
+    device = f"cuda:{gpus[rank]}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(gpus[rank])
+    manifest = expected_manifest(args.model, args.dtype)
+    dtype = getattr(torch, args.dtype)
+    group = SyncGroup("127.0.0.1", port, rank, 2, device, 600, transport if cuda else "broadcast")
+    g = torch.Generator(device=device).manual_seed(0)
+    tensors = [torch.randn(s.shape, generator=g, device=device).to(dtype) for s in manifest] if rank == 0 else \
+        [torch.empty(s.shape, dtype=dtype, device=device) for s in manifest]
+    params = {s.name: t for s, t in zip(manifest, tensors)}
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+
+    def load(named):
+        for name, t in named:
+            params[name].copy_(t)
+
+    def sync(verify: bool, version: int) -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        if rank == 0:
+            send_weights(group, manifest, iter(tensors), version, args.bucket_mb * 2**20, verify)
+        else:
+            receive_weights(group, manifest, version, load, params.get)
+        if cuda:
+            torch.cuda.synchronize()
+        group.barrier()
+        return time.perf_counter() - start
+
+    def raw() -> float:
+        flat = torch.empty(nbytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype, device=device)
+        if cuda:
+            torch.cuda.synchronize()
+        group.barrier()
+        start = time.perf_counter()
+        group.broadcast(flat, src=0)
+        if cuda:
+            torch.cuda.synchronize()
+        group.barrier()
+        return time.perf_counter() - start
+
+    runs: dict[str, list[float]] = {"raw": [], "rlpost": [], "rlpost_verified": []}
+    for i in range(args.reps + 1):  # the first round warms up
+        times = {"raw": raw() if transport == "broadcast" else float("nan"),
+                 "rlpost": sync(False, 2 * i), "rlpost_verified": sync(True, 2 * i + 1)}
+        if i:
+            for k, v in times.items():
+                runs[k].append(v)
+    if rank == 1:  # every tensor arrived intact (the verified sync checked checksums too)
+        g = torch.Generator(device=device).manual_seed(0)
+        for s in manifest:
+            expect = torch.randn(s.shape, generator=g, device=device).to(dtype)
+            assert torch.equal(params[s.name], expect), s.name
+    if rank == 0:
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        queue.put({"transport": transport, "bytes": nbytes, "tensors": len(manifest),
+                   "seconds_median": med, "seconds_runs": runs,
+                   "gb_per_s": {k: sync_mb(v, nbytes) for k, v in med.items() if v == v}})
+
+
+def run(args, transport: str, gpus: list[int]) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    mp.start_processes(worker, args=(args, free_port(), transport, gpus, queue), nprocs=2,
+                       start_method="spawn")
+    return queue.get(timeout=10)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    n = torch.cuda.device_count()
+    result = {"command": "python3 " + " ".join(sys.argv),
+              "device": torch.cuda.get_device_name() if n else "cpu (gloo; no claim)", "gpus": n}
+    if n >= 2 or n == 0:
+        r = run(args, "broadcast", [0, 1])
+        r["rlpost_over_raw"] = r["seconds_median"]["raw"] / r["seconds_median"]["rlpost"]
+        r["rlpost_verified_over_raw"] = r["seconds_median"]["raw"] / r["seconds_median"]["rlpost_verified"]
+        result["broadcast"] = r
+    if n >= 1:
+        result["ipc"] = run(args, "ipc", [0, 0])
+    print(json.dumps(result, indent=2))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""A Qwen2-shaped model with random weights and rlpost's character tokenizer (padded to the
+model's vocabulary), saved as a Hugging Face folder: for GPU benchmarks on machines that cannot
+download a model. Shapes follow the public Qwen2.5 configs.
+
+    python3 scripts/random_model.py --shape 0.5b --out /tmp/qwen2-0.5b
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlpost.models.tiny import build_char_tokenizer  # noqa: E402
+
+SHAPES = {  # hidden, intermediate, layers, heads, kv heads, tied embeddings
+    "0.5b": (896, 4864, 24, 14, 2, True),
+    "1.5b": (1536, 8960, 28, 12, 2, True),
+    "3b": (2048, 11008, 36, 16, 2, True),
+}
+
+
+def build(shape: str, out: str, dtype: str = "bfloat16", seed: int = 0) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    hidden, inter, layers, heads, kv, tied = SHAPES[shape]
+    tok = build_char_tokenizer(151936)
+    config = Qwen2Config(vocab_size=151936, hidden_size=hidden, intermediate_size=inter,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                         max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=tied,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                         bos_token_id=tok.eos_token_id, torch_dtype=dtype)
+    torch.manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args()
+    print(build(args.shape, args.out, args.dtype))

@@ -1,0 +1,101 @@
+"""On GPUs: weight sync by CUDA IPC between two processes on one GPU (colocate), and a trainer
+with `trainer.param_offload=true` pushing its weights: the rollout gets exactly the trainer's
+values and every parameter is back where it was afterwards."""
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from rlpost.weightsync.transport import free_port
+
+pytestmark = pytest.mark.gpu
+
+
+def _ipc_pair(rank, port, out):
+    from rlpost.weightsync.manifest import manifest_of
+    from rlpost.weightsync.sync import receive_weights, send_weights
+    from rlpost.weightsync.transport import SyncGroup
+
+    torch.cuda.set_device(0)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    named = [(f"t{i}", torch.randn(1000 + 37 * i, 64, device="cuda", generator=g).to(torch.bfloat16))
+             for i in range(12)]
+    group = SyncGroup("127.0.0.1", port, rank, 2, "cuda:0", 60, "ipc")
+    if rank == 0:
+        for version in (1, 2):  # twice: the sender reuses freed bucket memory for the second round
+            send_weights(group, manifest_of(named), iter([t * version for _, t in named]), version, 2**20)
+        return
+    params = {n: torch.zeros_like(t) for n, t in named}
+    kept = []
+
+    def load(tensors):
+        for name, t in tensors:
+            kept.append(t)  # an engine may keep the tensors it got (vLLM buffers whole layers)
+            params[name].copy_(t)
+
+    for version in (1, 2):
+        kept.clear()
+        stats = receive_weights(group, manifest_of(named), version, load, params.get)
+        assert stats.readback == len(named)
+    for (name, t), k in zip(named, kept):
+        assert torch.equal(params[name], t * 2) and torch.equal(k, t * 2), name
+    out.put("ok")
+
+
+def test_ipc_transport_between_two_processes_on_one_gpu():
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    mp.start_processes(_ipc_pair, args=(free_port(), out), nprocs=2, start_method="spawn")
+    assert out.get(timeout=5) == "ok"
+
+
+def _offload_pair(rank, model_dir, ports, keep, out):
+    from rlpost.config import load_config
+    from rlpost.trainer.fsdp import full_tensor
+
+    torch.cuda.set_device(0)
+    cfg = load_config(["+recipe=quickstart", "trainer.device=cuda", "trainer.world_size=1",
+                       "trainer.param_offload=true", "algo.kl_coef=0"])
+    if rank == 0:
+        from rlpost.trainer.worker import TrainerWorker
+
+        trainer = TrainerWorker(cfg, model_dir, 0, 1, "127.0.0.1", ports[0])
+        assert {p.device.type for p in trainer.model.parameters()} == {"cpu"}  # offloaded between phases
+        with torch.no_grad():
+            for p in trainer.model.parameters():
+                p.add_(0.01)  # weights the rollout does not have yet
+        trainer.init_weight_sync("127.0.0.1", ports[1], 2, "ipc")
+        trainer.push_weights(1, keep_on_gpu=keep)
+        where = {p.device.type for p in trainer.model.parameters()}
+        assert where == ({"cuda"} if keep else {"cpu"}), where
+        out.put(("trainer", {n: full_tensor(p.detach()).cpu() for n, p in trainer.model.named_parameters()}))
+        trainer.shutdown()
+    else:
+        from rlpost.rollout.worker import RolloutWorker
+
+        rollout = RolloutWorker(cfg, model_dir, 0, 0, 1)
+        rollout.init_weight_sync("127.0.0.1", ports[1], 1, 2, "ipc")
+        stats = rollout.receive_weights(1)
+        assert stats["weight_sync/readback_tensors"] > 0
+        out.put(("rollout", {n: p.detach().cpu() for n, p in rollout.engine.params.items()}))
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_param_offload_sync_restores_devices(tmp_path, keep):
+    from transformers import Qwen2ForCausalLM
+
+    from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config
+
+    tok = build_char_tokenizer()
+    Qwen2ForCausalLM(tiny_qwen2_config(len(tok), 128, 2, 4, 2, 256, 64, tok.pad_token_id,
+                                       tok.eos_token_id)).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    mp.start_processes(_offload_pair, args=(str(tmp_path), (free_port(), free_port()), keep, out), nprocs=2,
+                       start_method="spawn")
+    got = dict([out.get(timeout=5), out.get(timeout=5)])
+    trainer, rollout = got["trainer"], got["rollout"]
+    assert trainer.keys() == rollout.keys()
+    for name in trainer:
+        assert torch.equal(trainer[name], rollout[name]), name
