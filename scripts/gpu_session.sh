@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU measurements of benchmarks/ in two stages that each fit one 10-minute device call on a
+# 2 x H200 machine (vLLM and Ray installed into /tmp/site, see README "GPU machines"):
+#   bash scripts/gpu_session.sh A   # GPU tests, weight-sync and rollout benchmarks
+#   bash scripts/gpu_session.sh B   # GRPO runs: colocate on 1 GPU, split sync vs one-step-off, LoRA
+# Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+M=/tmp/qwen2-0.5b
+[ -f $M/config.json ] || python3 scripts/random_model.py --shape 0.5b --out $M > /dev/null
+step() { local name=$1; shift; local t=$SECONDS; echo "=== $name"; "$@" > "$OUT/$name.log" 2>&1;
+         echo "=== $name rc=$? $((SECONDS - t))s"; tail -3 "$OUT/$name.log"; }
+grpo() {  # grpo NAME overrides...: a short GRPO run on the 0.5B model, summarised to $OUT/NAME.json
+  local name=$1; shift
+  step "$name" python3 -m rlpost.cli train model.path=$M model.dtype=bfloat16 \
+    model.attn_implementation=rlpost_varlen trainer.device=cuda trainer.world_size=1 rollout.backend=vllm \
+    data.task=arithmetic data.max_prompt_length=32 data.train_batch_size=32 rollout.n=8 \
+    rollout.max_response_length=256 trainer.micro_batch_size=256 trainer.max_tokens_per_microbatch=8192 \
+    trainer.total_steps=6 trainer.val_every=0 trainer.optim.lr=1e-6 logger.progress_bar=false \
+    run.dir=/tmp/runs/$name "$@"
+  python3 scripts/summarize_run.py /tmp/runs/$name --skip 1 > "$OUT/$name.json"
+}
+case "${1:-A}" in
+A)
+  step gpu_tests python3 -m pytest -q tests/gpu
+  step weight_sync python3 scripts/bench_weight_sync.py --model $M --out "$OUT/weight_sync.json"
+  step rollout python3 scripts/bench_rollout.py --model $M --lora-rank 16 --out "$OUT/rollout.json"
+  ;;
+B)
+  grpo grpo_colocate cluster.placement=colocate rollout.gpu_memory_utilization=0.4
+  grpo grpo_split_sync cluster.placement=split rollout.gpu_memory_utilization=0.8 algo.max_staleness=0
+  grpo grpo_split_offpolicy cluster.placement=split rollout.gpu_memory_utilization=0.8 algo.max_staleness=1
+  grpo grpo_lora_merge cluster.placement=colocate rollout.gpu_memory_utilization=0.4 model.lora.rank=16 \
+    model.lora.alpha=32 model.lora.mode=merge
+  ;;
+esac
+nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpus.csv" 2>&1
