@@ -5,9 +5,9 @@
 # as constraints); tests/unit/test_dockerfile.py checks the pins against pyproject.toml.
 # docs/multinode.md: running it on several nodes.
 
-# CUDA 13.0.2 is the CUDA of torch 2.11.0's cu130 build (nvidia-cuda-runtime 13.0.96); the devel
+# CUDA 13.0 is the CUDA of torch 2.11.0's cu130 build (its runtime wheels are 13.0.x); the devel
 # image has nvcc for flash-attn's build; Ubuntu 24.04's Python is 3.12, as on the GPU machines.
-ARG CUDA_IMAGE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
+ARG CUDA_IMAGE=nvidia/cuda:13.0.0-cudnn-devel-ubuntu24.04
 FROM ${CUDA_IMAGE}
 
 # torch's own CUDA 13.0 wheel index (the one the GPU machines' torch 2.11.0+cu130 comes from).
