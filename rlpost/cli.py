@@ -2,6 +2,7 @@
 
     rlpost train +recipe=quickstart trainer.total_steps=20     # Hydra overrides after the verb
     rlpost data arithmetic --out data/arithmetic                # write an offline task as jsonl
+    rlpost export RUN_DIR [--step N] --out DIR                  # checkpoint -> Hugging Face folder
     rlpost doctor [--config-docs]                               # check the install / print key docs
 """
 
@@ -58,6 +59,27 @@ def cmd_data(argv: list[str]) -> int:
     return 0
 
 
+def cmd_export(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rlpost export", description="Write a run's checkpoint as a Hugging Face model folder "
+        "(with LoRA: the adapter merged into the base model).")
+    parser.add_argument("run_dir", help="the run folder (run.dir), with config.yaml and checkpoints/")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
+    parser.add_argument("--out", required=True, help="folder to write (new or empty)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="dtype of the saved weights (default: the run's model.dtype)")
+    args = parser.parse_args(argv)
+    from rlpost.config import ConfigError
+    from rlpost.controller.checkpoint import export
+
+    try:
+        export(args.run_dir, args.out, args.step, args.dtype)
+    except (FileNotFoundError, FileExistsError, ConfigError, ValueError) as e:
+        print(f"rlpost export: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_doctor(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlpost doctor")
     parser.add_argument("--config-docs", action="store_true", help="print docs/configuration.md")
@@ -84,7 +106,7 @@ def cmd_doctor(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": cmd_train, "data": cmd_data, "doctor": cmd_doctor}
+    commands = {"train": cmd_train, "data": cmd_data, "export": cmd_export, "doctor": cmd_doctor}
     if not argv or argv[0] not in commands:
         print(__doc__.strip(), file=sys.stderr)
         return 2

@@ -58,7 +58,7 @@ class LoraConfig:
     target_modules: list = knob(["all-linear"], "Modules that get adapters (peft names, e.g. "
                                 "[q_proj, v_proj]); `all-linear` = every linear layer but the output head.")
     mode: str = knob("merge", "How rollouts see the adapter. `merge`: W + (alpha/rank) B A is computed per "
-                     "FSDP unit and synced as plain weights (rollout at base-model speed). `adapter`: the "
+                     "weight, out of place, and synced as plain weights (rollout at base-model speed). `adapter`: the "
                      "base weights are synced once, then only the adapter (vLLM LoRA / peft in `hf`).",
                      ("merge", "adapter"))
 
@@ -129,7 +129,8 @@ class AlgoConfig:
     loss_agg_mode: str = knob("token-mean", "How per-token losses become one number.",
                               ("token-mean", "seq-mean-token-mean"))
     kl_coef: float = knob(0.0, "Weight of the KL loss against the frozen reference policy; 0 builds "
-                          "no reference model.")
+                          "no reference model. With LoRA the reference is the base model (the policy "
+                          "with its adapters disabled): no second model.")
     kl_estimator: str = knob("k3", "KL estimator (Schulman 2020): k1, k2 or k3.", ("k1", "k2", "k3"))
     entropy_coef: float = knob(0.0, "Weight of the entropy bonus (subtracted from the loss).")
     ppo_epochs: int = knob(1, "Passes over each batch.")
@@ -322,8 +323,19 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"algo.rollout_is_threshold={cfg.algo.rollout_is_threshold} must be >= 1")
     if not 0 < cfg.rollout.gpu_memory_utilization <= 1:
         raise ConfigError(f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} must be in (0, 1]")
-    if cfg.model.lora.rank < 0:
-        raise ConfigError(f"model.lora.rank={cfg.model.lora.rank} must be >= 0")
+    lora = cfg.model.lora
+    if lora.rank < 0:
+        raise ConfigError(f"model.lora.rank={lora.rank} must be >= 0")
+    if lora.rank > 0:
+        if not lora.target_modules:
+            raise ConfigError("model.lora.target_modules is empty; e.g. [all-linear] or [q_proj, v_proj]")
+        if "all-linear" in lora.target_modules and len(lora.target_modules) > 1:
+            raise ConfigError(f"model.lora.target_modules={list(lora.target_modules)}: `all-linear` stands alone")
+        if lora.alpha <= 0:
+            raise ConfigError(f"model.lora.alpha={lora.alpha} must be > 0")
+        if lora.mode == "adapter" and cfg.rollout.backend == "vllm" and lora.rank > 512:
+            raise ConfigError(f"model.lora.rank={lora.rank}: vLLM serves adapters of rank <= 512; "
+                              "use model.lora.mode=merge")
 
 
 # --------------------------------------------------------------------------------- composition

@@ -3,7 +3,10 @@
 `<run dir>/checkpoints/step_<N>/` holds the trainer's sharded model and optimizer
 (torch.distributed.checkpoint), each trainer rank's RNG and scheduler, and `controller.pt`
 (step, weight version, dataloader position, controller RNG). A folder without the `step_` name is
-incomplete and never resumed from.
+incomplete and never resumed from. With LoRA the sharded model is the adapter only (the base is
+`model.path`), and `adapter/` holds it as a peft adapter folder too.
+
+`export` turns a checkpoint into a Hugging Face model folder (`rlpost export`).
 """
 
 from __future__ import annotations
@@ -58,3 +61,73 @@ def find(run_dir: Path, resume: str) -> Path | None:
 def load(folder: Path, trainers) -> dict:
     trainers.call("load_checkpoint", str(folder))
     return torch.load(folder / "controller.pt", weights_only=False)
+
+
+# ---------------------------------------------------------------------------------------- export
+def run_config(run_dir: Path):
+    """The `TrainConfig` a run was started with (its `config.yaml`)."""
+    from omegaconf import OmegaConf
+
+    from rlpost.config import TrainConfig
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {run_dir} is not an rlpost run folder "
+                                "(`rlpost train` writes config.yaml into run.dir)")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path)))
+
+
+def select(run_dir: Path, step: int | None = None) -> Path:
+    """The complete checkpoint of `step`, or the newest complete one."""
+    done = complete_checkpoints(run_dir)
+    steps = [int(_COMPLETE.match(p.name).group(1)) for p in done]
+    if step is None:
+        if not done:
+            raise FileNotFoundError(f"no complete checkpoint in {checkpoints_dir(run_dir)} (a folder "
+                                    "step_<N> with controller.pt); train with trainer.save_every=N")
+        return done[-1]
+    folder = checkpoints_dir(run_dir) / f"step_{step}"
+    if folder not in done:
+        raise FileNotFoundError(f"{folder} is not a complete checkpoint (no such folder, or no "
+                                f"controller.pt in it); complete ones: steps {steps or 'none'}")
+    return folder
+
+
+def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, log=print) -> Path:
+    """Write the policy of a run's checkpoint as a plain Hugging Face model folder (weights +
+    config + tokenizer) that `AutoModelForCausalLM.from_pretrained` loads. With LoRA the
+    checkpoint's `adapter/` is merged into the base model (`model.path` of the run, the tiny
+    model resolved as the trainer does); without, the full weights come from the sharded
+    checkpoint (`trainer/`). `dtype`: the run's `model.dtype` unless given."""
+    from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from rlpost.trainer.lora import export_merged
+
+    run_dir, out_dir = Path(run_dir).expanduser(), Path(out_dir).expanduser()
+    cfg = run_config(run_dir)
+    folder = select(run_dir, step)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"--out {out_dir} exists and is not empty")
+    dtype = dtype or cfg.model.dtype
+    base = resolve_model_path(cfg.model, cfg.data, log=log)
+    trust = cfg.model.trust_remote_code
+    if cfg.model.lora.rank > 0:
+        adapter = folder / "adapter"
+        if not (adapter / "adapter_model.safetensors").is_file():
+            raise FileNotFoundError(f"{adapter / 'adapter_model.safetensors'} not found: a LoRA run's "
+                                    "checkpoint keeps its adapter there")
+        log(f"merging {adapter} into {base}")
+        export_merged(base, adapter, out_dir, dtype, trust)
+    else:
+        import torch.distributed.checkpoint as dcp
+
+        sharded = folder / "trainer"
+        if not (sharded / ".metadata").is_file():
+            raise FileNotFoundError(f"{sharded / '.metadata'} not found: not a complete trainer checkpoint")
+        log(f"loading {sharded} into {base}")
+        model = load_causal_lm(base, "float32", trust_remote_code=trust)
+        state = {"model": model.state_dict()}
+        dcp.load(state, checkpoint_id=str(sharded))  # in place, into the model's own tensors
+        model.to(DTYPES[dtype]).save_pretrained(out_dir)
+        load_tokenizer(base, trust).save_pretrained(out_dir)
+    log(f"exported {folder} to {out_dir}")
+    return out_dir

@@ -3,6 +3,13 @@
 One step (see shared/DESIGN.md): generate -> reward -> old/ref log-probs -> advantages ->
 update -> weight sync (version + 1) -> metrics, and on schedule validation and checkpoints.
 The controller holds no model: it tokenizes, scores, computes advantages and keeps the books.
+
+With LoRA a sync carries merged weights (merge mode), or the base once per run and then only the
+adapter (adapter mode). Checksums prove the rollouts hold what the trainer sent, not that what
+was sent is the trained policy, nor that the engine applies it (verl #7014: base weights sent
+without the adapter; verl #7495: the adapter never reached the rollouts). So the controller also
+checks the rollouts' own log-probs: on a batch generated with a non-zero adapter they must be
+closer to the trainer's policy than to the base model (`check_rollout_serves_adapter`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from rlpost.models.loading import load_tokenizer, resolve_model_path
 from rlpost.rewards import REWARDS, RewardInput, get_reward_fn, score_samples
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.worker import RolloutWorker
+from rlpost.trainer.lora import sync_kinds
 from rlpost.trainer.worker import TrainerWorker
 
 
@@ -111,6 +119,42 @@ def check_reward_routing(rows: list[PromptRow], reward_fn: str) -> None:
                         f"(registered: {sorted(REWARDS)})")
 
 
+class AdapterNotServedError(RuntimeError):
+    """The rollouts generate with the base model, not the trained LoRA policy."""
+
+
+def check_rollout_serves_adapter(batch: Batch, staleness: int, separation: float = 4.0) -> dict[str, float]:
+    """verl #7014 / #7495 guard. `batch` holds, per response token, the rollout's log-probs
+    (`rollout_logprobs`), the trainer policy's (`old_logprobs`, base + adapter) and the base
+    model's (`ref_logprobs`, adapters disabled). A rollout that serves the adapter is closer to
+    the policy than to the base; one that serves the base the other way round.
+
+    Judged only when the two distances are `separation` times apart (before that, e.g. while
+    the adapter is still ~0, rollout noise can put either side ahead) and the batch's generator
+    had a non-zero adapter: version >= 1 (peft starts B at 0, so version 0 is the base), and for
+    a stale batch (one-step-off-policy: the policy moved on since it was generated) version
+    >= 1 + staleness, so that the generator's adapter outweighs the updates since. Raises
+    `AdapterNotServedError` when the rollout is clearly closer to the base."""
+    mask = batch["response_mask"]
+    rollout, policy, base = (batch[k][mask].double() for k in ("rollout_logprobs", "old_logprobs", "ref_logprobs"))
+    to_policy = (rollout - policy).abs().mean().item() if mask.any() else 0.0
+    to_base = (rollout - base).abs().mean().item() if mask.any() else 0.0
+    out = {"lora/rollout_vs_policy": to_policy, "lora/rollout_vs_base": to_base,
+           "lora/policy_vs_base": (policy - base).abs().mean().item() if mask.any() else 0.0,
+           "lora/adapter_check": 0.0}
+    version = int(batch["weight_version"].min().item())
+    if version < 1 + staleness or max(to_policy, to_base) <= separation * min(to_policy, to_base):
+        return out  # not conclusive
+    if to_policy > to_base:
+        raise AdapterNotServedError(
+            f"the rollouts' log-probs (batch of weight version {version}) match the base model without "
+            f"the adapter (mean |diff| {to_base:.3g}) better than the trained policy ({to_policy:.3g}): "
+            "the adapter does not reach generation (merged weights without it, or an adapter the "
+            "engine does not apply; verl #7014, #7495)")
+    out["lora/adapter_check"] = 1.0
+    return out
+
+
 class Controller:
     def __init__(self, cfg: TrainConfig, log=print):
         self.cfg, self.log = cfg, log
@@ -121,6 +165,10 @@ class Controller:
         self._load_data()
         self.reward_fn = get_reward_fn(cfg.reward.fn)
         self.version, self.step = 0, 0
+        self.lora = cfg.model.lora.rank > 0
+        self._rollouts_primed = False  # False until a sync brought the whole model (base) over
+        self._last_sync_kinds: list[str] = []
+        self._adapter_probe_due = self.lora  # check_rollout_serves_adapter at the next chance
         # split placement: batches generate while earlier ones train (one-step-off-policy)
         self.overlap = cfg.cluster.placement == "split" and cfg.algo.max_staleness > 0
         self.pending: deque[Pending] = deque()
@@ -199,19 +247,37 @@ class Controller:
         return torch.tensor(result.scores, dtype=torch.float32), result.errors
 
     def _sync_weights(self) -> dict[str, float]:
+        """Bring every rollout to the trainer's policy at `self.version`: one verified sync per
+        kind (`sync_kinds`: the plain or merged weights; in adapter mode the base once, then the
+        adapter only). Metrics: bytes in all and per kind, `weight_sync/adapter_only`."""
         import ray
 
         start = time.perf_counter()
-        recv = self.rollouts.call_async("receive_weights", self.version)
-        sent = self.trainers.call_async("push_weights", self.version)
-        recv_stats = ray.get(recv)  # receivers first: their errors name the tensor
-        send_stats = next(s for s in ray.get(sent) if s)
-        versions = self.rollouts.call("weight_version")
-        if versions != [self.version] * len(versions):
-            raise RuntimeError(f"rollout weight versions {versions} after sync v{self.version}")
-        return {**send_stats, "weight_sync/version": float(self.version),
-                "weight_sync/recv_s": max(s["weight_sync/recv_s"] for s in recv_stats),
-                "weight_sync/readback_tensors": min(s["weight_sync/readback_tensors"] for s in recv_stats),
+        kinds = sync_kinds(self.cfg, first=not self._rollouts_primed)
+        out: dict[str, float] = {"weight_sync/bytes": 0.0, "weight_sync/send_s": 0.0, "weight_sync/recv_s": 0.0}
+        readback = []
+        for kind in kinds:
+            recv = self.rollouts.call_async("receive_weights", self.version, kind)
+            sent = self.trainers.call_async("push_weights", self.version, kind=kind)
+            recv_stats = ray.get(recv)  # receivers first: their errors name the tensor
+            send_stats = next(s for s in ray.get(sent) if s)
+            out["weight_sync/bytes"] += send_stats.pop("weight_sync/bytes")
+            out[f"weight_sync/{kind}_bytes"] = float(recv_stats[0]["weight_sync/recv_bytes"])
+            out["weight_sync/send_s"] += send_stats.pop("weight_sync/send_s")
+            out["weight_sync/recv_s"] += max(s["weight_sync/recv_s"] for s in recv_stats)
+            readback += [s["weight_sync/readback_tensors"] for s in recv_stats]
+            for key, value in send_stats.items():  # e.g. perf/sync_peak_gb
+                out[key] = max(out.get(key, value), value)
+            versions = self.rollouts.call("weight_version")
+            if versions != [self.version] * len(versions):  # every rollout took this sync
+                raise RuntimeError(f"rollout weight versions {versions} after the {kind} sync v{self.version}")
+        if self.lora and kinds != self._last_sync_kinds:  # say what travels, when it changes
+            self.log(f"weight sync v{self.version}: " + " + ".join(
+                f"{k} ({out[f'weight_sync/{k}_bytes'] / 2**20:.2f} MiB)" for k in kinds))
+        self._rollouts_primed, self._last_sync_kinds = True, kinds
+        return {**out, "weight_sync/version": float(self.version),
+                "weight_sync/adapter_only": float(kinds == ["adapter"]),
+                "weight_sync/readback_tensors": min(readback),
                 "timing_s/weight_sync": time.perf_counter() - start}
 
     # ---------------------------------------------------------------------------- one step
@@ -260,12 +326,20 @@ class Controller:
                          cfg.trainer.max_tokens_per_microbatch, cfg.trainer.micro_batch_size)
 
         t = time.perf_counter()
-        parts = Batch.cat(self.trainers.call_sharded("compute_logprobs", shard_batch(batch, plan)))
+        # LoRA: the base model's log-probs too (one more forward, adapters disabled; free when the
+        # KL loss needs them anyway) while the rollouts' use of the adapter is to be checked
+        probe = self._adapter_probe_due and batch["weight_version"].min().item() >= 1 + staleness
+        parts = Batch.cat(self.trainers.call_sharded("compute_logprobs", shard_batch(batch, plan), probe))
         order = torch.argsort(parts["row_index"])  # back to the batch's row order
         for key in ("old_logprobs", "ref_logprobs"):
             if key in parts:
                 batch[key] = parts[key][order]
         timing["timing_s/logprob"] = time.perf_counter() - t
+        lora_check = {}
+        if self.lora and "ref_logprobs" in batch:
+            lora_check = check_rollout_serves_adapter(batch, int(staleness))
+            if lora_check["lora/adapter_check"]:
+                self._adapter_probe_due = False
 
         adv_fn = get_advantage(cfg.algo.advantage)
         batch["advantages"] = adv_fn(rewards, batch["group_ids"], norm_by_std=cfg.algo.norm_adv_by_std)
@@ -281,7 +355,7 @@ class Controller:
             self.trainers.call("release_memory")  # vLLM wakes up into this memory
         sync = self._sync_weights()
         return {**self._batch_metrics(batch, rewards, reward_errors), **actor, **sync, **timing,
-                "rollout/staleness": float(staleness)}
+                **lora_check, "rollout/staleness": float(staleness)}
 
     def _batch_metrics(self, batch: Batch, rewards: torch.Tensor, reward_errors: int) -> dict[str, float]:
         mask = batch["response_mask"]
@@ -304,6 +378,7 @@ class Controller:
 
     # ---------------------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
+        self._adapter_probe_due = self.lora  # check the rollouts' adapter again at the next step
         t = time.perf_counter()
         params = SamplingParams(n=1, temperature=self.cfg.rollout.temperature, top_p=self.cfg.rollout.top_p,
                                 top_k=self.cfg.rollout.top_k, max_tokens=self.cfg.rollout.max_response_length,

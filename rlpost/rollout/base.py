@@ -42,3 +42,13 @@ class RolloutEngine(Protocol):
 
     def loaded_tensor(self, name: str) -> torch.Tensor | None:
         """The tensor now held under `name`, or None where the engine keeps another layout."""
+
+    # Adapter mode (model.lora.mode=adapter) only: the engine serves base + a LoRA adapter. Base
+    # syncs go through load_weights (base names), adapter syncs through these (peft names).
+    def adapter_manifest(self) -> Manifest: ...
+
+    def load_adapter(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Consume every lora_A/lora_B tensor of one adapter sync; generation uses them next."""
+
+    def loaded_adapter_tensor(self, name: str) -> torch.Tensor | None:
+        """The adapter tensor now held under `name` (None: verified as received)."""

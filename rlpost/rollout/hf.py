@@ -1,4 +1,8 @@
-"""The `hf` rollout backend: transformers `generate` with a KV cache, the embedded CPU default."""
+"""The `hf` rollout backend: transformers `generate` with a KV cache, the embedded CPU default.
+
+With `lora` (model.lora.mode=adapter) the model is wrapped with peft like the trainer's policy
+(`apply_lora`): a base sync loads the base parameters, an adapter sync lora_A/lora_B (held in
+float32, as sent), and generation runs base + adapter. Both are read back for verification."""
 
 from __future__ import annotations
 
@@ -21,11 +25,24 @@ from rlpost.weightsync.manifest import Manifest, manifest_of
 
 class HFRolloutEngine:
     def __init__(self, model_path: str, dtype: str, device: str, pad_id: int, eos_id: int,
-                 batch_size: int, attn_implementation: str = "sdpa", trust_remote_code: bool = False):
+                 batch_size: int, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
+                 lora=None):
         self.device = torch.device(device)
-        self.model = load_causal_lm(model_path, dtype, attn_implementation, trust_remote_code).to(self.device)
+        model = load_causal_lm(model_path, dtype, attn_implementation, trust_remote_code)
+        self.adapter_params: dict[str, torch.nn.Parameter] | None = None
+        if lora is not None:
+            from rlpost.trainer.lora import (ADAPTER_DTYPE, adapter_named_parameters, apply_lora,
+                                             base_named_parameters)
+
+            model = apply_lora(model, lora)
+            self.params = dict(base_named_parameters(model))  # base names, as the trainer sends them
+            self.adapter_params = dict(adapter_named_parameters(model))
+            for p in self.adapter_params.values():  # (peft's initial A is random, B zero: no effect)
+                p.data = p.data.to(ADAPTER_DTYPE)
+        else:
+            self.params = dict(model.named_parameters())
+        self.model = model.to(self.device)
         self.model.eval().requires_grad_(False)
-        self.params = dict(self.model.named_parameters())
         self.pad_id, self.eos_id, self.batch_size = pad_id, eos_id, batch_size
         self.weight_version = 0
 
@@ -74,3 +91,20 @@ class HFRolloutEngine:
 
     def loaded_tensor(self, name: str) -> torch.Tensor:
         return self.params[name]
+
+    # ------------------------------------------------------------- adapter (model.lora.mode=adapter)
+    def _adapter(self) -> dict[str, torch.nn.Parameter]:
+        if self.adapter_params is None:
+            raise RuntimeError("this hf engine serves no adapter (built without model.lora, mode=adapter)")
+        return self.adapter_params
+
+    def adapter_manifest(self) -> Manifest:
+        return manifest_of(self._adapter().items())
+
+    def load_adapter(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        params = self._adapter()
+        for name, tensor in named_tensors:
+            params[name].data.copy_(tensor)
+
+    def loaded_adapter_tensor(self, name: str) -> torch.Tensor:
+        return self._adapter()[name]

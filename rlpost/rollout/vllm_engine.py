@@ -11,11 +11,19 @@ sampled from (logits / temperature), which is what the trainer scores.
 
 Colocate placement on a GPU: vLLM sleeps (`sleep`, its weights and KV cache leave the GPU) while
 the trainer computes and wakes for the weight sync and generation (`wake_up`).
+
+Adapter mode (`lora`, model.lora.mode=adapter): vLLM runs with `enable_lora`; the base arrives once
+through `load_weights` (vLLM wraps every adaptable linear layer, so those weights load under
+`<module>.base_layer.<leaf>`), and each adapter sync is written as a peft folder that generation
+names in a `LoRARequest` with an id of its own (vLLM caches adapters by id: a reused id would
+keep serving the old adapter). Sleep keeps the base weights (level 1): they are not sent again.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from typing import Iterator
 
 import torch
@@ -24,6 +32,8 @@ from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, right_pad
 from rlpost.rollout.base import SamplingParams
 from rlpost.weightsync.manifest import Manifest, TensorSpec
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 
 # HF projections that vLLM fuses into one parameter, and their order inside it
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -41,6 +51,41 @@ def expected_manifest(model_path: str, dtype: str, trust_remote_code: bool = Fal
     return [TensorSpec(n, tuple(p.shape), dtype) for n, p in model.named_parameters()]
 
 
+def expected_adapter_manifest(model_path: str, lora, trust_remote_code: bool = False) -> Manifest:
+    """Names and shapes of the adapter the trainer sends for `lora` (a LoraConfig), from the
+    checkpoint's config wrapped by peft on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlpost.trainer.lora import ADAPTER_DTYPE, adapter_named_parameters, apply_lora
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = apply_lora(AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code), lora)
+    dtype = str(ADAPTER_DTYPE).removeprefix("torch.")
+    return [TensorSpec(n, tuple(p.shape), dtype) for n, p in adapter_named_parameters(model)]
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds `rank`."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not fits:
+        raise ValueError(f"model.lora.rank={rank}: vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}")
+    return fits[0]
+
+
+def shm_dir() -> str | None:
+    """Memory-backed folder for adapter files where there is one."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _vllm_module(hf_name: str) -> str:
+    """The vLLM module that holds HF parameter `hf_name` (q/k/v and gate/up are fused)."""
+    parts = hf_name.split(".")
+    if len(parts) >= 2 and parts[-2] in FUSED:
+        parts[-2] = FUSED[parts[-2]][0]
+    return ".".join(parts[:-1])
+
+
 def fused_view(params: dict[str, torch.Tensor], manifest: dict[str, TensorSpec], name: str):
     """The part of a vLLM parameter that holds HF tensor `name`, or None if vLLM keeps it in a
     layout that cannot be sliced back (repacked kernels, tensor parallel shards)."""
@@ -51,6 +96,9 @@ def fused_view(params: dict[str, torch.Tensor], manifest: dict[str, TensorSpec],
         fused, piece = FUSED[parts[-2]]
         target = ".".join(parts[:-2] + [fused, parts[-1]])
     held = params.get(target)
+    if held is None:  # with enable_lora vLLM keeps adaptable layers' weights under base_layer
+        module, _, leaf = target.rpartition(".")
+        held = params.get(f"{module}.base_layer.{leaf}")
     if held is None or held.dim() != len(spec.shape) or tuple(held.shape[1:]) != spec.shape[1:]:
         return None
     start = 0
@@ -66,7 +114,7 @@ def fused_view(params: dict[str, torch.Tensor], manifest: dict[str, TensorSpec],
 class VLLMRolloutEngine:
     def __init__(self, model_path: str, dtype: str, device: str, pad_id: int, eos_id: int, seed: int,
                  max_model_len: int, gpu_memory_utilization: float, enforce_eager: bool,
-                 max_num_seqs: int, sleep_mode: bool, trust_remote_code: bool = False):
+                 max_num_seqs: int, sleep_mode: bool, trust_remote_code: bool = False, lora=None):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process
         if device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes half the RAM
@@ -82,10 +130,21 @@ class VLLMRolloutEngine:
         kwargs = {"gpu_memory_utilization": gpu_memory_utilization}
         if device == "cuda":
             kwargs["enable_sleep_mode"] = sleep_mode
+        self.lora, self.model_path = lora, model_path
+        self.lora_request = None  # the adapter generation runs with (adapter mode)
+        self._adapter_dir: str | None = None
+        self._adapter_saved: dict[str, torch.Tensor] = {}
+        self._adapters_loaded = 0
+        if lora is not None:
+            self._adapter_manifest = expected_adapter_manifest(model_path, lora, trust_remote_code)
+            kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora.rank), max_loras=1)
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, skip_tokenizer_init=True,
                        logprobs_mode="processed_logprobs", max_model_len=max_model_len,
                        enforce_eager=enforce_eager, max_num_seqs=max_num_seqs,
                        trust_remote_code=trust_remote_code, **kwargs)
+        # modules vLLM wrapped for LoRA: their base weights load as `<module>.base_layer.<leaf>`
+        self._lora_wrapped = {n.split(".base_layer.")[0] for n in self.llm.collective_rpc(_parameter_names)[0]
+                              if ".base_layer." in n}
 
     # ------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
@@ -100,7 +159,7 @@ class VLLMRolloutEngine:
             seed=params.seed + i * params.n)  # vLLM seeds sample j of a prompt with seed + j
             for i in range(len(prompts))]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], per_prompt,
-                                    use_tqdm=False)
+                                    use_tqdm=False, lora_request=self.lora_request)
         rows, responses, logprobs = [], [], []
         for prompt, out in zip(prompts, outputs):
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -125,6 +184,8 @@ class VLLMRolloutEngine:
 
     def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         self.wake_up(["weights"])
+        if self._lora_wrapped:
+            named_tensors = ((self._base_layer_name(n), t) for n, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
         # cached prefixes hold keys/values of the old weights: never reuse them
         self.llm.reset_prefix_cache()
@@ -133,12 +194,63 @@ class VLLMRolloutEngine:
         params = self.llm.collective_rpc(_named_parameters)[0]
         return fused_view(params, self._by_name, name)
 
+    def _base_layer_name(self, hf_name: str) -> str:
+        """`...q_proj.weight` -> `...q_proj.base_layer.weight` where vLLM wrapped the module for
+        LoRA (its loader maps q_proj to qkv_proj itself)."""
+        if _vllm_module(hf_name) not in self._lora_wrapped:
+            return hf_name
+        module, _, leaf = hf_name.rpartition(".")
+        return f"{module}.base_layer.{leaf}"
+
+    # ------------------------------------------------------------- adapter (model.lora.mode=adapter)
+    def adapter_manifest(self) -> Manifest:
+        if self.lora is None:
+            raise RuntimeError("this vllm engine serves no adapter (built without model.lora, mode=adapter)")
+        return self._adapter_manifest
+
+    def load_adapter(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Write the adapter as a peft folder (in memory-backed /dev/shm where there is one) and
+        serve it from the next `generate` on, under a new LoRA id."""
+        from safetensors.torch import load_file
+        from vllm.lora.request import LoRARequest
+
+        from rlpost.trainer.lora import save_adapter
+
+        folder = tempfile.mkdtemp(prefix="rlpost-lora-", dir=shm_dir())
+        save_adapter(named_tensors, self.lora, folder, self.model_path)
+        old_request, old_dir = self.lora_request, self._adapter_dir
+        self._adapters_loaded += 1
+        self.lora_request = LoRARequest(f"rlpost-{self._adapters_loaded}", self._adapters_loaded, folder)
+        self._adapter_dir = folder
+        # what vLLM will read: the checksums of the sync are taken of these
+        self._adapter_saved = load_file(os.path.join(folder, "adapter_model.safetensors"))
+        if old_request is not None:
+            self.llm.llm_engine.remove_lora(old_request.lora_int_id)  # False if already evicted
+        if old_dir is not None:
+            shutil.rmtree(old_dir, ignore_errors=True)
+
+    def loaded_adapter_tensor(self, name: str) -> torch.Tensor | None:
+        """The tensor in the adapter file vLLM loads (vLLM reads the file at the next generate)."""
+        return self._adapter_saved.get(name)
+
+    def close(self) -> None:
+        if self._adapter_dir is not None:
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
+            self._adapter_dir = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
     # -------------------------------------------------------------------- colocate: sleep/wake
     def sleep(self) -> None:
-        """Free the GPU for the trainer: weights and KV cache leave it (level 2 drops the
-        weights, since the next sync rewrites all of them)."""
+        """Free the GPU for the trainer: weights and KV cache leave it. Level 2 drops the
+        weights, since the next sync rewrites all of them; in adapter mode the next sync sends
+        the adapter only, so level 1 keeps the base weights (in host memory)."""
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=2)
+            self.llm.sleep(level=1 if self.lora is not None else 2)
             self.asleep = True
             self.awake_tags: set[str] = set()
 
@@ -156,3 +268,7 @@ class VLLMRolloutEngine:
 def _named_parameters(worker) -> dict[str, torch.Tensor]:
     """Runs inside vLLM's worker (in this process): its model's parameters by name."""
     return dict(worker.model_runner.get_model().named_parameters())
+
+
+def _parameter_names(worker) -> list[str]:
+    return [n for n, _ in worker.model_runner.get_model().named_parameters()]

@@ -9,12 +9,20 @@ import torch
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.rollout.base import RolloutEngine, SamplingParams
+from rlpost.trainer.lora import sync_kinds
+from rlpost.weightsync.manifest import WeightSyncError
 from rlpost.weightsync.sync import receive_weights
 from rlpost.weightsync.transport import SyncGroup
 
 
+def serves_adapter(cfg: TrainConfig) -> bool:
+    """model.lora.mode=adapter: the engine holds the base and serves the adapter on top."""
+    return cfg.model.lora.rank > 0 and cfg.model.lora.mode == "adapter"
+
+
 def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_id: int) -> RolloutEngine:
     r = cfg.rollout
+    lora = cfg.model.lora if serves_adapter(cfg) else None
     if r.backend == "vllm":
         from rlpost.rollout.vllm_engine import VLLMRolloutEngine
 
@@ -24,14 +32,14 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
             gpu_memory_utilization=r.gpu_memory_utilization, enforce_eager=r.enforce_eager,
             max_num_seqs=r.max_num_seqs,
             sleep_mode=cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda",
-            trust_remote_code=cfg.model.trust_remote_code)
+            trust_remote_code=cfg.model.trust_remote_code, lora=lora)
     if r.backend == "hf":
         from rlpost.rollout.hf import HFRolloutEngine
 
         # the varlen kernel serves packed training batches; generation with a KV cache uses sdpa
         attn = "sdpa" if cfg.model.attn_implementation == "rlpost_varlen" else cfg.model.attn_implementation
         return HFRolloutEngine(model_path, cfg.model.dtype, cfg.trainer.device, pad_id, eos_id,
-                               cfg.rollout.batch_size, attn, cfg.model.trust_remote_code)
+                               cfg.rollout.batch_size, attn, cfg.model.trust_remote_code, lora=lora)
     raise ValueError(f"rollout.backend={r.backend!r} is unknown; choose hf or vllm")
 
 
@@ -57,9 +65,37 @@ class RolloutWorker:
         if hasattr(self.engine, "sleep"):
             self.engine.sleep()
 
-    def receive_weights(self, version: int) -> dict[str, float]:
-        stats = receive_weights(self.sync_group, self.engine.weight_manifest(), version,
-                                self.engine.load_weights, self.engine.loaded_tensor)
-        self.engine.weight_version = version
+    def receive_weights(self, version: int, kind: str | None = None) -> dict[str, float]:
+        """One sync of `kind` (`rlpost.trainer.lora.SYNC_KINDS`; default: the whole model, as the
+        first sync of a run sends it). An adapter sync is checked against the adapter this
+        rollout's config implies; every other kind against the base model's parameters."""
+        allowed = set(sync_kinds(self.cfg, first=True))
+        kind = kind or sync_kinds(self.cfg, first=True)[0]
+        if kind not in allowed:
+            raise WeightSyncError(f"weight sync v{version}: a {kind!r} sync reached a rollout that takes "
+                                  f"{sorted(allowed)} (model.lora.rank={self.cfg.model.lora.rank}, "
+                                  f"mode={self.cfg.model.lora.mode})")
+        e = self.engine
+        if kind == "adapter":
+            expected, load, loaded = e.adapter_manifest(), e.load_adapter, e.loaded_adapter_tensor
+        else:
+            expected, load, loaded = e.weight_manifest(), e.load_weights, e.loaded_tensor
+        stats = receive_weights(self.sync_group, expected, version, load, loaded)
+        e.weight_version = version
         return {"weight_sync/recv_s": stats.seconds, "weight_sync/recv_bytes": float(stats.bytes),
-                "weight_sync/readback_tensors": float(stats.readback)}
+                "weight_sync/readback_tensors": float(stats.readback),
+                "weight_sync/recv_tensors": float(stats.tensors)}
+
+    def loaded_tensors(self, kind: str | None = None) -> dict[str, torch.Tensor | None]:
+        """What the engine holds under each name of a sync `kind`'s manifest (None where it keeps
+        another layout), on the CPU: for tests and debugging."""
+        e = self.engine
+        if kind == "adapter":
+            names, get = [s.name for s in e.adapter_manifest()], e.loaded_adapter_tensor
+        else:
+            names, get = [s.name for s in e.weight_manifest()], e.loaded_tensor
+        out = {}
+        for name in names:
+            held = get(name)
+            out[name] = None if held is None else held.detach().to("cpu", copy=True)
+        return out

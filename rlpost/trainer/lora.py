@@ -26,6 +26,14 @@ from torch.distributed.fsdp import FSDPModule
 from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer
 from rlpost.trainer.fsdp import full_tensor
 
+# What one weight sync carries (the controller picks it; trainer and rollouts agree on the manifest):
+#   full     the plain parameters (no LoRA)
+#   merged   W + (alpha/r) B A under the base model's names (model.lora.mode=merge)
+#   base     the frozen base weights without the adapter (model.lora.mode=adapter, first sync)
+#   adapter  lora_A/lora_B only (model.lora.mode=adapter), as float32 masters (small; engines cast)
+SYNC_KINDS = ("full", "merged", "base", "adapter")
+ADAPTER_DTYPE = torch.float32
+
 PEFT_PREFIX = "base_model.model."  # peft's wrapper prefix before the base model's own names
 _ADAPTER_KEY = re.compile(r"^base_model\.model\..+\.lora_[AB]\.weight$")
 
@@ -55,6 +63,19 @@ def apply_lora(model, lora_cfg):
     return peft_model
 
 
+def sync_kinds(cfg, first: bool) -> list[str]:
+    """The syncs, in order, that bring the rollouts to the trainer's policy (`cfg`: a
+    TrainConfig). `first`: the first sync of a run or after a resume, when the rollouts hold only
+    what they loaded from `model.path`; in adapter mode it sends the base, then the adapter (after
+    a resume the adapter is not zero), and every later sync the adapter only."""
+    lora = cfg.model.lora
+    if lora.rank <= 0:
+        return ["full"]
+    if lora.mode == "merge":
+        return ["merged"]
+    return ["base", "adapter"] if first else ["adapter"]
+
+
 # ------------------------------------------------------------------------------------------ names
 def is_lora_name(name: str) -> bool:
     """Whether a peft parameter name belongs to an adapter (lora_A, lora_B, ...), not the base."""
@@ -73,6 +94,15 @@ def base_named_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     `named_parameters` order (the order `merged_weights` yields; no lora_* entries). Parameters may
     be sharded: `p.shape` is still the full shape, as a sync manifest needs."""
     return [(base_name(n), p) for n, p in model.named_parameters() if not is_lora_name(n)]
+
+
+def adapter_named_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
+    """(peft state-dict key, parameter) of the active adapter's lora_A/lora_B weights, in
+    `named_parameters` order (the order `adapter_weights` yields). Parameters may be sharded:
+    `p.shape` is the full shape."""
+    adapter = model.active_adapter
+    return [(adapter_key(n, adapter), p) for n, p in model.named_parameters()
+            if f".lora_A.{adapter}." in n or f".lora_B.{adapter}." in n]
 
 
 def adapter_key(peft_name: str, adapter: str = "default") -> str:
@@ -159,6 +189,16 @@ def merged_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tenso
 
 
 @torch.no_grad()
+def base_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """(base name, full tensor in `dtype`) of every base parameter of the (FSDP2-sharded or plain)
+    peft `model`, without the adapter (what `merged_weights` yields with B = 0), in the base
+    model's `named_parameters` order. A collective, like `merged_weights`."""
+    _reshard_all(model)
+    for name, param in base_named_parameters(model):
+        yield name, _own(_gather(param).to(dtype), param)
+
+
+@torch.no_grad()
 def adapter_weights(model, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(peft state-dict key, full tensor) of the active adapter's lora_A/lora_B weights of the
     (FSDP2-sharded or plain) peft `model`, in `named_parameters` order, e.g.
@@ -166,11 +206,9 @@ def adapter_weights(model, dtype: torch.dtype | None = None) -> Iterator[tuple[s
     `save_adapter` read these names). Float32 masters unless `dtype`. A collective, like
     `merged_weights`: every rank runs it to the end; rank 0 uses the values."""
     _reshard_all(model)
-    adapter = model.active_adapter
-    for name, param in model.named_parameters():
-        if f".lora_A.{adapter}." in name or f".lora_B.{adapter}." in name:
-            value = _gather(param)
-            yield adapter_key(name, adapter), _own(value.to(dtype or value.dtype), param)
+    for key, param in adapter_named_parameters(model):
+        value = _gather(param)
+        yield key, _own(value.to(dtype or value.dtype), param)
 
 
 # ------------------------------------------------------------------------------- files on disk

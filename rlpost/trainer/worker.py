@@ -1,5 +1,10 @@
 """The trainer rank: an FSDP2-sharded policy (and frozen reference), log-probs and PPO updates.
 
+With LoRA (`model.lora.rank > 0`) peft wraps the policy before FSDP2 shards it; only the adapter is
+trainable, optimized and checkpointed, and the reference of the KL loss is the policy itself with
+its adapters disabled (the frozen base), not a second model. What a weight sync carries is its
+`kind` (`rlpost.trainer.lora.SYNC_KINDS`): the plain weights, the merged ones, the base, or the adapter alone.
+
 A plain class: the controller wraps it in a Ray actor, tests call it directly. Every method that
 runs collectives must be called on all ranks of the trainer group at once.
 
@@ -10,6 +15,7 @@ mini-batch. Micro-batches and ranks then add up to exactly the full mini-batch l
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -27,9 +33,12 @@ from rlpost.data.microbatch import split_shard
 from rlpost.models.loading import DTYPES, load_causal_lm
 from rlpost.models.tiny import cosine
 from rlpost.trainer.fsdp import fsdp_units, full_tensor, params_on, shard_model
-from rlpost.trainer.optim import LayerwiseAdamW
 from rlpost.trainer.logprobs import response_logprobs
-from rlpost.weightsync.manifest import spec_of
+from rlpost.trainer.lora import (ADAPTER_DTYPE, adapter_named_parameters, adapter_weights, apply_lora,
+                                 base_named_parameters, base_weights, merged_weights, save_adapter,
+                                 sync_kinds)
+from rlpost.trainer.optim import LayerwiseAdamW
+from rlpost.weightsync.manifest import checksum, spec_of
 from rlpost.weightsync.sync import send_weights
 from rlpost.weightsync.transport import SyncGroup
 
@@ -52,25 +61,44 @@ class TrainerWorker:
         m = cfg.model
         # master weights in float32; FSDP casts to the compute dtype for forward/backward
         o = cfg.trainer.optim
-        self.model = shard_model(load_causal_lm(model_path, "float32", m.attn_implementation,
-                                                m.trust_remote_code), self.device, self.compute_dtype,
-                                 cpu_offload=o.offload == "cpu")
+        self.model_path = model_path
+        self.lora = m.lora if m.lora.rank > 0 else None
+        model = load_causal_lm(model_path, "float32", m.attn_implementation, m.trust_remote_code)
+        if self.lora is not None:  # before sharding: FSDP2 shards each adapter with its layer
+            model = apply_lora(model, self.lora)
+        self.model = shard_model(model, self.device, self.compute_dtype, cpu_offload=o.offload == "cpu")
         self.model.train()
         self.optimizer = build_optimizer(self.model, o)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, partial(lr_factor, o, total_optimizer_steps(cfg)))
-        self.ref_model = None
-        if cfg.algo.kl_coef > 0:
+        self.ref_model = None  # with LoRA the reference is self.model with its adapters disabled
+        if cfg.algo.kl_coef > 0 and self.lora is None:
             ref = load_causal_lm(model_path, "float32", m.attn_implementation, m.trust_remote_code)
             self.ref_model = shard_model(ref, self.device, self.compute_dtype).eval().requires_grad_(False)
         self.packed = use_packed_layout(cfg.trainer.layout, m.attn_implementation)
         self.sync_group: SyncGroup | None = None
-        self.manifest = [spec_of(n, full_tensor_meta(p, self.compute_dtype))
-                         for n, p in self.model.named_parameters()]
+        self.manifests = self._manifests()
         if cfg.trainer.param_offload:  # shards live on the CPU between phases
             for model in (self.model, self.ref_model):
                 if model is not None:
                     model.to("cpu")
+
+    def _manifests(self) -> dict:
+        """The manifest of each sync kind this run sends."""
+        def meta(named, dtype):
+            return [spec_of(n, full_tensor_meta(p, dtype)) for n, p in named]
+
+        if self.lora is None:
+            return {"full": meta(self.model.named_parameters(), self.compute_dtype)}
+        base = meta(base_named_parameters(self.model), self.compute_dtype)
+        if self.lora.mode == "merge":
+            return {"merged": base}
+        return {"base": base, "adapter": meta(adapter_named_parameters(self.model), ADAPTER_DTYPE)}
+
+    @property
+    def manifest(self):
+        """The manifest of the sync that carries the whole model (a rollout's first sync)."""
+        return self.manifests[sync_kinds(self.cfg, first=True)[0]]
 
     @contextmanager
     def _resident(self):
@@ -87,18 +115,27 @@ class TrainerWorker:
         """Per-token log-probs [b, R] of the response tokens (and entropy [b, R])."""
         return response_logprobs(model, mb, self.cfg.rollout.temperature, self.packed, with_entropy)
 
+    def _ref_logprobs(self, mb: Batch) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._logprobs(self.ref_model, mb, False)[0]
+        with self.model.disable_adapter():  # LoRA: the frozen base is the reference
+            return self._logprobs(self.model, mb, False)[0]
+
     @torch.no_grad()
-    def compute_logprobs(self, shard: Batch) -> Batch:
+    def compute_logprobs(self, shard: Batch, base: bool = False) -> Batch:
         """`old_logprobs` (and `ref_logprobs` when a reference exists), [b, R] each, with the
         shard's `row_index`. Runs the micro-batches of the plan (see `rlpost.data.microbatch`),
-        the same ones as the first pass of `update`, so that the first ratio is 1."""
+        the same ones as the first pass of `update`, so that the first ratio is 1. With LoRA,
+        `base` asks for `ref_logprobs` (the base model's: adapters disabled) even without a KL
+        loss: the controller checks with them that the rollouts serve the adapter."""
+        with_ref = self.cfg.algo.kl_coef > 0 or (base and self.lora is not None)
         out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": [], "row_index": []}
         with self._resident():
             for mini in split_shard(shard):
                 for mb in mini:
                     out["old_logprobs"].append(self._logprobs(self.model, mb, False)[0].cpu())
-                    if self.ref_model is not None:
-                        out["ref_logprobs"].append(self._logprobs(self.ref_model, mb, False)[0].cpu())
+                    if with_ref:
+                        out["ref_logprobs"].append(self._ref_logprobs(mb).cpu())
                     out["row_index"].append(mb["row_index"])
         return Batch({k: torch.cat(v) for k, v in out.items() if v})
 
@@ -156,7 +193,7 @@ class TrainerWorker:
             stats.add("rollout_corr/kl", (kl * mask).sum().item(), n)
         scale = self.world_size
         loss = aggregate(pg, mask, a.loss_agg_mode, denom) * scale
-        if self.ref_model is not None:
+        if a.kl_coef > 0:
             kl = kl_penalty(logp, mb["ref_logprobs"].to(self.device), a.kl_estimator)
             loss = loss + a.kl_coef * aggregate(kl, mask, a.loss_agg_mode, denom) * scale
             stats.add("actor/kl", (kl.detach() * mask).sum().item(), mask.sum().item())
@@ -201,15 +238,32 @@ class TrainerWorker:
         self.sync_group = SyncGroup(host, port, 0, world_size, str(self.device),
                                     self.cfg.weight_sync.timeout_s, transport)
 
-    def push_weights(self, version: int, keep_on_gpu: bool = False) -> dict[str, float]:
+    def _export(self, kind: str):
+        """The full tensors of one sync `kind`, in its manifest's order (a generator of
+        collectives: every rank runs it to the end)."""
+        if kind not in self.manifests:
+            raise ValueError(f"weight sync kind {kind!r} does not fit this run (model.lora.rank="
+                             f"{self.cfg.model.lora.rank}, mode={self.cfg.model.lora.mode}): it sends "
+                             f"{sorted(self.manifests)}")
+        if kind == "full":
+            # `.to(device)`: with `optim.offload=cpu` FSDP keeps the shards on the host for good
+            return (full_tensor(p.detach().to(self.device)).to(self.compute_dtype)
+                    for _, p in self.model.named_parameters())
+        # merged: W + scale B A computed out of place per parameter; the shards are never written
+        named = {"merged": lambda: merged_weights(self.model, self.compute_dtype),
+                 "base": lambda: base_weights(self.model, self.compute_dtype),
+                 "adapter": lambda: adapter_weights(self.model, ADAPTER_DTYPE)}[kind]()
+        return (t for _, t in named)
+
+    def push_weights(self, version: int, keep_on_gpu: bool = False, kind: str | None = None) -> dict[str, float]:
         """All ranks gather full tensors (FSDP all-gather); rank 0 sends them to the rollouts.
-        Offloaded shards (`trainer.param_offload`) come to the device for the gather and go back
-        afterwards unless `keep_on_gpu`."""
+        `kind` (`lora.SYNC_KINDS`; default: the one that carries the whole model) says what the sync
+        carries. Offloaded shards (`trainer.param_offload`) come to the device for the gather
+        and go back afterwards unless `keep_on_gpu`."""
+        kind = kind or sync_kinds(self.cfg, first=True)[0]
         with params_on(self.model, self.device, keep=keep_on_gpu) if self.cfg.trainer.param_offload \
                 else ExitStack():
-            # `.to(device)`: with `optim.offload=cpu` FSDP keeps the shards on the host for good
-            tensors = (full_tensor(p.detach().to(self.device)).to(self.compute_dtype)
-                       for _, p in self.model.named_parameters())
+            tensors = self._export(kind)
             if self.sync_group is None:  # this rank only takes part in the gathers
                 for _ in tensors:
                     pass
@@ -219,22 +273,51 @@ class TrainerWorker:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
                 before = torch.cuda.memory_allocated(self.device)
-            stats = send_weights(self.sync_group, self.manifest, tensors, version,
+            stats = send_weights(self.sync_group, self.manifests[kind], tensors, version,
                                  ws.bucket_mb * 2**20, ws.verify)
         out = {"weight_sync/bytes": float(stats.bytes), "weight_sync/send_s": stats.seconds}
         if cuda:  # what the export needs beyond the trainer's own memory (gathers, buckets)
             out["perf/sync_peak_gb"] = (torch.cuda.max_memory_allocated(self.device) - before) / 2**30
         return out
 
+    def base_checksums(self) -> list[int]:
+        """Checksums of this rank's shards of the base (non-adapter) parameters: syncs and LoRA
+        updates must leave them bitwise as they were."""
+        named = base_named_parameters(self.model) if self.lora is not None else self.model.named_parameters()
+        return [checksum(p.detach().to_local() if hasattr(p, "to_local") else p.detach()) for _, p in named]
+
     # ----------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, folder: str) -> None:
-        import torch.distributed.checkpoint as dcp
+    def _state_dict_options(self):
+        """With LoRA the checkpoint holds the trainable parameters (the adapter) only: the frozen
+        base comes from `model.path` again on resume."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=self.lora is not None)
+
+    def _get_state_dict(self, layerwise: bool):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        options = self._state_dict_options()
+        model_sd, optim_sd = get_state_dict(self.model, [] if layerwise else self.optimizer, options=options)
+        if options.ignore_frozen_params:  # it keeps a frozen weight under its tied name (lm_head)
+            trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+        return model_sd, optim_sd, options
+
+    def save_checkpoint(self, folder: str) -> None:
+        """`trainer/` (DCP: the model's trainable parameters and the optimizer state), each
+        rank's `trainer_rank<r>.pt`, and with LoRA `adapter/`: a peft adapter folder (rank 0)
+        that `rlpost export` merges into the base model."""
+        import torch.distributed.checkpoint as dcp
+
         layerwise = isinstance(self.optimizer, LayerwiseAdamW)
-        model_sd, optim_sd = get_state_dict(self.model, [] if layerwise else self.optimizer)
+        model_sd, optim_sd, _ = self._get_state_dict(layerwise)
         state = {"model": model_sd} if layerwise else {"model": model_sd, "optimizer": optim_sd}
         dcp.save(state, checkpoint_id=os.path.join(folder, "trainer"))
+        if self.lora is not None:
+            adapter = list(adapter_weights(self.model, ADAPTER_DTYPE))  # a collective: every rank
+            if self.rank == 0:
+                save_adapter(adapter, self.lora, Path(folder) / "adapter", self.model_path)
         # per rank: RNG, scheduler and (layerwise) this rank's host-resident optimizer shards
         torch.save({"rng": torch.get_rng_state(), "scheduler": self.scheduler.state_dict(),
                     "optimizer": self.optimizer.state_dict() if layerwise else None},
@@ -243,14 +326,26 @@ class TrainerWorker:
 
     def load_checkpoint(self, folder: str) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import set_state_dict
 
+        has_adapter = (Path(folder) / "adapter").is_dir()
+        if has_adapter != (self.lora is not None):
+            raise ValueError(f"checkpoint {folder} was saved " + ("with" if has_adapter else "without")
+                             + f" LoRA, but this run has model.lora.rank={self.cfg.model.lora.rank}: "
+                             "resume with the settings of the run that saved it")
         layerwise = isinstance(self.optimizer, LayerwiseAdamW)
-        model_sd, optim_sd = get_state_dict(self.model, [] if layerwise else self.optimizer)
+        model_sd, optim_sd, options = self._get_state_dict(layerwise)
         state = {"model": model_sd} if layerwise else {"model": model_sd, "optimizer": optim_sd}
         dcp.load(state, checkpoint_id=os.path.join(folder, "trainer"))
-        set_state_dict(self.model, [] if layerwise else self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict={} if layerwise else state["optimizer"])
+        if options.ignore_frozen_params:  # the frozen base stays as loaded from model.path
+            options = dataclasses.replace(options, strict=False)
+        result = set_state_dict(self.model, [] if layerwise else self.optimizer, model_state_dict=state["model"],
+                                optim_state_dict={} if layerwise else state["optimizer"], options=options)
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        missing = [k for k in result.missing_keys if k in trainable]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"checkpoint {folder}: trainable parameters {missing[:3]} not in it, or keys "
+                             f"{result.unexpected_keys[:3]} the model does not have")
         extra = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
         torch.set_rng_state(extra["rng"])
         self.scheduler.load_state_dict(extra["scheduler"])
@@ -284,11 +379,13 @@ class TrainerWorker:
 
 
 def build_optimizer(model, o) -> torch.optim.Optimizer:
-    """AdamW with the states where `trainer.optim.offload` says (built once per run)."""
+    """AdamW over the trainable parameters (with LoRA: the adapter only), with the states where
+    `trainer.optim.offload` says (built once per run)."""
     kwargs = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
-    if o.offload == "layerwise":
-        return LayerwiseAdamW(fsdp_units(model), prefetch_layers=o.prefetch_layers, **kwargs)
-    return torch.optim.AdamW(model.parameters(), **kwargs)
+    if o.offload == "layerwise":  # units left without a trainable parameter are dropped
+        units = [[p for p in unit if p.requires_grad] for unit in fsdp_units(model)]
+        return LayerwiseAdamW(units, prefetch_layers=o.prefetch_layers, **kwargs)
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **kwargs)
 
 
 def use_packed_layout(layout: str, attn_implementation: str) -> bool:
