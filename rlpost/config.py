@@ -317,6 +317,10 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.trainer.param_offload and cfg.trainer.optim.offload == "cpu":
         raise ConfigError("trainer.param_offload=true with trainer.optim.offload=cpu: FSDP's CPU offload "
                           "already keeps the parameters on the CPU; set one of them")
+    if cfg.cluster.placement == "colocate" and cfg.rollout.num_workers > cfg.trainer.world_size:
+        raise ConfigError(f"cluster.placement=colocate shares each trainer rank's device with one rollout actor: "
+                          f"rollout.num_workers={cfg.rollout.num_workers} must be <= trainer.world_size="
+                          f"{cfg.trainer.world_size} (or use cluster.placement=split)")
     if cfg.algo.max_staleness < 0:
         raise ConfigError(f"algo.max_staleness={cfg.algo.max_staleness} must be >= 0")
     if cfg.algo.rollout_is_threshold < 1:

@@ -172,10 +172,15 @@ class Controller:
         # split placement: batches generate while earlier ones train (one-step-off-policy)
         self.overlap = cfg.cluster.placement == "split" and cfg.algo.max_staleness > 0
         self.pending: deque[Pending] = deque()
-        self._start_workers()
-        if cfg.trainer.resume != "none":
-            self._resume()
-        self._sync_weights()  # the rollouts start from exactly the trainer's weights, verified
+        self.placement = self.trainers = self.rollouts = None
+        try:
+            self._start_workers()
+            if cfg.trainer.resume != "none":
+                self._resume()
+            self._sync_weights()  # the rollouts start from exactly the trainer's weights, verified
+        except BaseException:
+            self.shutdown()  # no actors or placement group outlive a failed start
+            raise
 
     # ------------------------------------------------------------------------------- set-up
     def _load_data(self) -> None:
@@ -420,8 +425,11 @@ class Controller:
         trackers = Trackers(cfg.logger.backends, self.run_dir, cfg.logger.project, cfg.logger.wandb_mode,
                             config=config_dict(cfg), write=tqdm.write)
         try:
+            start_metrics = {k: v for m in self.rollouts.call("memory") for k, v in m.items()}
             if cfg.trainer.val_every and self.step == 0:
-                trackers.log(self.validate(), self.step)
+                start_metrics.update(self.validate())
+            if start_metrics:
+                trackers.log(start_metrics, self.step)
             while self.step < cfg.trainer.total_steps:
                 start = time.perf_counter()
                 metrics = self.train_step()
@@ -444,8 +452,10 @@ class Controller:
 
     def shutdown(self) -> None:
         for group in (self.trainers, self.rollouts):
-            group.kill()
-        self.placement.remove()
+            if group is not None:
+                group.kill()
+        if self.placement is not None:
+            self.placement.remove()
 
 
 def train(cfg: TrainConfig, log=print) -> Path:

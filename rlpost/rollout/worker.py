@@ -60,6 +60,17 @@ class RolloutWorker:
         self.sync_group = SyncGroup(host, port, rank, world_size, self.cfg.trainer.device,
                                     self.cfg.weight_sync.timeout_s, transport)
 
+    def memory(self) -> dict[str, float]:
+        """GPU memory this actor's device has in use (GiB; the whole device, all processes) and
+        what torch in this process allocated: a rollout-only actor holds the engine's weights and
+        KV cache, never a trainer model."""
+        if self.cfg.trainer.device != "cuda":
+            return {}
+        free, total = torch.cuda.mem_get_info()
+        return {"rollout/gpu_used_gb": (total - free) / 2**30,
+                "rollout/torch_allocated_gb": torch.cuda.memory_allocated() / 2**30,
+                "rollout/gpu_total_gb": total / 2**30}
+
     def sleep(self) -> None:
         """Colocate placement: give the device to the trainer until the next sync or generate."""
         if hasattr(self.engine, "sleep"):

@@ -16,10 +16,17 @@ def cfg_with(*overrides):
 def test_sync_plan_broadcasts_from_rank0_unless_colocated_on_gpus():
     cfg = cfg_with("rollout.num_workers=3", "cluster.placement=split")
     assert sync_transport(cfg) == "broadcast" and sync_plan(cfg) == {0: [0, 1, 2]}
-    cfg = cfg_with("rollout.num_workers=3")  # colocate on the CPU: gloo broadcast
-    assert sync_plan(cfg) == {0: [0, 1, 2]}
-    cfg.trainer.device = "cuda"  # colocate on GPUs: each rank feeds the actors on its GPU by IPC
-    assert sync_transport(cfg) == "ipc" and sync_plan(cfg) == {0: [0, 2], 1: [1]}
+    cfg = cfg_with("rollout.num_workers=2")  # colocate on the CPU: gloo broadcast
+    assert sync_plan(cfg) == {0: [0, 1]}
+    cfg.trainer.device = "cuda"  # colocate on GPUs: each rank feeds the actor on its GPU by IPC
+    assert sync_transport(cfg) == "ipc" and sync_plan(cfg) == {0: [0], 1: [1]}
+    cfg.trainer.world_size, cfg.rollout.num_workers = 4, 2
+    assert sync_plan(cfg) == {0: [0], 1: [1]}
+
+
+def test_colocate_needs_a_trainer_rank_per_rollout_actor():
+    with pytest.raises(ConfigError, match="rollout.num_workers=3 must be <= trainer.world_size=2"):
+        cfg_with("rollout.num_workers=3")
 
 
 def test_colocated_vllm_must_fit_beside_the_trainer():
