@@ -7,9 +7,13 @@
   the base model's names and in its `named_parameters` order, one parameter at a time. It gathers
   each sharded parameter (a collective), merges out of place and yields a tensor of its own, so the
   sharded weights stay bitwise unchanged and nothing yielded aliases FSDP's storage (verl #7014).
-- adapter: `adapter_weights` yields the full lora_A/lora_B tensors under the names peft's
+- adapter: `base_weights` (the first sync of a run) yields the base parameters without the
+  adapter; then `adapter_weights` yields the full lora_A/lora_B tensors under the names peft's
   `get_peft_model_state_dict` gives them; `save_adapter` writes them as a peft adapter folder
   (adapter_model.safetensors + adapter_config.json) that peft and vLLM's LoRA loader read.
+
+`sync_kinds` says which of these one sync carries (`SYNC_KINDS`); trainer and rollouts build
+their manifests for it independently, so a mismatch is refused before any tensor moves.
 
 `export_merged` turns a base model and a saved adapter into a plain transformers model folder.
 """

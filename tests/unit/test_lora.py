@@ -221,3 +221,18 @@ def test_adapter_round_trip_and_merged_export(world2, peft_ref, base_dir, tmp_pa
     text = "12+34=46"
     assert AutoTokenizer.from_pretrained(out)(text).input_ids == \
         AutoTokenizer.from_pretrained(base_dir)(text).input_ids
+
+
+@pytest.mark.parametrize("offload", ["none", "layerwise"])
+def test_optimizer_holds_the_adapter_only(base_dir, offload):
+    """With LoRA only lora_A/lora_B are optimized; the layerwise optimizer's units are the decoder
+    layers' adapters (the root unit -- embeddings, norm, tied head -- has none and is dropped)."""
+    from rlpost.config import OptimConfig
+    from rlpost.trainer.worker import build_optimizer
+
+    model = build_peft(base_dir)
+    optimizer = build_optimizer(model, OptimConfig(offload=offload))
+    optimized = [id(p) for g in optimizer.param_groups for p in g["params"]]
+    assert sorted(optimized) == sorted(id(p) for n, p in model.named_parameters() if is_lora_name(n))
+    if offload == "layerwise":
+        assert len(optimizer.units) == 2 and all(len(u) == 2 * 7 for u in optimizer.units)
