@@ -3,6 +3,8 @@
 # 2 x H200 machine (vLLM and Ray installed into /tmp/site, see README "GPU machines"):
 #   bash scripts/gpu_session.sh A   # GPU tests, weight-sync and rollout benchmarks
 #   bash scripts/gpu_session.sh B   # GRPO runs: colocate on 1 GPU, split sync vs one-step-off, LoRA
+#   bash scripts/gpu_session.sh C   # sync tests and bandwidth again (pipelined buckets), rollout
+#                                   # memory in split placement, LoRA adapter mode with vLLM
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -34,6 +36,15 @@ B)
   grpo grpo_split_offpolicy cluster.placement=split rollout.gpu_memory_utilization=0.8 algo.max_staleness=1
   grpo grpo_lora_merge cluster.placement=colocate rollout.gpu_memory_utilization=0.4 model.lora.rank=16 \
     model.lora.alpha=32 model.lora.mode=merge
+  ;;
+C)
+  step sync_tests python3 -m pytest -q tests/gpu/test_sync_gpu.py
+  step weight_sync python3 scripts/bench_weight_sync.py --model $M --out "$OUT/weight_sync.json"
+  step weight_sync_256 python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256 \
+    --out "$OUT/weight_sync_256.json"
+  grpo grpo_split_memory cluster.placement=split rollout.gpu_memory_utilization=0.3 trainer.total_steps=2
+  grpo grpo_lora_adapter cluster.placement=colocate rollout.gpu_memory_utilization=0.4 model.lora.rank=16 \
+    model.lora.alpha=32 model.lora.mode=adapter
   ;;
 esac
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpus.csv" 2>&1

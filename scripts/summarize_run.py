@@ -22,6 +22,7 @@ def summarize(run_dir: str, skip: int) -> dict:
     kept = steps[skip:]
     keys = sorted({k for r in kept for k, v in r.items() if isinstance(v, (int, float))})
     out = {"run_dir": str(run_dir), "steps": len(steps), "summarized_steps": [r["step"] for r in kept],
+           "start": next((r for r in rows if r.get("step") == 0), {}),  # rollout memory, first validation
            "mean": {}, "max": {}, "per_step": {}}
     for k in keys:
         values = [r[k] for r in kept if k in r]

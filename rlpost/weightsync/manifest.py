@@ -80,10 +80,20 @@ def plan_buckets(manifest: Manifest, bucket_bytes: int) -> list[list[int]]:
 
 _PRIME = 65521  # position weights cycle through 1.._PRIME
 _CHUNK = 1 << 22  # words per step, bounds the temporary memory of a checksum
+_WEIGHTS: dict[torch.device, torch.Tensor] = {}
 
 
-def checksum(tensor: torch.Tensor) -> int:
-    """Position-weighted int64 sum of the tensor's bytes; equal bytes give equal values everywhere."""
+def _position_weights(device: torch.device, offset: int, n: int) -> torch.Tensor:
+    """(offset + i) % _PRIME + 1 for i < n (n <= _CHUNK), sliced from one cached table."""
+    table = _WEIGHTS.get(device)
+    if table is None:
+        table = _WEIGHTS[device] = torch.arange(_CHUNK + _PRIME, device=device, dtype=torch.int64) % _PRIME + 1
+    start = offset % _PRIME
+    return table[start:start + n]
+
+
+def checksum_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The checksum as an int64 scalar on the tensor's device (no host synchronisation)."""
     flat = tensor.detach().contiguous().reshape(-1)
     raw = flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
     for word in (torch.int32, torch.int16):
@@ -94,7 +104,20 @@ def checksum(tensor: torch.Tensor) -> int:
         words = raw
     total = torch.zeros((), dtype=torch.int64, device=words.device)
     for start in range(0, words.numel(), _CHUNK):
-        chunk = words[start : start + _CHUNK].to(torch.int64)
-        pos = torch.arange(start, start + chunk.numel(), device=chunk.device, dtype=torch.int64)
-        total += (chunk * (pos % _PRIME + 1)).sum()
-    return int(total.item())
+        chunk = words[start : start + _CHUNK]
+        total += (chunk.to(torch.int64) * _position_weights(words.device, start, chunk.numel())).sum()
+    return total
+
+
+def checksum(tensor: torch.Tensor) -> int:
+    """Position-weighted int64 sum of the tensor's bytes; equal bytes give equal values everywhere."""
+    return int(checksum_tensor(tensor).item())
+
+
+def read_sums(sums: list[torch.Tensor]) -> list[int]:
+    """Device scalars from `checksum_tensor` as ints, read back to the host once for all."""
+    if not sums:
+        return []
+    if len({v.device for v in sums}) == 1:
+        return torch.stack(sums).tolist()
+    return [int(v.item()) for v in sums]

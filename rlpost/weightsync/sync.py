@@ -20,7 +20,8 @@ import torch
 from rlpost.weightsync.manifest import (
     Manifest,
     WeightSyncError,
-    checksum,
+    checksum_tensor,
+    read_sums,
     compare_manifests,
     plan_buckets,
 )
@@ -47,8 +48,9 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
     if refused:
         raise WeightSyncError(f"weight sync v{version}: rollout rank {refused} refused the manifest "
                               "(its error names the tensor)")
-    sums: list[int] = []
+    sums: list[torch.Tensor] = []
     sent = 0
+    in_flight = None  # the previous bucket's broadcast runs while this one is packed
     for bucket in buckets:
         parts = [next(tensors) for _ in bucket]
         for i, t in zip(bucket, parts):
@@ -56,12 +58,17 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
                 raise WeightSyncError(f"tensor {manifest[i].name!r} has shape {list(t.shape)}, "
                                       f"its manifest says {list(manifest[i].shape)}")
         flat = torch.cat([t.detach().reshape(-1).to(group.device) for t in parts])
-        group.send_bucket(flat)
-        sent += flat.numel() * flat.element_size()
         if verify:
-            sums += [checksum(t) for t in parts]
+            sums += [checksum_tensor(t) for t in torch.split(flat, [t.numel() for t in parts])]
+        pending = group.send_bucket(flat)
+        if in_flight is not None:
+            in_flight.wait()
+        in_flight = pending
+        sent += flat.numel() * flat.element_size()
+    if in_flight is not None:
+        in_flight.wait()
     if verify:
-        group.broadcast_object(sums)
+        group.broadcast_object(read_sums(sums))
         bad = group.all_reduce_max(0)
         if bad:
             raise WeightSyncError(f"weight sync v{version}: rollout rank {bad} loaded tensors whose "
@@ -87,19 +94,27 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
         raise WeightSyncError(f"weight sync v{version} refused: {problem}")
     manifest: Manifest = header["manifest"]
     verify = header["verify"]
-    received_sums: dict[str, int] = {}
+    received_sums: dict[str, torch.Tensor] = {}
     received = 0
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal received
-        for bucket in header["buckets"]:
+        buckets = header["buckets"]
+
+        def post(bucket):
             specs = [manifest[i] for i in bucket]
             numels = [torch.Size(s.shape).numel() for s in specs]
-            flat = group.recv_bucket(sum(numels), getattr(torch, specs[0].dtype))
+            return specs, numels, group.recv_bucket(sum(numels), getattr(torch, specs[0].dtype))
+
+        nxt = post(buckets[0]) if buckets else None
+        for b in range(len(buckets)):
+            specs, numels, (flat, pending) = nxt
+            pending.wait()
+            nxt = post(buckets[b + 1]) if b + 1 < len(buckets) else None  # arrives while this one loads
             received += flat.numel() * flat.element_size()
             for s, v in zip(specs, torch.split(flat, numels)):
                 if verify:
-                    received_sums[s.name] = checksum(v)
+                    received_sums[s.name] = checksum_tensor(v)
                 yield s.name, v.view(s.shape)
 
     tensors = stream()
@@ -110,12 +125,11 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
     readback = 0
     if verify:
         sent_sums = group.broadcast_object()
-        wrong = []
-        for s, sent in zip(manifest, sent_sums):
-            held = loaded(s.name)
-            readback += held is not None
-            if (checksum(held) if held is not None else received_sums[s.name]) != sent:
-                wrong.append(s.name)
+        held = [loaded(s.name) for s in manifest]
+        readback = sum(h is not None for h in held)
+        mine = read_sums([checksum_tensor(h) if h is not None else received_sums[s.name]
+                          for s, h in zip(manifest, held)])
+        wrong = [s.name for s, ours, sent in zip(manifest, mine, sent_sums) if ours != sent]
         group.all_reduce_max(group.rank if wrong or skipped else 0)
         if wrong and not skipped:
             raise WeightSyncError(f"weight sync v{version}: checksum of loaded tensor {wrong[0]!r} "
@@ -123,3 +137,4 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
     if skipped:
         raise WeightSyncError(skipped)
     return SyncStats(version, received, time.perf_counter() - start, len(manifest), readback)
+

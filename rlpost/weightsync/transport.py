@@ -45,22 +45,26 @@ class SyncGroup:
         self.barrier()  # every member is connected before the first sync
 
     # --------------------------------------------------------------------------- buckets
-    def send_bucket(self, flat: torch.Tensor) -> None:
-        """Sender: deliver one flat bucket to every receiver."""
+    def send_bucket(self, flat: torch.Tensor):
+        """Sender: deliver one flat bucket to every receiver. Returns a handle whose `wait()`
+        must be called (before the next-but-one bucket) so the bucket's memory can be reused;
+        the broadcast of this bucket then overlaps the packing of the next one."""
         if self.transport == "broadcast":
-            self.broadcast(flat, src=0)
-            return
+            return _Pending(self.pg.broadcast([flat], self._opts(dist.BroadcastOptions, rootRank=0)), flat)
         from torch.multiprocessing.reductions import reduce_tensor
 
         torch.cuda.current_stream(flat.device).synchronize()  # the bucket is written before it is read
         self.broadcast_object(reduce_tensor(flat))
         self.barrier()  # every receiver has copied the bucket: its memory may be reused
+        return _Pending(None, flat)
 
-    def recv_bucket(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Receiver: one flat bucket, in memory this process owns."""
+    def recv_bucket(self, numel: int, dtype: torch.dtype):
+        """Receiver: post the receipt of one flat bucket into memory this process owns; returns
+        (tensor, handle): the tensor holds the bucket once `handle.wait()` returned, so the next
+        bucket can be posted before this one is consumed."""
         if self.transport == "broadcast":
             flat = torch.empty(numel, dtype=dtype, device=self.device)
-            return self.broadcast(flat, src=0)
+            return flat, _Pending(self.pg.broadcast([flat], self._opts(dist.BroadcastOptions, rootRank=0)), flat)
         rebuild, args = self.broadcast_object()
         args = list(args)
         args[6] = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -71,7 +75,7 @@ class SyncGroup:
         torch.cuda.current_stream(flat.device).synchronize()
         del shared
         self.barrier()
-        return flat
+        return flat, _Pending(None, flat)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         self.pg.broadcast([tensor], self._opts(dist.BroadcastOptions, rootRank=src)).wait()
@@ -105,3 +109,16 @@ class SyncGroup:
         for k, v in values.items():
             setattr(opts, k, v)
         return opts
+
+
+class _Pending:
+    """A bucket in flight: `wait()` orders the caller's stream after it (blocks on gloo) and
+    releases the reference that kept its memory alive."""
+
+    def __init__(self, work, tensor: torch.Tensor):
+        self.work, self.tensor = work, tensor
+
+    def wait(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+        self.work = self.tensor = None

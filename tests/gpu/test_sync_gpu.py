@@ -52,6 +52,7 @@ def test_ipc_transport_between_two_processes_on_one_gpu():
 def _offload_pair(rank, model_dir, ports, keep, out):
     from rlpost.config import load_config
     from rlpost.trainer.fsdp import full_tensor
+    from rlpost.weightsync.manifest import checksum
 
     torch.cuda.set_device(0)
     cfg = load_config(["+recipe=quickstart", "trainer.device=cuda", "trainer.world_size=1",
@@ -68,7 +69,9 @@ def _offload_pair(rank, model_dir, ports, keep, out):
         trainer.push_weights(1, keep_on_gpu=keep)
         where = {p.device.type for p in trainer.model.parameters()}
         assert where == ({"cuda"} if keep else {"cpu"}), where
-        out.put(("trainer", {n: full_tensor(p.detach()).cpu() for n, p in trainer.model.named_parameters()}))
+        # checksums, not tensors: tensors put on a queue vanish with the process that shared them
+        out.put(("trainer", {n: checksum(full_tensor(p.detach()).to(torch.float32))
+                             for n, p in trainer.model.named_parameters()}))
         trainer.shutdown()
     else:
         from rlpost.rollout.worker import RolloutWorker
@@ -77,7 +80,7 @@ def _offload_pair(rank, model_dir, ports, keep, out):
         rollout.init_weight_sync("127.0.0.1", ports[1], 1, 2, "ipc")
         stats = rollout.receive_weights(1)
         assert stats["weight_sync/readback_tensors"] > 0
-        out.put(("rollout", {n: p.detach().cpu() for n, p in rollout.engine.params.items()}))
+        out.put(("rollout", {n: checksum(p.detach().to(torch.float32)) for n, p in rollout.engine.params.items()}))
 
 
 @pytest.mark.parametrize("keep", [False, True])
@@ -98,4 +101,4 @@ def test_param_offload_sync_restores_devices(tmp_path, keep):
     trainer, rollout = got["trainer"], got["rollout"]
     assert trainer.keys() == rollout.keys()
     for name in trainer:
-        assert torch.equal(trainer[name], rollout[name]), name
+        assert trainer[name] == rollout[name], name
