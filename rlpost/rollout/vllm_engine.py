@@ -73,9 +73,16 @@ def vllm_lora_rank(rank: int) -> int:
     return fits[0]
 
 
-def shm_dir() -> str | None:
-    """Memory-backed folder for adapter files where there is one."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+def shm_dir(nbytes: int) -> str | None:
+    """Memory-backed /dev/shm for an adapter file of `nbytes` where it has room for two (the old
+    one is deleted after the new one is written; containers often give /dev/shm only 64 MB),
+    else None: the system's temporary folder."""
+    shm = "/dev/shm"
+    try:
+        room = shutil.disk_usage(shm).free if os.access(shm, os.W_OK) else 0
+    except OSError:
+        room = 0
+    return shm if room > 2 * nbytes + (16 << 20) else None
 
 
 def _vllm_module(hf_name: str) -> str:
@@ -216,7 +223,7 @@ class VLLMRolloutEngine:
 
         from rlpost.trainer.lora import save_adapter
 
-        folder = tempfile.mkdtemp(prefix="rlpost-lora-", dir=shm_dir())
+        folder = tempfile.mkdtemp(prefix="rlpost-lora-", dir=shm_dir(sum(s.nbytes for s in self._adapter_manifest)))
         save_adapter(named_tensors, self.lora, folder, self.model_path)
         old_request, old_dir = self.lora_request, self._adapter_dir
         self._adapters_loaded += 1

@@ -83,9 +83,14 @@ class RolloutWorker:
         allowed = set(sync_kinds(self.cfg, first=True))
         kind = kind or sync_kinds(self.cfg, first=True)[0]
         if kind not in allowed:
-            raise WeightSyncError(f"weight sync v{version}: a {kind!r} sync reached a rollout that takes "
-                                  f"{sorted(allowed)} (model.lora.rank={self.cfg.model.lora.rank}, "
-                                  f"mode={self.cfg.model.lora.mode})")
+            problem = (f"weight sync v{version}: a {kind!r} sync reached a rollout that takes "
+                       f"{sorted(allowed)} (model.lora.rank={self.cfg.model.lora.rank}, "
+                       f"mode={self.cfg.model.lora.mode})")
+            try:  # refuse inside the protocol (an empty manifest), so the sender stops too
+                receive_weights(self.sync_group, [], version, lambda tensors: None, lambda name: None)
+            except WeightSyncError:
+                pass
+            raise WeightSyncError(problem)
         e = self.engine
         if kind == "adapter":
             expected, load, loaded = e.adapter_manifest(), e.load_adapter, e.loaded_adapter_tensor

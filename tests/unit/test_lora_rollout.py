@@ -152,3 +152,33 @@ def test_apply_lora_config_matches_the_rollout(base_dir):
     trainer = apply_lora(load_causal_lm(base_dir, "float32"), cfg)
     assert engine.adapter_manifest() == manifest_of(adapter_weights(trainer))
     assert {n.split(".")[-3] for n, _ in adapter_weights(trainer)} == {"q_proj", "v_proj"}
+
+
+def test_a_sync_of_the_wrong_kind_is_refused_on_both_sides(base_dir):
+    """A merged sync sent to a rollout that serves an adapter (it would apply the adapter twice):
+    the rollout refuses inside the protocol, so the sender stops with an error instead of waiting."""
+    from rlpost.config import load_config
+    from rlpost.rollout.worker import RolloutWorker
+    from rlpost.weightsync.manifest import WeightSyncError
+
+    cfg = load_config(["+recipe=quickstart", f"model.path={base_dir}", "model.lora.rank=4",
+                       "model.lora.alpha=8", "model.lora.mode=adapter"])
+    worker = RolloutWorker(cfg, base_dir, 0, 0, 1)
+    trainer = build_peft(base_dir)
+    named = list(base_weights(trainer, torch.float32))
+    port, errors = free_port(), {}
+
+    def sender():
+        group = SyncGroup("127.0.0.1", port, 0, 2, "cpu", 60)
+        try:
+            send_weights(group, manifest_of(named), iter([t for _, t in named]), 0, 4096)
+        except WeightSyncError as e:
+            errors["sender"] = str(e)
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    worker.init_weight_sync("127.0.0.1", port, 1, 2, "broadcast")
+    with pytest.raises(WeightSyncError, match="a 'merged' sync reached a rollout that takes"):
+        worker.receive_weights(0, "merged")
+    thread.join(timeout=30)
+    assert "refused the manifest" in errors["sender"]
