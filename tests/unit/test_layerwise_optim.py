@@ -49,6 +49,7 @@ def train(rank, world, port, kind, weight_decay, dtype, out, device_type="cpu"):
         state = {n: full_tensor(p.detach()).cpu().clone() for n, p in model.named_parameters()}
         if rank == 0:
             torch.save(state, out)
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it (SIGABRT seen in CI)
     finally:
         dist.destroy_process_group()
 
