@@ -150,8 +150,8 @@ class VLLMRolloutEngine:
                        enforce_eager=enforce_eager, max_num_seqs=max_num_seqs,
                        trust_remote_code=trust_remote_code, **kwargs)
         # modules vLLM wrapped for LoRA: their base weights load as `<module>.base_layer.<leaf>`
-        self._lora_wrapped = {n.split(".base_layer.")[0] for n in self.llm.collective_rpc(_parameter_names)[0]
-                              if ".base_layer." in n}
+        self._held: dict[str, torch.Tensor] | None = None  # vLLM's parameters, looked up once per sync
+        self._lora_wrapped = {n.split(".base_layer.")[0] for n in self._parameters() if ".base_layer." in n}
 
     # ------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
@@ -194,12 +194,17 @@ class VLLMRolloutEngine:
         if self._lora_wrapped:
             named_tensors = ((self._base_layer_name(n), t) for n, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+        self._held = None
         # cached prefixes hold keys/values of the old weights: never reuse them
         self.llm.reset_prefix_cache()
 
     def loaded_tensor(self, name: str) -> torch.Tensor | None:
-        params = self.llm.collective_rpc(_named_parameters)[0]
-        return fused_view(params, self._by_name, name)
+        return fused_view(self._parameters(), self._by_name, name)
+
+    def _parameters(self) -> dict[str, torch.Tensor]:
+        if self._held is None:
+            self._held = self.llm.collective_rpc(_named_parameters)[0]
+        return self._held
 
     def _base_layer_name(self, hf_name: str) -> str:
         """`...q_proj.weight` -> `...q_proj.base_layer.weight` where vLLM wrapped the module for
@@ -276,6 +281,3 @@ def _named_parameters(worker) -> dict[str, torch.Tensor]:
     """Runs inside vLLM's worker (in this process): its model's parameters by name."""
     return dict(worker.model_runner.get_model().named_parameters())
 
-
-def _parameter_names(worker) -> list[str]:
-    return [n for n, _ in worker.model_runner.get_model().named_parameters()]

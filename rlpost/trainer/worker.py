@@ -101,13 +101,14 @@ class TrainerWorker:
         return self.manifests[sync_kinds(self.cfg, first=True)[0]]
 
     @contextmanager
-    def _resident(self):
-        """With `trainer.param_offload`, the shards come to the device for one phase and go back."""
+    def _resident(self, *models, keep: bool = False):
+        """With `trainer.param_offload`, the shards of `models` (default: policy and reference)
+        come to the device for one phase and go back afterwards unless `keep`."""
         with ExitStack() as stack:
             if self.cfg.trainer.param_offload:
-                for model in (self.model, self.ref_model):
+                for model in models or (self.model, self.ref_model):
                     if model is not None:
-                        stack.enter_context(params_on(model, self.device))
+                        stack.enter_context(params_on(model, self.device, keep=keep))
             yield
 
     # ------------------------------------------------------------------------------ log-probs
@@ -261,8 +262,7 @@ class TrainerWorker:
         carries. Offloaded shards (`trainer.param_offload`) come to the device for the gather
         and go back afterwards unless `keep_on_gpu`."""
         kind = kind or sync_kinds(self.cfg, first=True)[0]
-        with params_on(self.model, self.device, keep=keep_on_gpu) if self.cfg.trainer.param_offload \
-                else ExitStack():
+        with self._resident(self.model, keep=keep_on_gpu):
             tensors = self._export(kind)
             if self.sync_group is None:  # this rank only takes part in the gathers
                 for _ in tensors:

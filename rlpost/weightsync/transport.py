@@ -50,7 +50,7 @@ class SyncGroup:
         must be called (before the next-but-one bucket) so the bucket's memory can be reused;
         the broadcast of this bucket then overlaps the packing of the next one."""
         if self.transport == "broadcast":
-            return _Pending(self.pg.broadcast([flat], self._opts(dist.BroadcastOptions, rootRank=0)), flat)
+            return _Pending(self._broadcast_async(flat, 0), flat)
         from torch.multiprocessing.reductions import reduce_tensor
 
         torch.cuda.current_stream(flat.device).synchronize()  # the bucket is written before it is read
@@ -64,7 +64,7 @@ class SyncGroup:
         bucket can be posted before this one is consumed."""
         if self.transport == "broadcast":
             flat = torch.empty(numel, dtype=dtype, device=self.device)
-            return flat, _Pending(self.pg.broadcast([flat], self._opts(dist.BroadcastOptions, rootRank=0)), flat)
+            return flat, _Pending(self._broadcast_async(flat, 0), flat)
         rebuild, args = self.broadcast_object()
         args = list(args)
         args[6] = self.device.index if self.device.index is not None else torch.cuda.current_device()
@@ -78,8 +78,11 @@ class SyncGroup:
         return flat, _Pending(None, flat)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-        self.pg.broadcast([tensor], self._opts(dist.BroadcastOptions, rootRank=src)).wait()
+        self._broadcast_async(tensor, src).wait()
         return tensor
+
+    def _broadcast_async(self, tensor: torch.Tensor, src: int):
+        return self.pg.broadcast([tensor], self._opts(dist.BroadcastOptions, rootRank=src))
 
     def all_reduce_max(self, value: int) -> int:
         t = torch.tensor([value], dtype=torch.int64, device=self.control)

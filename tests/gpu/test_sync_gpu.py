@@ -85,14 +85,9 @@ def _offload_pair(rank, model_dir, ports, keep, out):
 
 @pytest.mark.parametrize("keep", [False, True])
 def test_param_offload_sync_restores_devices(tmp_path, keep):
-    from transformers import Qwen2ForCausalLM
+    from tests.helpers import save_tiny_model
 
-    from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config
-
-    tok = build_char_tokenizer()
-    Qwen2ForCausalLM(tiny_qwen2_config(len(tok), 128, 2, 4, 2, 256, 64, tok.pad_token_id,
-                                       tok.eos_token_id)).save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
+    save_tiny_model(tmp_path)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     mp.start_processes(_offload_pair, args=(str(tmp_path), (free_port(), free_port()), keep, out), nprocs=2,

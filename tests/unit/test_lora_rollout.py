@@ -17,8 +17,9 @@ from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.hf import HFRolloutEngine
 from rlpost.trainer.lora import (adapter_weights, apply_lora, base_weights, sync_kinds)
 from rlpost.weightsync.manifest import manifest_of
-from rlpost.weightsync.sync import receive_weights, send_weights
+from rlpost.weightsync.sync import send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
+from tests.helpers import reference_logprobs, sync_from_thread
 from tests.unit.test_lora import LORA, build_peft, save_base
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
@@ -33,34 +34,6 @@ def base_dir(tmp_path_factory):
 
 def adapter_engine(base_dir):
     return HFRolloutEngine(base_dir, "float32", "cpu", 0, 1, batch_size=16, lora=LORA)
-
-
-def sync(named, expected, load, loaded, version):
-    """Send `named` from a thread (the trainer's side) and receive it into an engine."""
-    port, sent = free_port(), {}
-
-    def sender():
-        group = SyncGroup("127.0.0.1", port, 0, 2, "cpu", 60)
-        sent["stats"] = send_weights(group, manifest_of(named), iter([t for _, t in named]), version, 4096)
-
-    thread = threading.Thread(target=sender)
-    thread.start()
-    stats = receive_weights(SyncGroup("127.0.0.1", port, 1, 2, "cpu", 60), expected, version, load, loaded)
-    thread.join()
-    return stats
-
-
-def policy_logprobs(model, batch):
-    """Log-probs of the generated tokens under `model`, one row at a time (temperature 1)."""
-    out = torch.zeros_like(batch["rollout_logprobs"])
-    for i in range(len(batch)):
-        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
-        response = batch["response_ids"][i][batch["response_mask"][i]]
-        ids = torch.cat([prompt, response])[None]
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-        out[i, : len(response)] = torch.log_softmax(logits, -1).gather(-1, response[:, None])[:, 0]
-    return out
 
 
 def test_sync_kinds_per_mode():
@@ -87,15 +60,15 @@ def test_hf_engine_serves_the_synced_adapter(base_dir):
     params = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=3)
     base_batch = engine.generate(PROMPTS, params)  # before any adapter sync: the base model
     base_model = load_causal_lm(base_dir, "float32").eval()
-    assert (policy_logprobs(base_model, base_batch) - base_batch["rollout_logprobs"]).abs().max() < 1e-5
+    assert (reference_logprobs(base_model, base_batch) - base_batch["rollout_logprobs"]).abs().max() < 1e-5
 
-    stats = sync(list(base_weights(trainer, torch.float32)), engine.weight_manifest(), engine.load_weights,
+    stats = sync_from_thread(list(base_weights(trainer, torch.float32)), engine.weight_manifest(), engine.load_weights,
                  engine.loaded_tensor, 0)
     assert stats.readback == stats.tensors == len(engine.weight_manifest())
-    stats = sync(sent, engine.adapter_manifest(), engine.load_adapter, engine.loaded_adapter_tensor, 0)
+    stats = sync_from_thread(sent, engine.adapter_manifest(), engine.load_adapter, engine.loaded_adapter_tensor, 0)
     assert stats.readback == stats.tensors == len(sent)  # every adapter tensor read back
     batch = engine.generate(PROMPTS, params)
-    diff = (policy_logprobs(trainer, batch) - batch["rollout_logprobs"]).abs()[batch["response_mask"]]
+    diff = (reference_logprobs(trainer, batch) - batch["rollout_logprobs"]).abs()[batch["response_mask"]]
     assert diff.max() < 1e-5, diff.max()
     assert not torch.equal(batch["rollout_logprobs"], base_batch["rollout_logprobs"])
 
@@ -128,19 +101,19 @@ def test_guard_catches_an_engine_that_ignores_the_adapter(base_dir):
     trainer = build_peft(base_dir).eval()
     engine = adapter_engine(base_dir)  # base weights, peft's initial adapter (B = 0): no effect
     batch = engine.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=1))
-    batch["old_logprobs"] = policy_logprobs(trainer, batch)
+    batch["old_logprobs"] = reference_logprobs(trainer, batch)
     with trainer.disable_adapter():
-        batch["ref_logprobs"] = policy_logprobs(trainer, batch)
+        batch["ref_logprobs"] = reference_logprobs(trainer, batch)
     batch["weight_version"] = torch.full((len(batch),), 3)
     with pytest.raises(AdapterNotServedError):
         check_rollout_serves_adapter(batch, staleness=0)
     # once the adapter arrives, the same check passes
-    sync(list(adapter_weights(trainer)), engine.adapter_manifest(), engine.load_adapter,
+    sync_from_thread(list(adapter_weights(trainer)), engine.adapter_manifest(), engine.load_adapter,
          engine.loaded_adapter_tensor, 3)
     batch = engine.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=1))
-    batch["old_logprobs"] = policy_logprobs(trainer, batch)
+    batch["old_logprobs"] = reference_logprobs(trainer, batch)
     with trainer.disable_adapter():
-        batch["ref_logprobs"] = policy_logprobs(trainer, batch)
+        batch["ref_logprobs"] = reference_logprobs(trainer, batch)
     batch["weight_version"] = torch.full((len(batch),), 3)
     assert check_rollout_serves_adapter(batch, staleness=0)["lora/adapter_check"] == 1.0
 

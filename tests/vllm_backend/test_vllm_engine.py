@@ -3,33 +3,22 @@
 One engine (vLLM start-up costs ~15 s) serves every test of this module, in this order.
 """
 
-import threading
-
 import pytest
 import torch
 
 pytest.importorskip("vllm")
 
-from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config  # noqa: E402
 from rlpost.rollout.base import SamplingParams  # noqa: E402
 from rlpost.weightsync.manifest import manifest_of  # noqa: E402
-from rlpost.weightsync.sync import receive_weights, send_weights  # noqa: E402
-from rlpost.weightsync.transport import SyncGroup, free_port  # noqa: E402
+from tests.helpers import reference_logprobs, save_tiny_model, sync_from_thread  # noqa: E402
 
 PROMPTS = ["12+34=", "7+70=", "99+1="]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from transformers import Qwen2ForCausalLM
-
     folder = tmp_path_factory.mktemp("tiny-vllm")
-    tok = build_char_tokenizer()
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(tiny_qwen2_config(len(tok), 128, 2, 4, 2, 256, 64, tok.pad_token_id,
-                                               tok.eos_token_id)).eval()
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
+    model, tok = save_tiny_model(folder)
     return str(folder), model, tok
 
 
@@ -41,19 +30,6 @@ def engine(tiny):
     return VLLMRolloutEngine(path, "float32", "cpu", tok.pad_token_id, tok.eos_token_id, seed=0,
                              max_model_len=64, gpu_memory_utilization=0.5, enforce_eager=True,
                              max_num_seqs=64, sleep_mode=False)
-
-
-def trainer_logprobs(model, batch, temperature):
-    """Log-probs of the sampled tokens under softmax(logits / T), one sequence at a time."""
-    out = torch.zeros_like(batch["rollout_logprobs"])
-    for i in range(len(batch)):
-        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
-        response = batch["response_ids"][i][batch["response_mask"][i]]
-        ids = torch.cat([prompt, response])[None]
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(prompt) - 1:-1].float() / temperature
-        out[i, : len(response)] = torch.log_softmax(logits, -1).gather(-1, response[:, None])[:, 0]
-    return out
 
 
 def test_generate_layout_and_logprobs_match_the_trainer(tiny, engine):
@@ -71,7 +47,7 @@ def test_generate_layout_and_logprobs_match_the_trainer(tiny, engine):
         ids = batch["response_ids"][i, :n].tolist()
         assert tok.eos_token_id not in ids[:-1]  # generation stops at the first EOS ...
         assert n == 12 or ids[-1] == tok.eos_token_id  # ... which is part of the response
-    diff = (trainer_logprobs(model, batch, 0.7) - batch["rollout_logprobs"]).abs()[batch["response_mask"]]
+    diff = (reference_logprobs(model, batch, 0.7) - batch["rollout_logprobs"]).abs()[batch["response_mask"]]
     assert diff.max().item() < 1e-4, diff.max()
     # the same seed gives the same samples; another seed other samples
     again = engine.generate(prompts, params)
@@ -90,19 +66,8 @@ def test_weight_sync_into_vllm_is_verified_and_changes_generation(tiny, engine):
     torch.manual_seed(1)
     new = {n: p.detach() + 0.2 * torch.randn_like(p) for n, p in model.named_parameters()}
     named = list(new.items())
-    port, result = free_port(), {}
-
-    def sender():
-        group = SyncGroup("127.0.0.1", port, 0, 2, "cpu", 60)
-        result["sent"] = send_weights(group, manifest_of(named), iter([t for _, t in named]), 1, 4096)
-
-    thread = threading.Thread(target=sender)
-    thread.start()
-    group = SyncGroup("127.0.0.1", port, 1, 2, "cpu", 60)
-    stats = receive_weights(group, engine.weight_manifest(), 1, engine.load_weights, engine.loaded_tensor)
-    thread.join()
+    stats = sync_from_thread(named, engine.weight_manifest(), engine.load_weights, engine.loaded_tensor, 1)
     engine.weight_version = 1
-    assert stats.bytes == result["sent"].bytes
     # vLLM fuses q/k/v and gate/up and (on the CPU) repacks linear weights: what it keeps as is or
     # fused is read back (embedding, norms, q/k/v biases); the rest is checked as received
     assert stats.readback >= 1 + 2 * 2 + 3 * 2
@@ -110,7 +75,7 @@ def test_weight_sync_into_vllm_is_verified_and_changes_generation(tiny, engine):
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
     batch = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=3))
     assert batch["weight_version"].tolist() == [1] * 12
-    diff = (trainer_logprobs(model, batch, 1.0) - batch["rollout_logprobs"]).abs()[batch["response_mask"]]
+    diff = (reference_logprobs(model, batch, 1.0) - batch["rollout_logprobs"]).abs()[batch["response_mask"]]
     assert diff.max().item() < 1e-4, diff.max()
 
 

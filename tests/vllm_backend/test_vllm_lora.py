@@ -3,8 +3,6 @@ CPU kernels): a base sync into the LoRA-wrapped engine, then adapter syncs serve
 `LoRARequest`s. Generation log-probs equal the trainer's peft policy (base + adapter) after each
 sync: also after a second adapter, which a reused LoRA id would have hidden behind vLLM's cache."""
 
-import threading
-
 import pytest
 import torch
 
@@ -14,26 +12,16 @@ from rlpost.config import LoraConfig  # noqa: E402
 from rlpost.rollout.base import SamplingParams  # noqa: E402
 from rlpost.trainer.lora import adapter_weights, apply_lora, base_weights  # noqa: E402
 from rlpost.weightsync.manifest import manifest_of  # noqa: E402
-from rlpost.weightsync.sync import receive_weights, send_weights  # noqa: E402
-from rlpost.weightsync.transport import SyncGroup, free_port  # noqa: E402
-from tests.vllm_backend.test_vllm_engine import PROMPTS, trainer_logprobs  # noqa: E402
+from tests.helpers import reference_logprobs, save_tiny_model, sync_from_thread  # noqa: E402
+from tests.vllm_backend.test_vllm_engine import PROMPTS  # noqa: E402
 
 LORA = LoraConfig(rank=4, alpha=8.0)  # all-linear
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from transformers import Qwen2ForCausalLM
-
-    from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config
-
     folder = tmp_path_factory.mktemp("tiny-vllm-lora")
-    tok = build_char_tokenizer()
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(tiny_qwen2_config(len(tok), 128, 2, 4, 2, 256, 64, tok.pad_token_id,
-                                               tok.eos_token_id)).eval()
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
+    _, tok = save_tiny_model(folder)
     return str(folder), tok
 
 
@@ -64,23 +52,8 @@ def policy(path, seed):
     return model.eval()
 
 
-def sync(named, expected, load, loaded, version):
-    port, sent = free_port(), {}
-
-    def sender():
-        group = SyncGroup("127.0.0.1", port, 0, 2, "cpu", 60)
-        sent["stats"] = send_weights(group, manifest_of(named), iter([t for _, t in named]), version, 4096)
-
-    thread = threading.Thread(target=sender)
-    thread.start()
-    stats = receive_weights(SyncGroup("127.0.0.1", port, 1, 2, "cpu", 60), expected, version, load, loaded)
-    thread.join()
-    assert stats.bytes == sent["stats"].bytes
-    return stats
-
-
 def max_diff(model, batch):
-    return (trainer_logprobs(model, batch, 1.0) - batch["rollout_logprobs"]).abs()[batch["response_mask"]].max()
+    return (reference_logprobs(model, batch) - batch["rollout_logprobs"]).abs()[batch["response_mask"]].max()
 
 
 def test_base_then_adapters_are_served(tiny, engine):
@@ -91,7 +64,7 @@ def test_base_then_adapters_are_served(tiny, engine):
     adapter = list(adapter_weights(trainer))
     assert engine.adapter_manifest() == manifest_of(adapter)
 
-    stats = sync(list(base_weights(trainer, torch.float32)), engine.weight_manifest(), engine.load_weights,
+    stats = sync_from_thread(list(base_weights(trainer, torch.float32)), engine.weight_manifest(), engine.load_weights,
                  engine.loaded_tensor, 0)
     # the LoRA-wrapped layers keep their weights under base_layer: the biases and the rest
     # that is not repacked are read back there (embedding, norms, q/k/v biases)
@@ -99,7 +72,7 @@ def test_base_then_adapters_are_served(tiny, engine):
     with trainer.disable_adapter():  # no adapter synced yet: vLLM serves the new base
         assert max_diff(trainer, engine.generate(prompts, params)) < 1e-4
 
-    stats = sync(adapter, engine.adapter_manifest(), engine.load_adapter, engine.loaded_adapter_tensor, 0)
+    stats = sync_from_thread(adapter, engine.adapter_manifest(), engine.load_adapter, engine.loaded_adapter_tensor, 0)
     assert stats.readback == len(adapter)  # read back from the adapter file vLLM loads
     first_request = engine.lora_request
     batch = engine.generate(prompts, params)
@@ -113,7 +86,7 @@ def test_base_then_adapters_are_served(tiny, engine):
         for (name, p), (_, q) in zip(second.named_parameters(), trainer.named_parameters()):
             if ".lora_" not in name:
                 p.copy_(q)
-    sync(list(adapter_weights(second)), engine.adapter_manifest(), engine.load_adapter,
+    sync_from_thread(list(adapter_weights(second)), engine.adapter_manifest(), engine.load_adapter,
          engine.loaded_adapter_tensor, 1)
     assert engine.lora_request.lora_int_id != first_request.lora_int_id
     assert max_diff(second, engine.generate(prompts, params)) < 1e-4
