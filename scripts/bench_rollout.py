@@ -78,6 +78,7 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.25)
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--lora-rank", type=int, default=0)
+    ap.add_argument("--skip-rlpost", action="store_true", help="only raw (merged) vs adapter")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -101,20 +102,24 @@ def main() -> None:
     t = time.perf_counter()
     raw = LLM(**engine_kwargs(args))
     start_raw = time.perf_counter() - t
-    t = time.perf_counter()
-    ours = VLLMRolloutEngine(args.model, args.dtype, "cuda" if torch.cuda.is_available() else "cpu", 0, 1,
-                             seed=0, max_model_len=args.prompt_len + args.max_tokens,
-                             gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.eager,
-                             max_num_seqs=args.max_num_seqs, sleep_mode=False)
-    start_ours = time.perf_counter() - t
-    engines = {"raw": lambda: count_tokens(raw.generate(tprompts, vparams, use_tqdm=False)),
-               "rlpost": lambda: int(ours.generate(prompts, params)["response_mask"].sum())}
+    engines = {"raw": lambda: count_tokens(raw.generate(tprompts, vparams, use_tqdm=False))}
+    start = {"raw": start_raw}
+    if not args.skip_rlpost:
+        t = time.perf_counter()
+        ours = VLLMRolloutEngine(args.model, args.dtype, "cuda" if torch.cuda.is_available() else "cpu", 0, 1,
+                                 seed=0, max_model_len=args.prompt_len + args.max_tokens,
+                                 gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.eager,
+                                 max_num_seqs=args.max_num_seqs, sleep_mode=False)
+        start["rlpost"] = time.perf_counter() - t
+        engines["rlpost"] = lambda: int(ours.generate(prompts, params)["response_mask"].sum())
     if args.lora_rank:
         from vllm.lora.request import LoRARequest
 
         adapter = random_adapter(args.model, args.lora_rank, tempfile.mkdtemp(prefix="rlpost-lora-"))
         max_rank = min(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= args.lora_rank)  # vLLM's choices
+        t = time.perf_counter()
         lora_llm = LLM(**engine_kwargs(args), enable_lora=True, max_lora_rank=max_rank, max_loras=1)
+        start["adapter"] = time.perf_counter() - t
         request = LoRARequest("bench", 1, adapter)
         engines["adapter"] = lambda: count_tokens(lora_llm.generate(tprompts, vparams, use_tqdm=False,
                                                                     lora_request=request))
@@ -134,12 +139,13 @@ def main() -> None:
         "command": "python3 " + " ".join(sys.argv),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
-        "start_s": {"raw": start_raw, "rlpost": start_ours},
+        "start_s": start,
         "tokens_per_round": tokens,
         "tokens_per_s_median": med,
         "tokens_per_s_rounds": rates,
-        "rlpost_over_raw": med["rlpost"] / med["raw"],
     }
+    if "rlpost" in med:
+        result["rlpost_over_raw"] = med["rlpost"] / med["raw"]
     if args.lora_rank:
         result["merged_over_adapter"] = med["raw"] / med["adapter"]
     print(json.dumps(result, indent=2))

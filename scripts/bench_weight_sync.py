@@ -4,9 +4,12 @@ check, flat buckets, load into the receiver's tensors, checksums) vs a raw broad
 bytes as one buffer over the same process group, side by side in one pair of processes.
 
 - `broadcast`: sender on GPU 0, receiver on GPU 1 (NCCL), as in split placement; goal >= 0.7x raw.
+The receiver loads what it gets into its own tensors as an engine would (`torch._foreach_copy_`,
+64 tensors per kernel); the raw broadcast lands in one buffer and loads nothing.
 - `ipc`: sender and receiver share GPU 0 (CUDA IPC), as in colocate placement: time per sync.
 On a machine without GPUs both processes use gloo on the CPU (checks the script, no claim).
-The tensors have the names and shapes of `--model`'s checkpoint (random values, `--dtype`). JSON out.
+The tensors have the names and shapes of `--model`'s checkpoint (random values, `--dtype`). JSON out;
+`--profile DIR` also writes each rank's torch.profiler table of one verified sync (where the time goes).
 
     python3 scripts/bench_weight_sync.py --model /tmp/qwen2-0.5b --out benchmarks/weight_sync_h200.json
 """
@@ -48,9 +51,15 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
     params = {s.name: t for s, t in zip(manifest, tensors)}
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
 
-    def load(named):
-        for name, t in named:
-            params[name].copy_(t)
+    def load(named):  # like an engine that copies weights in batches (one kernel per 64 tensors)
+        batch: list[tuple[str, torch.Tensor]] = []
+        for item in named:
+            batch.append(item)
+            if len(batch) == 64:
+                torch._foreach_copy_([params[n] for n, _ in batch], [t for _, t in batch])
+                batch.clear()
+        if batch:
+            torch._foreach_copy_([params[n] for n, _ in batch], [t for _, t in batch])
 
     def sync(verify: bool, version: int) -> float:
         if cuda:
@@ -84,6 +93,18 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
         if i:
             for k, v in times.items():
                 runs[k].append(v)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            sync(True, 2 * args.reps + 2)
+        by = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(Path(args.profile, f"{transport}_rank{rank}.trace.json")))
+        Path(args.profile, f"{transport}_rank{rank}.txt").write_text(
+            prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n" +
+            prof.key_averages().table(sort_by=by, row_limit=15) + "\n")
     if rank == 1:  # every tensor arrived intact (the verified sync checked checksums too)
         g = torch.Generator(device=device).manual_seed(0)
         for s in manifest:
@@ -110,6 +131,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--profile", default="", help="folder for the profiler tables of one verified sync")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     n = torch.cuda.device_count()

@@ -5,6 +5,10 @@
 #   bash scripts/gpu_session.sh B   # GRPO runs: colocate on 1 GPU, split sync vs one-step-off, LoRA
 #   bash scripts/gpu_session.sh C   # sync tests and bandwidth again (pipelined buckets), rollout
 #                                   # memory in split placement, LoRA adapter mode with vLLM
+# and, on one H100 (D1, D2) and on 2 x H200 (E), after the batched checksums:
+#   bash scripts/gpu_session.sh D1  # sync tests, colocate GRPO, IPC sync, merged vs adapter (3B, r16)
+#   bash scripts/gpu_session.sh D2  # merged vs adapter: 3B r64, 0.5B r64
+#   bash scripts/gpu_session.sh E   # sync tests, NCCL sync bandwidth vs raw broadcast, with profiles
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -45,6 +49,27 @@ C)
   grpo grpo_split_memory cluster.placement=split rollout.gpu_memory_utilization=0.3 trainer.total_steps=2
   grpo grpo_lora_adapter cluster.placement=colocate rollout.gpu_memory_utilization=0.4 model.lora.rank=16 \
     model.lora.alpha=32 model.lora.mode=adapter
+  ;;
+D1)
+  step sync_tests python3 -m pytest -q tests/gpu/test_sync_gpu.py
+  grpo grpo_colocate cluster.placement=colocate rollout.gpu_memory_utilization=0.4
+  step weight_sync python3 scripts/bench_weight_sync.py --model $M --profile "$OUT/profile" --out "$OUT/weight_sync.json"
+  python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  step lora_3b_r16 python3 scripts/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 16 --skip-rlpost \
+    --out "$OUT/lora_3b_r16.json"
+  ;;
+D2)
+  [ -f /tmp/qwen2-3b/config.json ] || python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  step lora_3b_r64 python3 scripts/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 64 --skip-rlpost \
+    --out "$OUT/lora_3b_r64.json"
+  step lora_05b_r64 python3 scripts/bench_rollout.py --model $M --lora-rank 64 --skip-rlpost \
+    --out "$OUT/lora_05b_r64.json"
+  ;;
+E)
+  step checksum_test python3 -m pytest -q tests/gpu/test_sync_gpu.py -k "checksums or ipc"
+  step weight_sync python3 scripts/bench_weight_sync.py --model $M --profile "$OUT/profile" --out "$OUT/weight_sync.json"
+  step weight_sync_256 python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256 \
+    --out "$OUT/weight_sync_256.json"
   ;;
 esac
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpus.csv" 2>&1

@@ -4,9 +4,14 @@ A `Manifest` lists every tensor (name, shape, dtype) in send order. Sender and r
 manifests before any tensor moves: a collective over mismatched shapes would otherwise abort the
 process inside gloo/NCCL with no hint of which tensor was wrong.
 
-`checksum` is a position-weighted sum of a tensor's raw bytes (as 32/16/8-bit words) in int64
-wrapping arithmetic. Wrapping addition is associative, so the value is the same on CPU and CUDA
-and for any reduction order; the position weights make swapped or shifted data change it.
+`checksum` reads a tensor's bytes (zero-padded to whole rows of 1 KiB) as 32-bit words, sums each
+row modulo 2**32 and adds the row sums weighted by row number (1, 2, ...) in int64 wrapping
+arithmetic. Integer addition
+is associative, so the value is the same on CPU and CUDA and for any reduction order. Any changed
+bit changes it, and so does data moved from one row to another (shifted, swapped matrix rows or
+heads, a wrong slice of a fused tensor, stale values); a permutation inside one 1 KiB row does not.
+It reads the tensor once (rows of 1 KiB let CUDA's reduction run at memory speed) and works on
+1/128 of its size after that; a whole bucket of tensors is checksummed in a fixed number of kernels.
 """
 
 from __future__ import annotations
@@ -78,46 +83,133 @@ def plan_buckets(manifest: Manifest, bucket_bytes: int) -> list[list[int]]:
     return buckets
 
 
-_PRIME = 65521  # position weights cycle through 1.._PRIME
-_CHUNK = 1 << 22  # words per step, bounds the temporary memory of a checksum
-_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+ROW_BYTES = 1024  # bytes per row of the checksum; tensors in a bucket start on a row
+_ROW_WORDS = ROW_BYTES // 4
+_GROUP_BYTES = 64 << 20  # small separate tensors are copied together into groups this large
+_ALONE_BYTES = 16 << 20  # larger ones are checksummed where they are
+_ZEROS: dict[torch.device, torch.Tensor] = {}
+_BOUNDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (device, rows of each) -> (start, end)
 
 
-def _position_weights(device: torch.device, offset: int, n: int) -> torch.Tensor:
-    """(offset + i) % _PRIME + 1 for i < n (n <= _CHUNK), sliced from one cached table."""
-    table = _WEIGHTS.get(device)
-    if table is None:
-        table = _WEIGHTS[device] = torch.arange(_CHUNK + _PRIME, device=device, dtype=torch.int64) % _PRIME + 1
-    start = offset % _PRIME
-    return table[start:start + n]
+def padded(numel: int, element_size: int) -> int:
+    """The elements a tensor takes in a bucket: its bytes rounded up to whole checksum rows."""
+    per_row = ROW_BYTES // element_size
+    return -(-numel // per_row) * per_row
 
 
-def checksum_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    """The checksum as an int64 scalar on the tensor's device (no host synchronisation)."""
-    flat = tensor.detach().contiguous().reshape(-1)
-    raw = flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
-    for word in (torch.int32, torch.int16):
-        if raw.numel() % torch.empty((), dtype=word).element_size() == 0:
-            words = raw.view(word)
-            break
-    else:
-        words = raw
-    total = torch.zeros((), dtype=torch.int64, device=words.device)
-    for start in range(0, words.numel(), _CHUNK):
-        chunk = words[start : start + _CHUNK]
-        total += (chunk.to(torch.int64) * _position_weights(words.device, start, chunk.numel())).sum()
-    return total
+def pack(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One flat bucket (one dtype) on `device`: each tensor followed by the zeros that round it to
+    whole rows. A lone contiguous tensor already there that fills whole rows is used as it is."""
+    first = tensors[0]
+    if (len(tensors) == 1 and first.device == device and first.is_contiguous()
+            and padded(first.numel(), first.element_size()) == first.numel()):
+        return first.detach().view(-1)
+    zeros = _ZEROS.get(device)
+    if zeros is None:
+        zeros = _ZEROS[device] = torch.zeros(ROW_BYTES, dtype=torch.uint8, device=device)
+    parts = []
+    size = first.element_size()
+    per_row = ROW_BYTES // size
+    with torch.no_grad():
+        for t in tensors:
+            flat = t.view(-1) if t.is_contiguous() else t.reshape(-1)
+            parts.append(flat if flat.device == device else flat.to(device))
+            extra = -t.numel() % per_row
+            if extra:
+                parts.append(zeros[:extra * size].view(t.dtype))
+        return torch.cat(parts)
+
+
+def unpack(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    """The tensors of a bucket made by `pack`, as views of `flat`."""
+    views, offset = [], flat.storage_offset()
+    for shape in shapes:
+        strides, step = [], 1
+        for size in reversed(shape):
+            strides.append(step)
+            step *= size
+        views.append(flat.as_strided(shape, tuple(reversed(strides)), offset))
+        offset += padded(step, flat.element_size())
+    return views
+
+
+def _row_sums(raw: torch.Tensor) -> torch.Tensor:
+    """int64 sum of each row of the bytes `raw` (whole rows) read as 32-bit words, summed modulo
+    2**32 in int32: one read of the data at memory speed, no widened temporary."""
+    try:
+        words = raw.view(torch.int32)
+    except RuntimeError:  # a view that starts off a 4-byte boundary
+        words = raw.clone().view(torch.int32)
+    return words.view(-1, _ROW_WORDS).sum(1, dtype=torch.int32).to(torch.int64)
+
+
+def bucket_checksums(flat: torch.Tensor, numels: list[int]) -> torch.Tensor:
+    """The checksums of the tensors of a bucket made by `pack` (their element counts `numels`), as
+    an int64 vector on its device, in a fixed number of kernels and no host synchronisation. With
+    R the row sums and S_k the first row of tensor k: sum_r (r + 1 - S_k) R_r =
+    [sum_r (r + 1) R_r] - S_k [sum_r R_r], both read off prefix sums."""
+    size = flat.element_size()
+    rows_each = [padded(n, size) * size // ROW_BYTES for n in numels]
+    rows = _row_sums(flat.detach().reshape(-1).view(torch.uint8))
+    index = torch.arange(1, rows.numel() + 1, dtype=torch.int64, device=flat.device)
+    zero = rows.new_zeros(1)
+    weighted = torch.cat([zero, (rows * index).cumsum(0)])
+    plain = torch.cat([zero, rows.cumsum(0)])
+    start, end = _bounds(flat.device, rows_each)
+    return (weighted[end] - weighted[start]) - start * (plain[end] - plain[start])
+
+
+def _bounds(device: torch.device, rows_each: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """First and one-past-last row of each tensor, on `device`. Kept per bucket plan: a copy from
+    the host would make the host wait for the device at every bucket of every sync."""
+    key = (device, tuple(rows_each))
+    if key not in _BOUNDS:
+        if len(_BOUNDS) > 1024:
+            _BOUNDS.clear()
+        end = torch.tensor(rows_each, dtype=torch.int64).cumsum(0)
+        _BOUNDS[key] = ((end - torch.tensor(rows_each)).to(device), end.to(device))
+    return _BOUNDS[key]
+
+
+def checksums(tensors: list[torch.Tensor]) -> list[int]:
+    """Checksums of separate tensors (any devices), read back to the host once per device. Small
+    tensors are copied together into groups (a few kernels per group, not per tensor); large ones
+    are read where they are."""
+    out: list[int] = [0] * len(tensors)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_device.setdefault(t.device, []).append(i)
+    for device, positions in by_device.items():
+        order: list[int] = []  # the tensor index of each value in `parts`, in order
+        parts: list[torch.Tensor] = []
+        group: list[int] = []
+
+        def flush():
+            if group:
+                members = [tensors[i].detach().reshape(-1).view(torch.uint8) for i in group]
+                parts.append(bucket_checksums(pack(members, device), [m.numel() for m in members]))
+                order.extend(group)
+                group.clear()
+
+        size = 0
+        for i in positions:
+            t = tensors[i].detach()
+            nbytes = t.numel() * t.element_size()
+            if nbytes >= _ALONE_BYTES:
+                parts.append(bucket_checksums(pack([t.contiguous()], device), [t.numel()]))
+                order.append(i)
+                continue
+            if size + nbytes > _GROUP_BYTES:
+                flush()
+                size = 0
+            group.append(i)
+            size += nbytes
+        flush()
+        for i, v in zip(order, torch.cat(parts).tolist()):
+            out[i] = v
+    return out
 
 
 def checksum(tensor: torch.Tensor) -> int:
-    """Position-weighted int64 sum of the tensor's bytes; equal bytes give equal values everywhere."""
-    return int(checksum_tensor(tensor).item())
-
-
-def read_sums(sums: list[torch.Tensor]) -> list[int]:
-    """Device scalars from `checksum_tensor` as ints, read back to the host once for all."""
-    if not sums:
-        return []
-    if len({v.device for v in sums}) == 1:
-        return torch.stack(sums).tolist()
-    return [int(v.item()) for v in sums]
+    """The checksum of one tensor: equal bytes give equal values on every device."""
+    return checksums([tensor])[0]

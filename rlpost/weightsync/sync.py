@@ -20,10 +20,13 @@ import torch
 from rlpost.weightsync.manifest import (
     Manifest,
     WeightSyncError,
-    checksum_tensor,
-    read_sums,
+    bucket_checksums,
+    checksums,
     compare_manifests,
+    pack,
+    padded,
     plan_buckets,
+    unpack,
 )
 from rlpost.weightsync.transport import SyncGroup
 
@@ -39,7 +42,9 @@ class SyncStats:
 
 def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.Tensor],
                  version: int, bucket_bytes: int, verify: bool = True) -> SyncStats:
-    """Send `tensors` (in manifest order, full unsharded values) to every receiver."""
+    """Send `tensors` (in manifest order, full unsharded values) to every receiver. A tensor may be
+    sent from its own memory while the next ones are packed: it must not be written before this
+    returns (the trainer's exports are fresh tensors)."""
     start = time.perf_counter()
     buckets = plan_buckets(manifest, bucket_bytes)
     group.broadcast_object({"version": version, "manifest": manifest, "buckets": buckets,
@@ -53,22 +58,24 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
     in_flight = None  # the previous bucket's broadcast runs while this one is packed
     for bucket in buckets:
         parts = [next(tensors) for _ in bucket]
+        dtype = getattr(torch, manifest[bucket[0]].dtype)
         for i, t in zip(bucket, parts):
-            if tuple(t.shape) != manifest[i].shape:
-                raise WeightSyncError(f"tensor {manifest[i].name!r} has shape {list(t.shape)}, "
-                                      f"its manifest says {list(manifest[i].shape)}")
-        flat = torch.cat([t.detach().reshape(-1).to(group.device) for t in parts])
+            if tuple(t.shape) != manifest[i].shape or t.dtype != dtype:
+                raise WeightSyncError(f"tensor {manifest[i].name!r} is {list(t.shape)} {t.dtype}, its "
+                                      f"manifest says {list(manifest[i].shape)} {manifest[i].dtype}")
+        flat = pack(parts, group.device)
+        numels = [t.numel() for t in parts]
         if verify:
-            sums += [checksum_tensor(t) for t in torch.split(flat, [t.numel() for t in parts])]
+            sums.append(bucket_checksums(flat, numels))
         pending = group.send_bucket(flat)
         if in_flight is not None:
             in_flight.wait()
         in_flight = pending
-        sent += flat.numel() * flat.element_size()
+        sent += sum(numels) * flat.element_size()
     if in_flight is not None:
         in_flight.wait()
     if verify:
-        group.broadcast_object(read_sums(sums))
+        group.broadcast_object(torch.cat(sums).tolist() if sums else [])
         bad = group.all_reduce_max(0)
         if bad:
             raise WeightSyncError(f"weight sync v{version}: rollout rank {bad} loaded tensors whose "
@@ -94,7 +101,7 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
         raise WeightSyncError(f"weight sync v{version} refused: {problem}")
     manifest: Manifest = header["manifest"]
     verify = header["verify"]
-    received_sums: dict[str, torch.Tensor] = {}
+    received_sums: list[torch.Tensor] = []  # one vector per bucket, read back once at the end
     received = 0
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
@@ -103,19 +110,21 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
 
         def post(bucket):
             specs = [manifest[i] for i in bucket]
+            dtype = getattr(torch, specs[0].dtype)
             numels = [torch.Size(s.shape).numel() for s in specs]
-            return specs, numels, group.recv_bucket(sum(numels), getattr(torch, specs[0].dtype))
+            size = torch.empty((), dtype=dtype).element_size()
+            return specs, numels, group.recv_bucket(sum(padded(n, size) for n in numels), dtype)
 
         nxt = post(buckets[0]) if buckets else None
         for b in range(len(buckets)):
             specs, numels, (flat, pending) = nxt
             pending.wait()
             nxt = post(buckets[b + 1]) if b + 1 < len(buckets) else None  # arrives while this one loads
-            received += flat.numel() * flat.element_size()
-            for s, v in zip(specs, torch.split(flat, numels)):
-                if verify:
-                    received_sums[s.name] = checksum_tensor(v)
-                yield s.name, v.view(s.shape)
+            received += sum(numels) * flat.element_size()
+            if verify:
+                received_sums.append(bucket_checksums(flat, numels))
+            for s, v in zip(specs, unpack(flat, [s.shape for s in specs])):
+                yield s.name, v
 
     tensors = stream()
     load(tensors)
@@ -127,8 +136,12 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
         sent_sums = group.broadcast_object()
         held = [loaded(s.name) for s in manifest]
         readback = sum(h is not None for h in held)
-        mine = read_sums([checksum_tensor(h) if h is not None else received_sums[s.name]
-                          for s, h in zip(manifest, held)])
+        as_received = torch.cat(received_sums).tolist() if received_sums else []
+        order = [i for b in header["buckets"] for i in b]  # manifest index of each received sum
+        mine = dict(zip(order, as_received))
+        read = checksums([h for h in held if h is not None])
+        mine.update(zip([i for i, h in enumerate(held) if h is not None], read))
+        mine = [mine.get(i) for i in range(len(manifest))]
         wrong = [s.name for s, ours, sent in zip(manifest, mine, sent_sums) if ours != sent]
         group.all_reduce_max(group.rank if wrong or skipped else 0)
         if wrong and not skipped:

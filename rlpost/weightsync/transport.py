@@ -25,6 +25,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_MESSAGE_BYTES = 1 << 16  # control messages up to this size take one broadcast
+
+
 class SyncGroup:
     def __init__(self, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: int,
                  transport: str = "broadcast"):
@@ -91,17 +94,28 @@ class SyncGroup:
         return int(t.item())
 
     def broadcast_object(self, obj=None, src: int = 0):
-        """Pickle `obj` on `src`, return the unpickled copy on every rank."""
+        """Pickle `obj` on `src`, return the unpickled copy on every rank: one broadcast of a
+        fixed-size message when it fits (a header, checksums), else a second one for the rest."""
         if self.rank == src:
-            data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(self.control)
-            size = torch.tensor([data.numel()], dtype=torch.int64, device=self.control)
-        else:
-            size = torch.zeros(1, dtype=torch.int64, device=self.control)
-        self.broadcast(size, src)
-        if self.rank != src:
-            data = torch.empty(int(size.item()), dtype=torch.uint8, device=self.control)
-        self.broadcast(data, src)
-        return obj if self.rank == src else pickle.loads(data.cpu().numpy().tobytes())
+            data = pickle.dumps(obj)
+            # built in Python, not with torch ops: a CPU fill can wait milliseconds for idle threads
+            message = bytearray(_MESSAGE_BYTES + 8)
+            message[:8] = len(data).to_bytes(8, "little")
+            head = data[:_MESSAGE_BYTES]
+            message[8:8 + len(head)] = head
+            self.broadcast(torch.frombuffer(message, dtype=torch.uint8).to(self.control), src)
+            if len(data) > _MESSAGE_BYTES:
+                rest = torch.frombuffer(bytearray(data[_MESSAGE_BYTES:]), dtype=torch.uint8)
+                self.broadcast(rest.to(self.control), src)
+            return obj
+        message = torch.empty(_MESSAGE_BYTES + 8, dtype=torch.uint8, device=self.control)
+        message = self.broadcast(message, src).cpu().numpy().tobytes()
+        size = int.from_bytes(message[:8], "little")
+        data = message[8:8 + min(size, _MESSAGE_BYTES)]
+        if size > _MESSAGE_BYTES:
+            rest = torch.empty(size - _MESSAGE_BYTES, dtype=torch.uint8, device=self.control)
+            data += self.broadcast(rest, src).cpu().numpy().tobytes()
+        return pickle.loads(data)
 
     def barrier(self) -> None:
         self.all_reduce_max(0)

@@ -97,3 +97,17 @@ def test_param_offload_sync_restores_devices(tmp_path, keep):
     assert trainer.keys() == rollout.keys()
     for name in trainer:
         assert trainer[name] == rollout[name], name
+
+
+def test_checksums_are_equal_on_cpu_and_cuda():
+    """The sender's and the receiver's checksums meet from different devices (a CPU-offloaded
+    adapter, CUDA buckets): integer sums must agree bit for bit, in every code path."""
+    from rlpost.weightsync.manifest import bucket_checksums, checksums, pack
+
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(n, generator=g).to(dtype) for n, dtype in
+               [(4096, torch.bfloat16), (33, torch.bfloat16), (5 << 20, torch.float32), (160, torch.float16)]]
+    on_gpu = [t.cuda() for t in tensors]
+    assert checksums(tensors) == checksums(on_gpu)
+    flat = pack([tensors[0], tensors[0][:48]], torch.device("cpu"))
+    assert bucket_checksums(flat, [4096, 48]).tolist() == bucket_checksums(flat.cuda(), [4096, 48]).tolist()

@@ -116,15 +116,52 @@ def test_checksum_mismatch_names_the_tensor():
     assert isinstance(sent, WeightSyncError) and "checksum" in str(sent)
 
 
-def test_checksum_sees_swaps_and_single_bits():
-    t = torch.arange(12, dtype=torch.float32)
+def test_checksum_sees_moved_data_and_single_bits():
+    t = torch.arange(600, dtype=torch.float32)  # rows of 1 KiB: 256 elements
     swapped = t.clone()
-    swapped[[0, 1]] = swapped[[1, 0]]
+    swapped[[0, 300]] = swapped[[300, 0]]  # across rows
+    shifted = torch.roll(t, 1)
     flipped = t.clone()
     flipped.view(torch.int32)[5] ^= 1
+    rows = t.clone()
+    rows[:256], rows[256:512] = t[256:512], t[:256]  # two whole rows exchanged
     assert checksum(t) == checksum(t.clone())
-    assert len({checksum(t), checksum(swapped), checksum(flipped)}) == 3
+    assert len({checksum(x) for x in (t, swapped, shifted, flipped, rows)}) == 5
     assert checksum(torch.ones(3, dtype=torch.bfloat16)) == checksum(torch.ones(3, dtype=torch.bfloat16))
+    assert checksum(torch.ones(3, dtype=torch.bfloat16)) != checksum(torch.ones(3, dtype=torch.float16))
+
+
+def test_batched_checksums_equal_one_by_one(monkeypatch):
+    """A bucket's checksums (a fixed number of kernels) and grouped ones equal each tensor's own,
+    for tensors that fill whole rows and ones that do not, and dtypes of every width; buckets
+    unpack to the tensors packed."""
+    from rlpost.weightsync import manifest as m
+
+    g = torch.Generator().manual_seed(0)
+    aligned = [torch.randn(n, generator=g).to(torch.bfloat16) for n in (1024, 512, 5120, 1536)]
+    ragged = [torch.randn(n, generator=g).to(torch.bfloat16) for n in (1024, 7, 1057)]
+    mixed = [torch.randn(5, 256, generator=g), torch.randint(-9, 9, (1280,), generator=g),
+             torch.randn(512, generator=g).to(torch.float16), torch.rand(21, generator=g) > 0.5,
+             torch.randn(7, generator=g).double(), torch.randn(9, 6, generator=g).t()]  # not contiguous
+    one_by_one = {id(t): checksum(t) for t in aligned + ragged + mixed}
+    assert len(set(one_by_one.values())) == len(one_by_one)
+    for bucket in (aligned, ragged):
+        flat = m.pack(bucket, torch.device("cpu"))
+        assert flat.numel() == sum(m.padded(t.numel(), 2) for t in bucket)
+        assert m.bucket_checksums(flat, [t.numel() for t in bucket]).tolist() == [one_by_one[id(t)] for t in bucket]
+        assert all(torch.equal(a, b) for a, b in zip(m.unpack(flat, [t.shape for t in bucket]), bucket))
+    monkeypatch.setattr(m, "_GROUP_BYTES", 4000)  # groups of a few tensors
+    monkeypatch.setattr(m, "_ALONE_BYTES", 5000)  # and the largest ones alone
+    everything = aligned + ragged + mixed
+    assert m.checksums(everything) == [one_by_one[id(t)] for t in everything]
+    late = torch.randn(4000, generator=g).to(torch.bfloat16)[1:3073]  # alone, and starts mid-word
+    assert m.checksums([late]) == [checksum(late.clone())]
+    # the definition: sum over 1 KiB rows r of (r + 1) * (row r's sum of 32-bit words mod 2**32),
+    # the last row zero-padded
+    t = torch.cat([torch.full((300,), -1, dtype=torch.int32), torch.full((213,), 2**31 - 1, dtype=torch.int32)])
+    padded = torch.cat([t.to(torch.int64), torch.zeros(255, dtype=torch.int64)]).view(-1, 256).sum(1)
+    wrapped = (padded + 2**31) % 2**32 - 2**31
+    assert checksum(t) == int((wrapped * torch.arange(1, wrapped.numel() + 1)).sum())
 
 
 def test_buckets_respect_size_and_dtype():
@@ -165,3 +202,15 @@ def test_engine_that_skips_tensors_is_an_error_not_a_hang():
     sent, received = sync(named, [StopsEarly(named)])
     assert isinstance(received, WeightSyncError) and "loaded 2 of 4" in str(received)
     assert isinstance(sent, WeightSyncError) and "rank 1" in str(sent)
+
+
+def test_control_messages_of_any_size():
+    """Headers and checksum lists travel in one fixed-size broadcast, longer ones in two."""
+    port = free_port()
+    small, large = {"version": 3}, list(range(40_000))  # ~200 KB pickled
+
+    def rank(r):
+        group = SyncGroup("127.0.0.1", port, r, 2, "cpu", 30)
+        return [group.broadcast_object(small if r == 0 else None), group.broadcast_object(large if r == 0 else None)]
+
+    assert run_ranks(lambda: rank(0), lambda: rank(1)) == [[small, large]] * 2
