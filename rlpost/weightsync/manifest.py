@@ -36,7 +36,7 @@ class TensorSpec:
         n = 1
         for s in self.shape:
             n *= s
-        return n * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        return n * getattr(torch, self.dtype).itemsize
 
 
 Manifest = list[TensorSpec]

@@ -112,8 +112,7 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
             specs = [manifest[i] for i in bucket]
             dtype = getattr(torch, specs[0].dtype)
             numels = [torch.Size(s.shape).numel() for s in specs]
-            size = torch.empty((), dtype=dtype).element_size()
-            return specs, numels, group.recv_bucket(sum(padded(n, size) for n in numels), dtype)
+            return specs, numels, group.recv_bucket(sum(padded(n, dtype.itemsize) for n in numels), dtype)
 
         nxt = post(buckets[0]) if buckets else None
         for b in range(len(buckets)):
@@ -135,13 +134,12 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
     if verify:
         sent_sums = group.broadcast_object()
         held = [loaded(s.name) for s in manifest]
-        readback = sum(h is not None for h in held)
-        as_received = torch.cat(received_sums).tolist() if received_sums else []
-        order = [i for b in header["buckets"] for i in b]  # manifest index of each received sum
-        mine = dict(zip(order, as_received))
-        read = checksums([h for h in held if h is not None])
-        mine.update(zip([i for i, h in enumerate(held) if h is not None], read))
-        mine = [mine.get(i) for i in range(len(manifest))]
+        # as received, in manifest order (buckets hold consecutive tensors); then what the engine holds
+        mine = torch.cat(received_sums).tolist() if received_sums else []
+        back = [i for i, h in enumerate(held) if h is not None]
+        readback = len(back)
+        for i, value in zip(back, checksums([held[i] for i in back])):
+            mine[i] = value
         wrong = [s.name for s, ours, sent in zip(manifest, mine, sent_sums) if ours != sent]
         group.all_reduce_max(group.rank if wrong or skipped else 0)
         if wrong and not skipped:
