@@ -190,7 +190,8 @@ class TrainerConfig:
 # ---------------------------------------------------------------------------- weight sync, reward
 @dataclass
 class WeightSyncConfig:
-    bucket_mb: int = knob(64, "Size of the flat buffers weights travel in.")
+    bucket_mb: int = knob(256, "Size of the flat buffers weights travel in (the sender packs one while "
+                               "the previous one is on the wire; each side holds about two).")
     verify: bool = knob(True, "Receivers check a checksum of every tensor they loaded.")
     timeout_s: int = knob(600, "Timeout of the weight-sync process group.")
 

@@ -9,7 +9,8 @@ The receiver loads what it gets into its own tensors as an engine would (`torch.
 - `ipc`: sender and receiver share GPU 0 (CUDA IPC), as in colocate placement: time per sync.
 On a machine without GPUs both processes use gloo on the CPU (checks the script, no claim).
 The tensors have the names and shapes of `--model`'s checkpoint (random values, `--dtype`). JSON out;
-`--profile DIR` also writes each rank's torch.profiler table of one verified sync (where the time goes).
+`--bucket-mb 64,256` compares bucket sizes in one run; `--profile DIR` also writes each rank's
+torch.profiler tables and traces of one sync with the first size, unverified and verified.
 
     python3 scripts/bench_weight_sync.py --model /tmp/qwen2-0.5b --out benchmarks/weight_sync_h200.json
 """
@@ -29,6 +30,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlpost.rollout.vllm_engine import expected_manifest  # noqa: E402
+from rlpost.weightsync.manifest import plan_buckets  # noqa: E402
 from rlpost.weightsync.sync import receive_weights, send_weights  # noqa: E402
 from rlpost.weightsync.transport import SyncGroup, free_port  # noqa: E402
 
@@ -61,35 +63,63 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
         if batch:
             torch._foreach_copy_([params[n] for n, _ in batch], [t for _, t in batch])
 
-    def sync(verify: bool, version: int) -> float:
+    phases: dict[str, list[float]] = {}  # this rank's header and verify time of each timed sync
+
+    def sync(verify: bool, version: int, bucket_mb: int, record: str = "") -> float:
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
         if rank == 0:
-            send_weights(group, manifest, iter(tensors), version, args.bucket_mb * 2**20, verify)
+            stats = send_weights(group, manifest, iter(tensors), version, bucket_mb * 2**20, verify)
         else:
-            receive_weights(group, manifest, version, load, params.get)
+            stats = receive_weights(group, manifest, version, load, params.get)
         if cuda:
             torch.cuda.synchronize()
         group.barrier()
+        if record:
+            phases.setdefault(f"{record}_header", []).append(stats.header_s)
+            phases.setdefault(f"{record}_verify", []).append(stats.verify_s)
         return time.perf_counter() - start
 
-    def raw() -> float:
-        flat = torch.empty(nbytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype, device=device)
+    def raw(bucket_mb: int = 0) -> float:
+        """One broadcast of all the bytes, or (`bucket_mb`) one per bucket of rlpost's plan with
+        nothing else: what bucketing alone costs."""
+        sizes = [nbytes // dtype.itemsize] if not bucket_mb else \
+            [sum(torch.Size(manifest[i].shape).numel() for i in b) for b in plan_buckets(manifest, bucket_mb << 20)]
+        flats = [torch.empty(n, dtype=dtype, device=device) for n in sizes]
         if cuda:
             torch.cuda.synchronize()
         group.barrier()
         start = time.perf_counter()
-        group.broadcast(flat, src=0)
+        for flat in flats:
+            group.broadcast(flat, src=0)
         if cuda:
             torch.cuda.synchronize()
         group.barrier()
         return time.perf_counter() - start
 
-    runs: dict[str, list[float]] = {"raw": [], "rlpost": [], "rlpost_verified": []}
-    for i in range(args.reps + 1):  # the first round warms up
-        times = {"raw": raw() if transport == "broadcast" else float("nan"),
-                 "rlpost": sync(False, 2 * i), "rlpost_verified": sync(True, 2 * i + 1)}
+    def control() -> float:
+        """The round trip every sync starts with: a header broadcast and an all-reduce."""
+        group.barrier()
+        start = time.perf_counter()
+        group.broadcast_object({"version": 0, "plan": bytes(12000)} if rank == 0 else None)
+        group.all_reduce_max(0)
+        return time.perf_counter() - start
+
+    sizes = [int(mb) for mb in args.bucket_mb.split(",")]
+    runs: dict[str, list[float]] = {"raw": [], "control": []}
+    for mb in sizes:
+        runs[f"raw_{mb}mb_buckets"], runs[f"rlpost_{mb}mb"], runs[f"rlpost_verified_{mb}mb"] = [], [], []
+    version = 0
+    for i in range(args.reps + 1):  # the first round warms up; the variants take turns
+        broadcast = transport == "broadcast"
+        times = {"raw": raw() if broadcast else float("nan"), "control": control()}
+        for mb in sizes:
+            times[f"raw_{mb}mb_buckets"] = raw(mb) if broadcast else float("nan")
+            for verify in (False, True):
+                name = f"rlpost_{'verified_' if verify else ''}{mb}mb"
+                times[name] = sync(verify, version, mb, name if i else "")
+                version += 1
         if i:
             for k, v in times.items():
                 runs[k].append(v)
@@ -97,14 +127,17 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=activities) as prof:
-            sync(True, 2 * args.reps + 2)
         by = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         Path(args.profile).mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(Path(args.profile, f"{transport}_rank{rank}.trace.json")))
-        Path(args.profile, f"{transport}_rank{rank}.txt").write_text(
-            prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n" +
-            prof.key_averages().table(sort_by=by, row_limit=15) + "\n")
+        for verify in (False, True):
+            with profile(activities=activities) as prof:
+                sync(verify, version, sizes[0])
+            version += 1
+            name = f"{transport}_{'verified' if verify else 'unverified'}_rank{rank}"
+            prof.export_chrome_trace(str(Path(args.profile, f"{name}.trace.json")))
+            Path(args.profile, f"{name}.txt").write_text(
+                prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n" +
+                prof.key_averages().table(sort_by=by, row_limit=15) + "\n")
     if rank == 1:  # every tensor arrived intact (the verified sync checked checksums too)
         g = torch.Generator(device=device).manual_seed(0)
         for s in manifest:
@@ -114,7 +147,10 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
         med = {k: statistics.median(v) for k, v in runs.items()}
         queue.put({"transport": transport, "bytes": nbytes, "tensors": len(manifest),
                    "seconds_median": med, "seconds_runs": runs,
-                   "gb_per_s": {k: sync_mb(v, nbytes) for k, v in med.items() if v == v}})
+                   "gb_per_s": {k: sync_mb(v, nbytes) for k, v in med.items() if v == v and k != "control"},
+                   "sender_phases_median": {k: statistics.median(v) for k, v in phases.items()}})
+    else:
+        queue.put({"receiver_phases_median": {k: statistics.median(v) for k, v in phases.items()}})
 
 
 def run(args, transport: str, gpus: list[int]) -> dict:
@@ -122,14 +158,15 @@ def run(args, transport: str, gpus: list[int]) -> dict:
     queue = ctx.Queue()
     mp.start_processes(worker, args=(args, free_port(), transport, gpus, queue), nprocs=2,
                        start_method="spawn")
-    return queue.get(timeout=10)
+    first, second = queue.get(timeout=10), queue.get(timeout=10)
+    return {**first, **second}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--bucket-mb", default="64", help="bucket sizes to compare, comma-separated")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", default="", help="folder for the profiler tables of one verified sync")
     ap.add_argument("--out", default="")
@@ -139,8 +176,8 @@ def main() -> None:
               "device": torch.cuda.get_device_name() if n else "cpu (gloo; no claim)", "gpus": n}
     if n >= 2 or n == 0:
         r = run(args, "broadcast", [0, 1])
-        r["rlpost_over_raw"] = r["seconds_median"]["raw"] / r["seconds_median"]["rlpost"]
-        r["rlpost_verified_over_raw"] = r["seconds_median"]["raw"] / r["seconds_median"]["rlpost_verified"]
+        raw = r["seconds_median"]["raw"]
+        r["over_raw"] = {k: raw / v for k, v in r["seconds_median"].items() if k.startswith("rlpost")}
         result["broadcast"] = r
     if n >= 1:
         result["ipc"] = run(args, "ipc", [0, 0])

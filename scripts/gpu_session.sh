@@ -9,6 +9,9 @@
 #   bash scripts/gpu_session.sh D1  # sync tests, colocate GRPO, IPC sync, merged vs adapter (3B, r16)
 #   bash scripts/gpu_session.sh D2  # merged vs adapter: 3B r64, 0.5B r64
 #   bash scripts/gpu_session.sh E   # sync tests, NCCL sync bandwidth vs raw broadcast, with profiles
+# and after the cached sync plans (F: 2 x H200 with torch only, no vLLM; G: one H100 with vLLM):
+#   bash scripts/gpu_session.sh F   # checksum and IPC tests, sync bandwidth for 64/128/256 MB buckets
+#   bash scripts/gpu_session.sh G   # merged vs adapter rollout, 3B: rank 64 (10 rounds), rank 16 (6)
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -70,6 +73,19 @@ E)
   step weight_sync python3 scripts/bench_weight_sync.py --model $M --profile "$OUT/profile" --out "$OUT/weight_sync.json"
   step weight_sync_256 python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256 \
     --out "$OUT/weight_sync_256.json"
+  ;;
+F)
+  step checksum_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py -k "checksums or ipc"
+  step weight_sync python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256,64 --reps 7 \
+    --profile "$OUT/profile" --out "$OUT/weight_sync.json"
+  step checksums python3 scripts/bench_checksums.py
+  ;;
+G)
+  python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  step lora_3b_r64 python3 scripts/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 64 --skip-rlpost \
+    --rounds 10 --out "$OUT/lora_3b_r64.json"
+  step lora_3b_r16 python3 scripts/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 16 --skip-rlpost \
+    --rounds 6 --out "$OUT/lora_3b_r16.json"
   ;;
 esac
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpus.csv" 2>&1

@@ -254,7 +254,8 @@ class Controller:
     def _sync_weights(self) -> dict[str, float]:
         """Bring every rollout to the trainer's policy at `self.version`: one verified sync per
         kind (`sync_kinds`: the plain or merged weights; in adapter mode the base once, then the
-        adapter only). Metrics: bytes in all and per kind, `weight_sync/adapter_only`."""
+        adapter only). Metrics: bytes in all and per kind, `weight_sync/adapter_only`, the time the
+        receivers spent checking checksums after the data (`weight_sync/recv_verify_s`)."""
         import ray
 
         start = time.perf_counter()
@@ -270,6 +271,8 @@ class Controller:
             out[f"weight_sync/{kind}_bytes"] = float(recv_stats[0]["weight_sync/recv_bytes"])
             out["weight_sync/send_s"] += send_stats.pop("weight_sync/send_s")
             out["weight_sync/recv_s"] += max(s["weight_sync/recv_s"] for s in recv_stats)
+            out["weight_sync/recv_verify_s"] = (out.get("weight_sync/recv_verify_s", 0.0)
+                                                + max(s["weight_sync/recv_verify_s"] for s in recv_stats))
             readback += [s["weight_sync/readback_tensors"] for s in recv_stats]
             for key, value in send_stats.items():  # e.g. perf/sync_peak_gb
                 out[key] = max(out.get(key, value), value)

@@ -99,6 +99,7 @@ class RolloutWorker:
         stats = receive_weights(self.sync_group, expected, version, load, loaded)
         e.weight_version = version
         return {"weight_sync/recv_s": stats.seconds, "weight_sync/recv_bytes": float(stats.bytes),
+                "weight_sync/recv_header_s": stats.header_s, "weight_sync/recv_verify_s": stats.verify_s,
                 "weight_sync/readback_tensors": float(stats.readback),
                 "weight_sync/recv_tensors": float(stats.tensors)}
 

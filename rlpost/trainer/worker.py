@@ -275,7 +275,8 @@ class TrainerWorker:
                 before = torch.cuda.memory_allocated(self.device)
             stats = send_weights(self.sync_group, self.manifests[kind], tensors, version,
                                  ws.bucket_mb * 2**20, ws.verify)
-        out = {"weight_sync/bytes": float(stats.bytes), "weight_sync/send_s": stats.seconds}
+        out = {"weight_sync/bytes": float(stats.bytes), "weight_sync/send_s": stats.seconds,
+               "weight_sync/send_header_s": stats.header_s, "weight_sync/send_verify_s": stats.verify_s}
         if cuda:  # what the export needs beyond the trainer's own memory (gathers, buckets)
             out["perf/sync_peak_gb"] = (torch.cuda.max_memory_allocated(self.device) - before) / 2**30
         return out

@@ -87,8 +87,9 @@ ROW_BYTES = 1024  # bytes per row of the checksum; tensors in a bucket start on 
 _ROW_WORDS = ROW_BYTES // 4
 _GROUP_BYTES = 64 << 20  # small separate tensors are copied together into groups this large
 _ALONE_BYTES = 16 << 20  # larger ones are checksummed where they are
-_ZEROS: dict[torch.device, torch.Tensor] = {}
-_BOUNDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (device, rows of each) -> (start, end)
+_PADS: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}  # zeros of each length < a row
+_ROW_NUMBERS: dict[torch.device, torch.Tensor] = {}  # 1, 2, 3, ... (int64), grown as needed
+_BOUNDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # see `_bounds`
 
 
 def padded(numel: int, element_size: int) -> int:
@@ -104,77 +105,112 @@ def pack(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     if (len(tensors) == 1 and first.device == device and first.is_contiguous()
             and padded(first.numel(), first.element_size()) == first.numel()):
         return first.detach().view(-1)
-    zeros = _ZEROS.get(device)
-    if zeros is None:
-        zeros = _ZEROS[device] = torch.zeros(ROW_BYTES, dtype=torch.uint8, device=device)
+    pads = _pads(device, first.dtype)
+    per_row = len(pads)
     parts = []
-    size = first.element_size()
-    per_row = ROW_BYTES // size
-    with torch.no_grad():
-        for t in tensors:
-            flat = t.view(-1) if t.is_contiguous() else t.reshape(-1)
-            parts.append(flat if flat.device == device else flat.to(device))
-            extra = -t.numel() % per_row
-            if extra:
-                parts.append(zeros[:extra * size].view(t.dtype))
-        return torch.cat(parts)
+    for t in tensors:
+        parts.append(t if t.device == device else t.to(device))
+        extra = -t.numel() % per_row
+        if extra:
+            parts.append(pads[extra])
+    with torch.no_grad():  # one copy in C++: every part flattened and concatenated
+        return torch._utils._flatten_dense_tensors(parts)
 
 
-def unpack(flat: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
-    """The tensors of a bucket made by `pack`, as views of `flat`."""
-    views, offset = [], flat.storage_offset()
+def _pads(device: torch.device, dtype: torch.dtype) -> list[torch.Tensor]:
+    """pads[k]: k zeros of `dtype` on `device` (k < elements per row)."""
+    key = (device, dtype)
+    if key not in _PADS:
+        per_row = ROW_BYTES // dtype.itemsize
+        zeros = torch.zeros(per_row, dtype=dtype, device=device)
+        _PADS[key] = [zeros[:k] for k in range(per_row)]
+    return _PADS[key]
+
+
+def unpack(flat: torch.Tensor, places: list[tuple[tuple, tuple, int]]) -> list[torch.Tensor]:
+    """The tensors of a bucket made by `pack`, as views of `flat`; `places` is its `layout`."""
+    base = flat.storage_offset()
+    return [flat.as_strided(shape, strides, base + offset) for shape, strides, offset in places]
+
+
+def layout(shapes: list[tuple[int, ...]], element_size: int) -> list[tuple[tuple, tuple, int]]:
+    """(shape, contiguous strides, offset in elements) of each tensor of a bucket made by `pack`."""
+    out, offset = [], 0
     for shape in shapes:
         strides, step = [], 1
         for size in reversed(shape):
             strides.append(step)
             step *= size
-        views.append(flat.as_strided(shape, tuple(reversed(strides)), offset))
-        offset += padded(step, flat.element_size())
-    return views
+        out.append((tuple(shape), tuple(reversed(strides)), offset))
+        offset += padded(step, element_size)
+    return out
 
 
-def _row_sums(raw: torch.Tensor) -> torch.Tensor:
-    """int64 sum of each row of the bytes `raw` (whole rows) read as 32-bit words, summed modulo
-    2**32 in int32: one read of the data at memory speed, no widened temporary."""
+def _row_sums(raw: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The sum of each row of the bytes `raw` (whole rows) read as 32-bit words, modulo 2**32 in
+    int32: one read of the data at memory speed, no widened temporary."""
     try:
         words = raw.view(torch.int32)
     except RuntimeError:  # a view that starts off a 4-byte boundary
         words = raw.clone().view(torch.int32)
-    return words.view(-1, _ROW_WORDS).sum(1, dtype=torch.int32).to(torch.int64)
+    return torch.sum(words.view(-1, _ROW_WORDS), 1, dtype=torch.int32, out=out)
+
+
+def rows_of(numels: list[int], element_size: int) -> tuple[int, ...]:
+    """The checksum rows each tensor takes in a bucket made by `pack`."""
+    return tuple(padded(n, element_size) * element_size // ROW_BYTES for n in numels)
 
 
 def bucket_checksums(flat: torch.Tensor, numels: list[int]) -> torch.Tensor:
     """The checksums of the tensors of a bucket made by `pack` (their element counts `numels`), as
-    an int64 vector on its device, in a fixed number of kernels and no host synchronisation. With
-    R the row sums and S_k the first row of tensor k: sum_r (r + 1 - S_k) R_r =
-    [sum_r (r + 1) R_r] - S_k [sum_r R_r], both read off prefix sums."""
-    size = flat.element_size()
-    rows_each = [padded(n, size) * size // ROW_BYTES for n in numels]
+    an int64 vector on its device, in nine kernels and no host synchronisation."""
     rows = _row_sums(flat.detach().reshape(-1).view(torch.uint8))
-    index = torch.arange(1, rows.numel() + 1, dtype=torch.int64, device=flat.device)
-    zero = rows.new_zeros(1)
-    weighted = torch.cat([zero, (rows * index).cumsum(0)])
-    plain = torch.cat([zero, rows.cumsum(0)])
-    start, end = _bounds(flat.device, rows_each)
-    return (weighted[end] - weighted[start]) - start * (plain[end] - plain[start])
+    return checksums_of_rows(rows, rows_of(numels, flat.element_size()))
 
 
-def _bounds(device: torch.device, rows_each: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """First and one-past-last row of each tensor, on `device`. Kept per bucket plan: a copy from
-    the host would make the host wait for the device at every bucket of every sync."""
-    key = (device, tuple(rows_each))
+def checksums_of_rows(rows: torch.Tensor, rows_each: tuple[int, ...]) -> torch.Tensor:
+    """The checksums of consecutive tensors taking `rows_each` of the row sums `rows`. With R the
+    row sums and rows [S_k, E_k) those of tensor k: sum_r (r + 1 - S_k) R_r =
+    [sum_r (r + 1) R_r] - S_k [sum_r R_r], both differences of prefix sums."""
+    n = rows.numel()
+    # both prefix sums, each from 0, side by side; one-dimensional scans (a scan along the last
+    # dimension of a [2, n] tensor runs on a handful of threads)
+    prefix = torch.zeros(2 * (n + 1), dtype=torch.int64, device=rows.device)
+    torch.cumsum(rows * _row_numbers(rows.device, n), 0, out=prefix[1:n + 1])
+    torch.cumsum(rows, 0, dtype=torch.int64, out=prefix[n + 2:])
+    index, starts = _bounds(rows.device, rows_each)
+    ends, begins = prefix[index].view(2, 2, -1)  # each: [weighted, plain] at the tensors' ends / starts
+    weighted, plain = ends - begins
+    return weighted - starts * plain
+
+
+def _row_numbers(device: torch.device, n: int) -> torch.Tensor:
+    numbers = _ROW_NUMBERS.get(device)
+    if numbers is None or numbers.numel() < n:
+        numbers = _ROW_NUMBERS[device] = torch.arange(1, max(n, 1 << 16) + 1, dtype=torch.int64, device=device)
+    return numbers[:n]
+
+
+def _bounds(device: torch.device, rows_each: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(where `bucket_checksums` reads its prefix sums, the first row of each tensor) for a bucket
+    whose tensors take `rows_each` rows, on `device`. Kept per bucket plan: a copy from the host
+    would make the host wait for the device at every bucket of every sync."""
+    key = (device, rows_each)
     if key not in _BOUNDS:
         if len(_BOUNDS) > 1024:
             _BOUNDS.clear()
         end = torch.tensor(rows_each, dtype=torch.int64).cumsum(0)
-        _BOUNDS[key] = ((end - torch.tensor(rows_each)).to(device), end.to(device))
+        start = end - torch.tensor(rows_each)
+        plain = int(end[-1]) + 1 if len(rows_each) else 1  # where the plain prefix sums begin
+        index = torch.cat([end, end + plain, start, start + plain])
+        _BOUNDS[key] = (index.to(device), start.to(device))
     return _BOUNDS[key]
 
 
 def checksums(tensors: list[torch.Tensor]) -> list[int]:
-    """Checksums of separate tensors (any devices), read back to the host once per device. Small
-    tensors are copied together into groups (a few kernels per group, not per tensor); large ones
-    are read where they are."""
+    """Checksums of separate tensors (any devices and dtypes), read back to the host once per
+    device. Runs of small tensors of one dtype are copied together into groups (a few kernels per
+    group, not per tensor); large ones are read where they are."""
     out: list[int] = [0] * len(tensors)
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
@@ -186,22 +222,22 @@ def checksums(tensors: list[torch.Tensor]) -> list[int]:
 
         def flush():
             if group:
-                members = [tensors[i].detach().reshape(-1).view(torch.uint8) for i in group]
+                members = [tensors[i] for i in group]
                 parts.append(bucket_checksums(pack(members, device), [m.numel() for m in members]))
                 order.extend(group)
                 group.clear()
 
-        size = 0
+        size, dtype = 0, None
         for i in positions:
-            t = tensors[i].detach()
+            t = tensors[i]
             nbytes = t.numel() * t.element_size()
             if nbytes >= _ALONE_BYTES:
-                parts.append(bucket_checksums(pack([t.contiguous()], device), [t.numel()]))
+                parts.append(bucket_checksums(pack([t.detach()], device), [t.numel()]))
                 order.append(i)
                 continue
-            if size + nbytes > _GROUP_BYTES:
+            if size + nbytes > _GROUP_BYTES or t.dtype != dtype:
                 flush()
-                size = 0
+                size, dtype = 0, t.dtype
             group.append(i)
             size += nbytes
         flush()
@@ -213,3 +249,83 @@ def checksums(tensors: list[torch.Tensor]) -> list[int]:
 def checksum(tensor: torch.Tensor) -> int:
     """The checksum of one tensor: equal bytes give equal values on every device."""
     return checksums([tensor])[0]
+
+
+@dataclass
+class _Group:
+    """Tensors of a `ReadBack` checksummed together: `members` copied into the staging buffer at
+    `views` (or one large tensor read where it is), giving rows [first, first + rows)."""
+    members: list[int]
+    first: int
+    rows: int
+    dtype: torch.dtype | None = None  # None: one large tensor, read where it is
+    views: list[torch.Tensor] | None = None
+    pads: torch.Tensor | None = None  # staging elements that must be zero (the rows' tails)
+
+
+class ReadBack:
+    """`checksums` of tensors with the same shapes and dtypes on one device, taken again and again
+    (what an engine holds, read back at every sync). A staging buffer of up to `_GROUP_BYTES` and
+    the views into it are kept between calls, and every tensor's row sums go into one vector: a
+    call costs a copy and a row-sum kernel per group of small tensors, a row-sum kernel per large
+    tensor and nine kernels at the end, and no per-tensor work but a check of shape and dtype."""
+
+    def __init__(self, specs: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device):
+        self.specs = [(torch.Size(shape), dtype) for shape, dtype in specs]
+        self.device = device
+        numels = [shape.numel() for shape, _ in self.specs]
+        self.rows_each = tuple(rows_of([n], d.itemsize)[0] for n, (_, d) in zip(numels, self.specs))
+        self.groups: list[_Group] = []
+        row, members, size = 0, [], 0  # rows go in tensor order: a group closes before the next one
+
+        def close():
+            nonlocal row, members, size
+            if members:
+                self.groups.append(_Group(members, row, size // ROW_BYTES, self.specs[members[0]][1]))
+                row, members, size = row + size // ROW_BYTES, [], 0
+
+        for i, ((_, dtype), n) in enumerate(zip(self.specs, numels)):
+            if n * dtype.itemsize >= _ALONE_BYTES:
+                close()
+                self.groups.append(_Group([i], row, self.rows_each[i]))
+                row += self.rows_each[i]
+                continue
+            nbytes = self.rows_each[i] * ROW_BYTES
+            if members and (size + nbytes > _GROUP_BYTES or dtype != self.specs[members[0]][1]):
+                close()
+            members.append(i)
+            size += nbytes
+        close()
+        self.rows = row
+        most = max((g.rows for g in self.groups if g.dtype is not None), default=0)
+        self.staging = torch.zeros(most * ROW_BYTES, dtype=torch.uint8, device=device)
+        for g in self.groups:
+            if g.dtype is None:
+                continue
+            places = layout([self.specs[i][0] for i in g.members], g.dtype.itemsize)
+            g.views = unpack(self.staging.view(g.dtype), places)
+            tails = [torch.arange(at + numels[i], at + padded(numels[i], g.dtype.itemsize))
+                     for i, (_, _, at) in zip(g.members, places)]
+            tails = [t for t in tails if t.numel()]
+            g.pads = torch.cat(tails).to(device) if tails else None
+
+    def matches(self, tensors: list[torch.Tensor]) -> bool:
+        return len(tensors) == len(self.specs) and all(
+            t.dtype == d and t.shape == s and t.device == self.device for t, (s, d) in zip(tensors, self.specs))
+
+    def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """The checksums of `tensors`, which must `match`, as an int64 vector on their device (no
+        host synchronisation)."""
+        rows = torch.empty(self.rows, dtype=torch.int32, device=self.device)
+        with torch.no_grad():
+            for g in self.groups:
+                out = rows[g.first:g.first + g.rows]
+                if g.dtype is None:
+                    _row_sums(pack([tensors[g.members[0]]], self.device).view(torch.uint8), out=out)
+                    continue
+                used = self.staging[:g.rows * ROW_BYTES]
+                if g.pads is not None:
+                    used.view(g.dtype).index_fill_(0, g.pads, 0)
+                torch._foreach_copy_(g.views, [tensors[i] for i in g.members])
+                _row_sums(used, out=out)
+        return checksums_of_rows(rows, self.rows_each)

@@ -149,7 +149,7 @@ def test_batched_checksums_equal_one_by_one(monkeypatch):
         flat = m.pack(bucket, torch.device("cpu"))
         assert flat.numel() == sum(m.padded(t.numel(), 2) for t in bucket)
         assert m.bucket_checksums(flat, [t.numel() for t in bucket]).tolist() == [one_by_one[id(t)] for t in bucket]
-        assert all(torch.equal(a, b) for a, b in zip(m.unpack(flat, [t.shape for t in bucket]), bucket))
+        assert all(torch.equal(a, b) for a, b in zip(m.unpack(flat, m.layout([t.shape for t in bucket], 2)), bucket))
     monkeypatch.setattr(m, "_GROUP_BYTES", 4000)  # groups of a few tensors
     monkeypatch.setattr(m, "_ALONE_BYTES", 5000)  # and the largest ones alone
     everything = aligned + ragged + mixed
@@ -162,6 +162,33 @@ def test_batched_checksums_equal_one_by_one(monkeypatch):
     padded = torch.cat([t.to(torch.int64), torch.zeros(255, dtype=torch.int64)]).view(-1, 256).sum(1)
     wrapped = (padded + 2**31) % 2**32 - 2**31
     assert checksum(t) == int((wrapped * torch.arange(1, wrapped.numel() + 1)).sum())
+
+
+def test_read_back_equals_checksums_call_after_call(monkeypatch):
+    """`ReadBack` (kept staging buffer, cached views) gives what `checksums` gives, for groups whose
+    rows end in padding after a group that filled the same staging bytes, large tensors read in
+    place, misaligned and non-contiguous ones, dtypes of every width, and new values every call."""
+    from rlpost.weightsync import manifest as m
+
+    monkeypatch.setattr(m, "_GROUP_BYTES", 6000)
+    monkeypatch.setattr(m, "_ALONE_BYTES", 5000)
+    g = torch.Generator().manual_seed(1)
+
+    def tensors():
+        return [torch.randn(1500, generator=g), torch.randn(7, generator=g).to(torch.bfloat16),
+                torch.randn(300, generator=g).to(torch.bfloat16), torch.randn(2, 700, generator=g),
+                torch.randn(4000, generator=g).to(torch.bfloat16)[1:3073],  # large, starts mid-word
+                torch.randn(9, 6, generator=g).t(), torch.rand(21, generator=g) > 0.5,
+                torch.randint(-9, 9, (1280,), generator=g), torch.randn(3, generator=g).double()]
+
+    first = tensors()
+    reader = m.ReadBack([(t.shape, t.dtype) for t in first], torch.device("cpu"))
+    assert any(gr.dtype is None for gr in reader.groups) and sum(gr.dtype is not None for gr in reader.groups) >= 4
+    for ts in (first, tensors(), tensors()):
+        assert reader.matches(ts)
+        assert reader(ts).tolist() == [checksum(t) for t in ts]
+    assert not reader.matches(first[:-1] + [first[-1].float()])
+    assert not reader.matches(first[:-1] + [torch.zeros(4, dtype=torch.float64)])
 
 
 def test_buckets_respect_size_and_dtype():
