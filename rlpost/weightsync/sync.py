@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 import pickle
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -60,6 +61,7 @@ class _Plan:
     places: list[list[tuple]] = field(default_factory=list)  # `layout` of each bucket
     accepted: tuple = ()  # the receiver's manifest this plan was found to match
     reader: tuple = ()  # (positions, ReadBack) of the last read-back
+    lock: threading.Lock = field(default_factory=threading.Lock)  # receivers in threads share the plan
 
     def __post_init__(self):
         for bucket in self.buckets:
@@ -77,15 +79,16 @@ class _Plan:
         """The checksums of what an engine holds for the manifest's tensors at `positions`: with a
         `ReadBack` kept for the next sync where they are on one device in the manifest's shapes
         and dtypes (as engines hold them), else with `checksums`."""
-        if self.reader and self.reader[0] == positions and self.reader[1].matches(tensors):
-            return self.reader[1](tensors)
-        specs = [(self.manifest[i].shape, getattr(torch, self.manifest[i].dtype)) for i in positions]
-        devices = {t.device for t in tensors}
-        if len(devices) == 1:
-            reader = ReadBack(specs, devices.pop())
-            if reader.matches(tensors):
-                self.reader = (positions, reader)
-                return reader(tensors)
+        with self.lock:  # one staging buffer: one read-back at a time (queued in order on a GPU)
+            if self.reader and self.reader[0] == positions and self.reader[1].matches(tensors):
+                return self.reader[1](tensors)
+            specs = [(self.manifest[i].shape, getattr(torch, self.manifest[i].dtype)) for i in positions]
+            devices = {t.device for t in tensors}
+            if len(devices) == 1:
+                reader = ReadBack(specs, devices.pop())
+                if reader.matches(tensors):
+                    self.reader = (positions, reader)
+                    return reader(tensors)
         return torch.tensor(checksums(tensors), dtype=torch.int64)
 
     def check(self, expected: Manifest) -> str | None:
