@@ -49,7 +49,7 @@ print("unpack views + foreach_copy", tm(lambda: torch._foreach_copy_(unpack(buf,
 flat = pack(ts, dev)
 numels = [t.numel() for t in ts]
 print("bucket_checksums", tm(lambda: bucket_checksums(flat, numels)))
-print("checksums 64MB groups", tm(lambda: checksums(ts)))
+print("checksums (a one-off ReadBack per call)", tm(lambda: checksums(ts)))
 big = [t for t in ts if t.numel() * 2 % 1024 == 0]
 print("in-place row sums of aligned", len(big), tm(lambda: torch.cat([_row_sums(t.view(-1).view(torch.uint8)) for t in big])))
 x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=dev)

@@ -5,12 +5,11 @@
 #   bash scripts/gpu_session.sh B   # GRPO runs: colocate on 1 GPU, split sync vs one-step-off, LoRA
 #   bash scripts/gpu_session.sh C   # sync tests and bandwidth again (pipelined buckets), rollout
 #                                   # memory in split placement, LoRA adapter mode with vLLM
-# and, on one H100 (D1, D2) and on 2 x H200 (E), after the batched checksums:
+# and, on one H100 (D1, D2), after the batched checksums:
 #   bash scripts/gpu_session.sh D1  # sync tests, colocate GRPO, IPC sync, merged vs adapter (3B, r16)
 #   bash scripts/gpu_session.sh D2  # merged vs adapter: 3B r64, 0.5B r64
-#   bash scripts/gpu_session.sh E   # sync tests, NCCL sync bandwidth vs raw broadcast, with profiles
 # and after the cached sync plans (F: 2 x H200 with torch only, no vLLM; G: one H100 with vLLM):
-#   bash scripts/gpu_session.sh F   # checksum and IPC tests, sync bandwidth for 64/128/256 MB buckets
+#   bash scripts/gpu_session.sh F   # checksum and IPC tests, sync bandwidth (256 and 64 MB buckets), checksum micro-timings
 #   bash scripts/gpu_session.sh G   # merged vs adapter rollout, 3B: rank 64 (10 rounds), rank 16 (6)
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
@@ -67,12 +66,6 @@ D2)
     --out "$OUT/lora_3b_r64.json"
   step lora_05b_r64 python3 scripts/bench_rollout.py --model $M --lora-rank 64 --skip-rlpost \
     --out "$OUT/lora_05b_r64.json"
-  ;;
-E)
-  step checksum_test python3 -m pytest -q tests/gpu/test_sync_gpu.py -k "checksums or ipc"
-  step weight_sync python3 scripts/bench_weight_sync.py --model $M --profile "$OUT/profile" --out "$OUT/weight_sync.json"
-  step weight_sync_256 python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256 \
-    --out "$OUT/weight_sync_256.json"
   ;;
 F)
   step checksum_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py -k "checksums or ipc"

@@ -156,16 +156,17 @@ def _row_sums(raw: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     return torch.sum(words.view(-1, _ROW_WORDS), 1, dtype=torch.int32, out=out)
 
 
-def rows_of(numels: list[int], element_size: int) -> tuple[int, ...]:
-    """The checksum rows each tensor takes in a bucket made by `pack`."""
-    return tuple(padded(n, element_size) * element_size // ROW_BYTES for n in numels)
+def rows_of(numel: int, element_size: int) -> int:
+    """The checksum rows a tensor takes in a bucket made by `pack`."""
+    return padded(numel, element_size) * element_size // ROW_BYTES
 
 
 def bucket_checksums(flat: torch.Tensor, numels: list[int]) -> torch.Tensor:
     """The checksums of the tensors of a bucket made by `pack` (their element counts `numels`), as
     an int64 vector on its device, in nine kernels and no host synchronisation."""
     rows = _row_sums(flat.detach().reshape(-1).view(torch.uint8))
-    return checksums_of_rows(rows, rows_of(numels, flat.element_size()))
+    size = flat.element_size()
+    return checksums_of_rows(rows, tuple(rows_of(n, size) for n in numels))
 
 
 def checksums_of_rows(rows: torch.Tensor, rows_each: tuple[int, ...]) -> torch.Tensor:
@@ -209,39 +210,16 @@ def _bounds(device: torch.device, rows_each: tuple[int, ...]) -> tuple[torch.Ten
 
 def checksums(tensors: list[torch.Tensor]) -> list[int]:
     """Checksums of separate tensors (any devices and dtypes), read back to the host once per
-    device. Runs of small tensors of one dtype are copied together into groups (a few kernels per
-    group, not per tensor); large ones are read where they are."""
+    device: a one-off `ReadBack` per device (runs of small tensors of one dtype copied together,
+    large ones read where they are)."""
     out: list[int] = [0] * len(tensors)
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
         by_device.setdefault(t.device, []).append(i)
     for device, positions in by_device.items():
-        order: list[int] = []  # the tensor index of each value in `parts`, in order
-        parts: list[torch.Tensor] = []
-        group: list[int] = []
-
-        def flush():
-            if group:
-                members = [tensors[i] for i in group]
-                parts.append(bucket_checksums(pack(members, device), [m.numel() for m in members]))
-                order.extend(group)
-                group.clear()
-
-        size, dtype = 0, None
-        for i in positions:
-            t = tensors[i]
-            nbytes = t.numel() * t.element_size()
-            if nbytes >= _ALONE_BYTES:
-                parts.append(bucket_checksums(pack([t.detach()], device), [t.numel()]))
-                order.append(i)
-                continue
-            if size + nbytes > _GROUP_BYTES or t.dtype != dtype:
-                flush()
-                size, dtype = 0, t.dtype
-            group.append(i)
-            size += nbytes
-        flush()
-        for i, v in zip(order, torch.cat(parts).tolist()):
+        mine = [tensors[i] for i in positions]
+        values = ReadBack([(t.shape, t.dtype) for t in mine], device)(mine).tolist()
+        for i, v in zip(positions, values):
             out[i] = v
     return out
 
@@ -274,7 +252,7 @@ class ReadBack:
         self.specs = [(torch.Size(shape), dtype) for shape, dtype in specs]
         self.device = device
         numels = [shape.numel() for shape, _ in self.specs]
-        self.rows_each = tuple(rows_of([n], d.itemsize)[0] for n, (_, d) in zip(numels, self.specs))
+        self.rows_each = tuple(rows_of(n, d.itemsize) for n, (_, d) in zip(numels, self.specs))
         self.groups: list[_Group] = []
         row, members, size = 0, [], 0  # rows go in tensor order: a group closes before the next one
 

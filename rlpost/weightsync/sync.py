@@ -55,7 +55,6 @@ class _Plan:
     buckets: list[list[int]]
     wire: bytes  # (manifest, buckets) pickled: what the header carries
     dtypes: list[torch.dtype] = field(default_factory=list)
-    shapes: list[list[tuple]] = field(default_factory=list)
     numels: list[list[int]] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)  # elements of each bucket on the wire
     places: list[list[tuple]] = field(default_factory=list)  # `layout` of each bucket
@@ -70,7 +69,6 @@ class _Plan:
             shapes = [s.shape for s in specs]
             numels = [torch.Size(s).numel() for s in shapes]
             self.dtypes.append(dtype)
-            self.shapes.append(shapes)
             self.numels.append(numels)
             self.sizes.append(sum(padded(n, dtype.itemsize) for n in numels))
             self.places.append(layout(shapes, dtype.itemsize))
@@ -145,7 +143,7 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
     for b, bucket in enumerate(plan.buckets):
         parts = [next(tensors) for _ in bucket]
         dtype = plan.dtypes[b]
-        for i, t, shape in zip(bucket, parts, plan.shapes[b]):
+        for i, t, (shape, _, _) in zip(bucket, parts, plan.places[b]):
             if t.shape != shape or t.dtype != dtype:
                 raise WeightSyncError(f"tensor {manifest[i].name!r} is {list(t.shape)} {t.dtype}, its "
                                       f"manifest says {list(shape)} {manifest[i].dtype}")
