@@ -191,7 +191,8 @@ class TrainerConfig:
 @dataclass
 class WeightSyncConfig:
     bucket_mb: int = knob(256, "Size of the flat buffers weights travel in (the sender packs one while "
-                               "the previous one is on the wire; each side holds about two).")
+                               "the previous one is on the wire and keeps two staging buffers of this "
+                               "size between syncs; a receiver holds about two while receiving).")
     verify: bool = knob(True, "Receivers check a checksum of every tensor they loaded.")
     timeout_s: int = knob(600, "Timeout of the weight-sync process group.")
 

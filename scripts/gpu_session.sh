@@ -9,7 +9,8 @@
 #   bash scripts/gpu_session.sh D1  # sync tests, colocate GRPO, IPC sync, merged vs adapter (3B, r16)
 #   bash scripts/gpu_session.sh D2  # merged vs adapter: 3B r64, 0.5B r64
 # and after the cached sync plans (F: 2 x H200 with torch only, no vLLM; G: one H100 with vLLM):
-#   bash scripts/gpu_session.sh F   # checksum and IPC tests, sync bandwidth (256 and 64 MB buckets), checksum micro-timings
+#   bash scripts/gpu_session.sh F   # checksum (Triton kernel vs CPU) and IPC tests, sync bandwidth (256 and 64 MB buckets),
+#                                   # checksum micro-timings
 #   bash scripts/gpu_session.sh G   # merged vs adapter rollout, 3B: rank 64 (10 rounds), rank 16 (6)
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
@@ -68,7 +69,7 @@ D2)
     --out "$OUT/lora_05b_r64.json"
   ;;
 F)
-  step checksum_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py -k "checksums or ipc"
+  step checksum_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py -k "checksums or ipc or read_back"
   step weight_sync python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256,64 --reps 7 \
     --profile "$OUT/profile" --out "$OUT/weight_sync.json"
   step checksums python3 scripts/bench_checksums.py

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlpost.weightsync import cuda_checksums
+
 
 class WeightSyncError(RuntimeError):
     """A weight sync failed verification: names the tensor or rank at fault."""
@@ -69,17 +71,29 @@ def compare_manifests(expected: Manifest, received: Manifest) -> str | None:
 
 
 def plan_buckets(manifest: Manifest, bucket_bytes: int) -> list[list[int]]:
-    """Group consecutive tensors of one dtype into buckets of at most `bucket_bytes`
-    (a larger tensor travels alone)."""
+    """Group consecutive tensors of one dtype into buckets of at most `bucket_bytes` (a larger
+    tensor travels alone). The first and the last bucket take at most an eighth of that: nothing
+    moves before the sender has packed the first one, and receivers checksum and load the last
+    one after all else arrived, so the pipeline fills and drains in short steps."""
+    edge, n = bucket_bytes // 8, len(manifest)
+    tail, size = n, 0  # the last bucket: tensors at the end that fit in `edge`, at least one
+    while tail and manifest[tail - 1].dtype == manifest[-1].dtype and size + manifest[tail - 1].nbytes <= edge:
+        tail -= 1
+        size += manifest[tail].nbytes
+    tail = min(tail, n - 1) if n else 0
     buckets: list[list[int]] = []
     size, dtype = 0, None
-    for i, spec in enumerate(manifest):
-        if buckets and spec.dtype == dtype and size + spec.nbytes <= bucket_bytes:
+    for i in range(tail):
+        spec = manifest[i]
+        cap = edge if len(buckets) == 1 else bucket_bytes
+        if buckets and spec.dtype == dtype and size + spec.nbytes <= cap:
             buckets[-1].append(i)
             size += spec.nbytes
         else:
             buckets.append([i])
             size, dtype = spec.nbytes, spec.dtype
+    if tail < n:
+        buckets.append(list(range(tail, n)))
     return buckets
 
 
@@ -89,7 +103,7 @@ _GROUP_BYTES = 64 << 20  # small separate tensors are copied together into group
 _ALONE_BYTES = 16 << 20  # larger ones are checksummed where they are
 _PADS: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}  # zeros of each length < a row
 _ROW_NUMBERS: dict[torch.device, torch.Tensor] = {}  # 1, 2, 3, ... (int64), grown as needed
-_BOUNDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # see `_bounds`
+_BOUNDS: dict[tuple, object] = {}  # see `_bounds` and `_bucket_kernel`
 
 
 def padded(numel: int, element_size: int) -> int:
@@ -163,10 +177,28 @@ def rows_of(numel: int, element_size: int) -> int:
 
 def bucket_checksums(flat: torch.Tensor, numels: list[int]) -> torch.Tensor:
     """The checksums of the tensors of a bucket made by `pack` (their element counts `numels`), as
-    an int64 vector on its device, in nine kernels and no host synchronisation."""
-    rows = _row_sums(flat.detach().reshape(-1).view(torch.uint8))
+    an int64 vector on its device, with no host synchronisation: one kernel on CUDA
+    (`cuda_checksums`), else a row sum and nine kernels."""
     size = flat.element_size()
-    return checksums_of_rows(rows, tuple(rows_of(n, size) for n in numels))
+    rows_each = tuple(rows_of(n, size) for n in numels)
+    if cuda_checksums.available(flat.device) and flat.data_ptr() % 16 == 0:
+        return _bucket_kernel(flat.device, rows_each)(flat.detach().reshape(-1).view(torch.uint8).view(torch.int32))
+    rows = _row_sums(flat.detach().reshape(-1).view(torch.uint8))
+    return checksums_of_rows(rows, rows_each)
+
+
+def _bucket_kernel(device: torch.device, rows_each: tuple[int, ...]) -> cuda_checksums.Checksums:
+    """The kernel's tables for a bucket whose tensors take `rows_each` rows (their padding is
+    zeros), kept per bucket plan."""
+    key = ("kernel", device, rows_each)
+    if key not in _BOUNDS:
+        if len(_BOUNDS) > 1024:
+            _BOUNDS.clear()
+        starts = [0]
+        for r in rows_each[:-1]:
+            starts.append(starts[-1] + r * ROW_BYTES)
+        _BOUNDS[key] = cuda_checksums.Checksums([r * ROW_BYTES for r in rows_each], device, starts)
+    return _BOUNDS[key]
 
 
 def checksums_of_rows(rows: torch.Tensor, rows_each: tuple[int, ...]) -> torch.Tensor:
@@ -210,16 +242,14 @@ def _bounds(device: torch.device, rows_each: tuple[int, ...]) -> tuple[torch.Ten
 
 def checksums(tensors: list[torch.Tensor]) -> list[int]:
     """Checksums of separate tensors (any devices and dtypes), read back to the host once per
-    device: a one-off `ReadBack` per device (runs of small tensors of one dtype copied together,
-    large ones read where they are)."""
+    device: a one-off `ReadBack` per device."""
     out: list[int] = [0] * len(tensors)
     by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
         by_device.setdefault(t.device, []).append(i)
-    for device, positions in by_device.items():
+    for positions in by_device.values():
         mine = [tensors[i] for i in positions]
-        values = ReadBack([(t.shape, t.dtype) for t in mine], device)(mine).tolist()
-        for i, v in zip(positions, values):
+        for i, v in zip(positions, ReadBack(mine)(mine).tolist()):
             out[i] = v
     return out
 
@@ -231,28 +261,34 @@ def checksum(tensor: torch.Tensor) -> int:
 
 @dataclass
 class _Group:
-    """Tensors of a `ReadBack` checksummed together: `members` copied into the staging buffer at
-    `views` (or one large tensor read where it is), giving rows [first, first + rows)."""
+    """Tensors of a `ReadBack` copied together into the staging buffer at `views` (or one large
+    tensor read where it is: `dtype` None), giving rows [first, first + rows)."""
     members: list[int]
     first: int
     rows: int
-    dtype: torch.dtype | None = None  # None: one large tensor, read where it is
+    dtype: torch.dtype | None = None
     views: list[torch.Tensor] | None = None
     pads: torch.Tensor | None = None  # staging elements that must be zero (the rows' tails)
 
 
 class ReadBack:
-    """`checksums` of tensors with the same shapes and dtypes on one device, taken again and again
-    (what an engine holds, read back at every sync). A staging buffer of up to `_GROUP_BYTES` and
-    the views into it are kept between calls, and every tensor's row sums go into one vector: a
-    call costs a copy and a row-sum kernel per group of small tensors, a row-sum kernel per large
-    tensor and nine kernels at the end, and no per-tensor work but a check of shape and dtype."""
+    """`checksums` of tensors like `tensors` (same shapes, dtypes, one device, the same ones
+    contiguous and aligned), taken again and again: what an engine holds, read back at every
+    sync. On CUDA one kernel reads the contiguous, aligned tensors where they lie
+    (`cuda_checksums`). The others are copied in groups into a staging buffer of up to
+    `_GROUP_BYTES` (kept, with its views, between calls) or, when large, read alone; their row
+    sums go into one vector and nine kernels make their checksums. A call does no per-tensor
+    work but checks."""
 
-    def __init__(self, specs: list[tuple[tuple[int, ...], torch.dtype]], device: torch.device):
-        self.specs = [(torch.Size(shape), dtype) for shape, dtype in specs]
-        self.device = device
-        numels = [shape.numel() for shape, _ in self.specs]
-        self.rows_each = tuple(rows_of(n, d.itemsize) for n, (_, d) in zip(numels, self.specs))
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.device = tensors[0].device if tensors else torch.device("cpu")
+        self.specs = [(t.shape, t.dtype) for t in tensors]
+        fast = cuda_checksums.available(self.device)
+        self.direct = [fast and cuda_checksums.direct(t) for t in tensors]
+        self.in_place = [i for i, d in enumerate(self.direct) if d]
+        self.rest = [i for i, d in enumerate(self.direct) if not d]
+        numels = [t.numel() for t in tensors]
+        self.rest_rows = tuple(rows_of(numels[i], self.specs[i][1].itemsize) for i in self.rest)
         self.groups: list[_Group] = []
         row, members, size = 0, [], 0  # rows go in tensor order: a group closes before the next one
 
@@ -262,21 +298,29 @@ class ReadBack:
                 self.groups.append(_Group(members, row, size // ROW_BYTES, self.specs[members[0]][1]))
                 row, members, size = row + size // ROW_BYTES, [], 0
 
-        for i, ((_, dtype), n) in enumerate(zip(self.specs, numels)):
-            if n * dtype.itemsize >= _ALONE_BYTES:
+        for i, rows in zip(self.rest, self.rest_rows):
+            dtype = self.specs[i][1]
+            if numels[i] * dtype.itemsize >= _ALONE_BYTES:
                 close()
-                self.groups.append(_Group([i], row, self.rows_each[i]))
-                row += self.rows_each[i]
+                self.groups.append(_Group([i], row, rows))
+                row += rows
                 continue
-            nbytes = self.rows_each[i] * ROW_BYTES
-            if members and (size + nbytes > _GROUP_BYTES or dtype != self.specs[members[0]][1]):
+            if members and (size + rows * ROW_BYTES > _GROUP_BYTES or dtype != self.specs[members[0]][1]):
                 close()
             members.append(i)
-            size += nbytes
+            size += rows * ROW_BYTES
         close()
         self.rows = row
+        self.kernel = self.anchor = None
+        if self.in_place:
+            self.kernel = cuda_checksums.Checksums([numels[i] * self.specs[i][1].itemsize for i in self.in_place],
+                                                   self.device)
+            self.anchor = torch.zeros(4, dtype=torch.int32, device=self.device)  # the kernel's base
+        mixed = self.in_place and self.rest
+        self.in_place_index = torch.tensor(self.in_place, device=self.device) if mixed else None
+        self.rest_index = torch.tensor(self.rest, device=self.device) if mixed else None
         most = max((g.rows for g in self.groups if g.dtype is not None), default=0)
-        self.staging = torch.zeros(most * ROW_BYTES, dtype=torch.uint8, device=device)
+        self.staging = torch.zeros(most * ROW_BYTES, dtype=torch.uint8, device=self.device)
         for g in self.groups:
             if g.dtype is None:
                 continue
@@ -285,15 +329,26 @@ class ReadBack:
             tails = [torch.arange(at + numels[i], at + padded(numels[i], g.dtype.itemsize))
                      for i, (_, _, at) in zip(g.members, places)]
             tails = [t for t in tails if t.numel()]
-            g.pads = torch.cat(tails).to(device) if tails else None
+            g.pads = torch.cat(tails).to(self.device) if tails else None
 
     def matches(self, tensors: list[torch.Tensor]) -> bool:
-        return len(tensors) == len(self.specs) and all(
-            t.dtype == d and t.shape == s and t.device == self.device for t, (s, d) in zip(tensors, self.specs))
+        if len(tensors) != len(self.specs):
+            return False
+        if not all(t.dtype == d and t.shape == s and t.device == self.device
+                   for t, (s, d) in zip(tensors, self.specs)):
+            return False
+        return not self.in_place or all(cuda_checksums.direct(t) == d for t, d in zip(tensors, self.direct))
 
     def __call__(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """The checksums of `tensors`, which must `match`, as an int64 vector on their device (no
-        host synchronisation)."""
+        host synchronisation, unless the tensors moved since the last call)."""
+        direct = None
+        if self.kernel is not None:
+            anchor = self.anchor.data_ptr()
+            self.kernel.set_offsets([tensors[i].data_ptr() - anchor for i in self.in_place])
+            direct = self.kernel(self.anchor)
+            if not self.rest:
+                return direct
         rows = torch.empty(self.rows, dtype=torch.int32, device=self.device)
         with torch.no_grad():
             for g in self.groups:
@@ -306,4 +361,9 @@ class ReadBack:
                     used.view(g.dtype).index_fill_(0, g.pads, 0)
                 torch._foreach_copy_(g.views, [tensors[i] for i in g.members])
                 _row_sums(used, out=out)
-        return checksums_of_rows(rows, self.rows_each)
+        staged = checksums_of_rows(rows, self.rest_rows)
+        if direct is None:
+            return staged
+        out = torch.empty(len(self.specs), dtype=torch.int64, device=self.device)
+        out.index_copy_(0, self.in_place_index, direct)
+        return out.index_copy_(0, self.rest_index, staged)

@@ -1,12 +1,16 @@
 """One weight sync: trainer rank 0 sends, every rollout actor receives and verifies.
 
-Protocol (all over the `SyncGroup`, sender = rank 0):
-1. header: version, manifest (names, shapes, dtypes) and bucket plan;
-2. every receiver compares the manifest with its own and the version with the one it expects;
-   an all-reduce tells everyone if any receiver refused (the receiver's error names the tensor);
-3. the tensors, bucket by bucket, each bucket one flat buffer of one dtype;
-4. the sender's checksums; each receiver checksums what it *loaded* and compares; a second
-   all-reduce makes a mismatch an error on every rank.
+Protocol (all over the `SyncGroup`, sender = rank 0), two control messages per sync:
+1. header (one broadcast): version, manifest (names, shapes, dtypes) and bucket plan;
+2. the tensors, bucket by bucket, each bucket one flat buffer of one dtype. A receiver whose
+   manifest or version disagrees with the header receives them without loading anything;
+3. the verdict (one all-reduce, MAX): which rank refused the header, which engine loaded fewer
+   tensors than were sent and, when verified, the sender's checksums and the highest and lowest
+   checksum of each tensor over all ranks. Each receiver checks what it *loaded* against the
+   sender's; every rank sees whether any rank differs, so a failure is an error on every rank
+   (the receiver at fault names the tensor).
+The sender never waits for the receivers before the data moves: a refusal costs a transfer,
+a sync that is accepted costs no round trip more than the data.
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ class SyncStats:
     seconds: float
     tensors: int
     readback: int = 0  # tensors verified by reading them back from the engine (the rest: as received)
-    header_s: float = 0.0  # of `seconds`: the header and the manifest check, before any tensor moved
-    verify_s: float = 0.0  # of `seconds`: the checksums' exchange and check, after the last tensor
+    header_s: float = 0.0  # of `seconds`: the header (and on a receiver its check), before any tensor
+    verify_s: float = 0.0  # of `seconds`: after the last tensor was queued: read-back and verdict
 
 
 @dataclass
@@ -61,6 +65,7 @@ class _Plan:
     accepted: tuple = ()  # the receiver's manifest this plan was found to match
     reader: tuple = ()  # (positions, ReadBack) of the last read-back
     lock: threading.Lock = field(default_factory=threading.Lock)  # receivers in threads share the plan
+    staging: dict = field(default_factory=dict)  # sender: device -> per bucket (flat, views, pads)
 
     def __post_init__(self):
         for bucket in self.buckets:
@@ -74,20 +79,51 @@ class _Plan:
             self.places.append(layout(shapes, dtype.itemsize))
 
     def read_back(self, tensors: list[torch.Tensor], positions: list[int]) -> torch.Tensor:
-        """The checksums of what an engine holds for the manifest's tensors at `positions`: with a
-        `ReadBack` kept for the next sync where they are on one device in the manifest's shapes
-        and dtypes (as engines hold them), else with `checksums`."""
+        """The checksums of what an engine holds for the manifest's tensors at `positions`, as a
+        vector on their device: with a `ReadBack` kept for the next sync where they are on one
+        device (as engines hold them), else with `checksums`."""
         with self.lock:  # one staging buffer: one read-back at a time (queued in order on a GPU)
             if self.reader and self.reader[0] == positions and self.reader[1].matches(tensors):
                 return self.reader[1](tensors)
-            specs = [(self.manifest[i].shape, getattr(torch, self.manifest[i].dtype)) for i in positions]
-            devices = {t.device for t in tensors}
-            if len(devices) == 1:
-                reader = ReadBack(specs, devices.pop())
-                if reader.matches(tensors):
-                    self.reader = (positions, reader)
-                    return reader(tensors)
+            if len({t.device for t in tensors}) == 1:
+                self.reader = (positions, ReadBack(tensors))
+                return self.reader[1](tensors)
         return torch.tensor(checksums(tensors), dtype=torch.int64)
+
+    def pack(self, b: int, parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """Bucket `b` as one flat tensor on `device`, laid out as `manifest.pack` lays it out. A
+        lone tensor (larger than a bucket, or filling one) travels as it is where it is contiguous
+        and fills whole rows, else is packed alone. The others are copied (one `_foreach_copy_`)
+        into one of two staging buffers kept with the plan: bucket b into buffer b % 2, whose
+        previous bucket's broadcast the sender has waited for (stream order)."""
+        if self._lone(b):
+            t = parts[0]
+            if t.device == device and t.is_contiguous():
+                return t.detach().view(-1)
+            return pack(parts, device)
+        if device not in self.staging:
+            nbytes = max((self.sizes[i] * self.dtypes[i].itemsize for i in range(len(self.buckets))
+                          if not self._lone(i)), default=0)
+            buffers = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
+            self.staging[device] = [None if self._lone(i) else self._stage(buffers[i % 2], i)
+                                    for i in range(len(self.buckets))]
+        flat, views, pads = self.staging[device][b]
+        with torch.no_grad():
+            if pads is not None:  # the other buffer's last bucket may have written them
+                flat.index_fill_(0, pads, 0)
+            torch._foreach_copy_(views, parts)
+        return flat
+
+    def _lone(self, b: int) -> bool:
+        """Bucket `b` is one tensor that fills whole rows: it needs no staging."""
+        return len(self.buckets[b]) == 1 and self.numels[b][0] == self.sizes[b]
+
+    def _stage(self, buffer: torch.Tensor, b: int) -> tuple:
+        dtype, places = self.dtypes[b], self.places[b]
+        flat = buffer[:self.sizes[b] * dtype.itemsize].view(dtype)
+        tails = [torch.arange(at + n, at + padded(n, dtype.itemsize)) for n, (_, _, at) in zip(self.numels[b], places)]
+        tails = [t for t in tails if t.numel()]
+        return flat, unpack(flat, places), torch.cat(tails).to(buffer.device) if tails else None
 
     def check(self, expected: Manifest) -> str | None:
         """compare_manifests(expected, sent), remembered once it passed for these very specs."""
@@ -124,6 +160,34 @@ def _received_plan(wire: bytes) -> _Plan:
     return plan
 
 
+_LOWEST = -(2**63)  # neutral in a MAX all-reduce
+
+
+def _verdict(group: SyncGroup, refused: int, short: int, sent: torch.Tensor | None,
+             mine: torch.Tensor | None, n: int) -> list[int]:
+    """The closing all-reduce. Each rank gives [rank that refused the header, rank whose engine
+    loaded less, the sender's checksums, its own checksums, their bitwise complements] (the last
+    three only for a verified sync of `n` tensors, `_LOWEST` where a rank has nothing to say);
+    every rank gets [refused, short, sent, highest, ~lowest]. Built where it is reduced, with no
+    wait for the device before the all-reduce is queued."""
+    values = torch.full((2 + 3 * n,), _LOWEST, dtype=torch.int64, device=group.control)
+    values[0].fill_(refused)
+    values[1].fill_(short)
+    if sent is not None:
+        values[2:2 + n].copy_(sent)
+    if mine is not None:
+        values[2 + n:2 + 2 * n].copy_(mine)
+        torch.bitwise_not(values[2 + n:2 + 2 * n], out=values[2 + 2 * n:])
+    group.all_reduce_max_(values)
+    return values.tolist()
+
+
+def _differs(values: list[int], n: int) -> int | None:
+    """The first tensor whose highest and lowest checksum over all ranks differ, if any."""
+    high, low = values[2 + n:2 + 2 * n], values[2 + 2 * n:]
+    return next((i for i, (h, l) in enumerate(zip(high, low)) if h != ~l), None)
+
+
 def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.Tensor],
                  version: int, bucket_bytes: int, verify: bool = True) -> SyncStats:
     """Send `tensors` (in manifest order, full unsharded values) to every receiver. A tensor may be
@@ -132,10 +196,6 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
     start = time.perf_counter()
     plan = _send_plan(manifest, bucket_bytes)
     group.broadcast_object({"version": version, "plan": plan.wire, "verify": verify})
-    refused = group.all_reduce_max(0)
-    if refused:
-        raise WeightSyncError(f"weight sync v{version}: rollout rank {refused} refused the manifest "
-                              "(its error names the tensor)")
     header_s = time.perf_counter() - start
     sums: list[torch.Tensor] = []
     sent = 0
@@ -147,7 +207,7 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
             if t.shape != shape or t.dtype != dtype:
                 raise WeightSyncError(f"tensor {manifest[i].name!r} is {list(t.shape)} {t.dtype}, its "
                                       f"manifest says {list(shape)} {manifest[i].dtype}")
-        flat = pack(parts, group.device)
+        flat = plan.pack(b, parts, group.device)
         pending = group.send_bucket(flat)
         if verify:  # after the send is queued: the broadcast does not wait for the checksum
             sums.append(bucket_checksums(flat, plan.numels[b]))
@@ -158,13 +218,20 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
     if in_flight is not None:
         in_flight.wait()
     sent_at = time.perf_counter()
-    if verify:
-        values = torch.cat(sums) if sums else torch.zeros(0, dtype=torch.int64)
-        group.broadcast(values.to(group.control))
-        bad = group.all_reduce_max(0)
-        if bad:
-            raise WeightSyncError(f"weight sync v{version}: rollout rank {bad} loaded tensors whose "
-                                  "checksum differs from the sent ones (its error names them)")
+    n = len(manifest) if verify else 0
+    mine = torch.cat(sums) if sums else None
+    values = _verdict(group, 0, 0, mine, mine, n)
+    if values[0]:
+        raise WeightSyncError(f"weight sync v{version}: rollout rank {values[0]} refused the header "
+                              "(its error names the tensor or the version)")
+    if values[1]:
+        raise WeightSyncError(f"weight sync v{version}: the engine of rollout rank {values[1]} loaded "
+                              "fewer tensors than were sent (its error says how many)")
+    wrong = _differs(values, n) if n else None
+    if wrong is not None:
+        raise WeightSyncError(f"weight sync v{version}: a rollout rank loaded tensor "
+                              f"{manifest[wrong].name!r} with a checksum that differs from the sent one "
+                              "(that rank's error names every such tensor)")
     end = time.perf_counter()
     return SyncStats(version, sent, end - start, len(manifest), header_s=header_s, verify_s=end - sent_at)
 
@@ -183,12 +250,9 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
     problem = plan.check(expected)
     if problem is None and header["version"] != version:
         problem = f"sender is at version {header['version']}, this receiver expected {version}"
-    group.all_reduce_max(group.rank if problem else 0)
-    if problem:
-        raise WeightSyncError(f"weight sync v{version} refused: {problem}")
     header_s = time.perf_counter() - start
     manifest = plan.manifest
-    verify = header["verify"]
+    verify = header["verify"] and not problem
     received_sums: list[torch.Tensor] = []  # one vector per bucket, read back once at the end
     received = 0
 
@@ -207,28 +271,41 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
                 yield manifest[i].name, view
 
     tensors = stream()
-    load(tensors)
+    if not problem:  # a refusing receiver loads nothing, but takes part in every transfer
+        load(tensors)
     left = sum(1 for _ in tensors)  # drain what an engine left, so the sender does not stall
     skipped = (f"weight sync v{version}: the engine loaded {len(manifest) - left} of "
-               f"{len(manifest)} tensors") if left else None
+               f"{len(manifest)} tensors") if left and not problem else None
     readback = 0
     loaded_at = time.perf_counter()
+    mine = None
     if verify:
         held = [loaded(s.name) for s in manifest]
         back = [i for i, h in enumerate(held) if h is not None]
         readback = len(back)
-        back_sums = plan.read_back([held[i] for i in back], back)  # queued before anything waits
-        sent_sums = group.broadcast(torch.empty(len(manifest), dtype=torch.int64, device=group.control)).tolist()
         # as received, in manifest order (buckets hold consecutive tensors); then what the engine holds
-        mine = torch.cat(received_sums).tolist() if received_sums else []
-        for i, value in zip(back, back_sums.tolist()):
-            mine[i] = value
-        wrong = [s.name for s, got, sent in zip(manifest, mine, sent_sums) if got != sent]
-        group.all_reduce_max(group.rank if wrong or skipped else 0)
-        if wrong and not skipped:
-            raise WeightSyncError(f"weight sync v{version}: checksum of loaded tensor {wrong[0]!r} "
-                                  f"differs from the sender's ({len(wrong)} tensors differ)")
+        mine = torch.cat(received_sums) if received_sums else torch.zeros(0, dtype=torch.int64)
+        if len(back) == len(manifest):
+            mine = plan.read_back(held, back)
+        elif back:
+            values = plan.read_back([held[i] for i in back], back).to(mine.device)
+            mine[torch.tensor(back, device=mine.device)] = values
+    n = len(manifest) if header["verify"] else 0
+    values = _verdict(group, group.rank if problem else 0, group.rank if skipped else 0, None, mine, n)
+    if problem:
+        raise WeightSyncError(f"weight sync v{version} refused: {problem}")
     if skipped:
         raise WeightSyncError(skipped)
+    differs = _differs(values, n) if n else None
+    if differs is not None and mine is not None:  # all agree with the sender unless some differ
+        sent = values[2:2 + n]
+        wrong = [s.name for s, got, want in zip(manifest, mine.tolist(), sent) if got != want]
+        if wrong:
+            raise WeightSyncError(f"weight sync v{version}: checksum of loaded tensor {wrong[0]!r} "
+                                  f"differs from the sender's ({len(wrong)} tensors differ)")
+    if values[0] or values[1] or differs is not None:
+        raise WeightSyncError(f"weight sync v{version} failed on rollout rank "
+                              f"{values[0] or values[1] or 'another'} (its error says why); "
+                              "this rank loaded every tensor intact")
     end = time.perf_counter()
     return SyncStats(version, received, end - start, len(manifest), readback, header_s, end - loaded_at)

@@ -88,10 +88,13 @@ class SyncGroup:
         return self.pg.broadcast([tensor], self._opts(dist.BroadcastOptions, rootRank=src))
 
     def all_reduce_max(self, value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64, device=self.control)
+        return int(self.all_reduce_max_(torch.tensor([value], dtype=torch.int64, device=self.control)).item())
+
+    def all_reduce_max_(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum over all ranks, in place (`values` lives on `control`)."""
         opts = self._opts(dist.AllreduceOptions, reduceOp=dist.ReduceOp.MAX)
-        self.pg.allreduce([t], opts).wait()
-        return int(t.item())
+        self.pg.allreduce([values], opts).wait()
+        return values
 
     def broadcast_object(self, obj=None, src: int = 0):
         """Pickle `obj` on `src`, return the unpickled copy on every rank: one broadcast of a

@@ -111,3 +111,41 @@ def test_checksums_are_equal_on_cpu_and_cuda():
     assert checksums(tensors) == checksums(on_gpu)
     flat = pack([tensors[0], tensors[0][:48]], torch.device("cpu"))
     assert bucket_checksums(flat, [4096, 48]).tolist() == bucket_checksums(flat.cuda(), [4096, 48]).tolist()
+    parts = [torch.randn(n, generator=g).to(torch.bfloat16) for n in (3 << 20, 1000, 0, 70_001, 512)]
+    flat = pack(parts, torch.device("cpu"))  # tensors of many rows (many programs each), partial rows
+    numels = [t.numel() for t in parts]
+    assert bucket_checksums(flat, numels).tolist() == bucket_checksums(flat.cuda(), numels).tolist()
+
+
+def test_read_back_in_place_equals_cpu_checksums_call_after_call():
+    """`ReadBack` on CUDA reads contiguous, aligned tensors in place (one Triton kernel) and stages
+    the rest: its checksums equal the CPU's (no kernel there) for tensors with partial last rows,
+    many rows, views into a fused tensor, misaligned and non-contiguous ones, with new values and
+    new addresses at every call."""
+    from rlpost.weightsync.manifest import ReadBack, checksums
+
+    g = torch.Generator().manual_seed(3)
+
+    def tensors():
+        fused = torch.randn(3 * 896, 896, generator=g).to(torch.bfloat16).cuda()
+        return [torch.randn(151936 * 8, generator=g).to(torch.bfloat16).cuda(),  # many programs
+                fused[:896], fused[896:1792],  # views at offsets, as vLLM's fused qkv hands back
+                torch.randn(904, generator=g).to(torch.bfloat16).cuda(),  # 1808 bytes: a partial row
+                torch.randn(8, generator=g).cuda(),  # 32 bytes
+                torch.randn(4000, generator=g).to(torch.bfloat16).cuda()[1:3073],  # misaligned: staged
+                torch.randn(9, 64, generator=g).cuda().t(),  # not contiguous: staged
+                torch.randn(7, generator=g).to(torch.bfloat16).cuda(),  # 14 bytes: staged
+                torch.randint(-2**31, 2**31 - 1, (2 << 20,), generator=g, dtype=torch.int32).cuda(),
+                torch.zeros(0, device="cuda")]
+
+    first = tensors()
+    reader = ReadBack(first)
+    assert reader.kernel is not None and reader.in_place == [0, 1, 2, 3, 4, 8, 9]
+    for ts in (first, tensors(), tensors()):
+        assert reader.matches(ts)
+        assert reader(ts).tolist() == checksums([t.cpu() for t in ts])
+    flipped = tensors()
+    want = checksums([t.cpu() for t in flipped])
+    flipped[3].view(torch.int16)[903] ^= 1  # the last element of a partial row
+    got = reader(flipped).tolist()
+    assert got[3] != want[3] and got[:3] == want[:3] and got[4:] == want[4:]

@@ -154,4 +154,4 @@ def test_a_sync_of_the_wrong_kind_is_refused_on_both_sides(base_dir):
     with pytest.raises(WeightSyncError, match="a 'merged' sync reached a rollout that takes"):
         worker.receive_weights(0, "merged")
     thread.join(timeout=30)
-    assert "refused the manifest" in errors["sender"]
+    assert "rank 1 refused the header" in errors["sender"]

@@ -60,7 +60,7 @@ def weights():
             ("norm.half", torch.randn(6, generator=g).to(torch.bfloat16))]
 
 
-def sync(named, engines, version=3, sender_version=None, bucket_bytes=64):
+def sync(named, engines, version=3, sender_version=None, bucket_bytes=64, verify=True):
     port = free_port()
     world = 1 + len(engines)
     manifest = manifest_of(named)
@@ -68,7 +68,7 @@ def sync(named, engines, version=3, sender_version=None, bucket_bytes=64):
     def sender():
         group = SyncGroup("127.0.0.1", port, 0, world, "cpu", 30)
         return send_weights(group, manifest, iter([t for _, t in named]),
-                            sender_version if sender_version is not None else version, bucket_bytes)
+                            sender_version if sender_version is not None else version, bucket_bytes, verify)
 
     def receiver(rank, engine):
         def fn():
@@ -93,13 +93,55 @@ def test_sync_delivers_every_tensor_bitwise_to_every_receiver():
             assert torch.equal(engine.params[name], t)
 
 
-def test_manifest_mismatch_names_the_tensor_on_both_sides():
+@pytest.mark.parametrize("verify", [True, False])
+def test_manifest_mismatch_names_the_tensor_on_both_sides(verify):
     named = weights()
     wrong = [(n, torch.zeros(5, 4) if n == "embed.weight" else t) for n, t in named]
-    sent, received = sync(named, [Engine(wrong)])
+    sent, received = sync(named, [Engine(wrong)], verify=verify)
     assert isinstance(received, WeightSyncError) and "'embed.weight'" in str(received)
     assert "[10, 4]" in str(received) and "[5, 4]" in str(received)
     assert isinstance(sent, WeightSyncError) and "rank 1 refused" in str(sent)
+
+
+def test_one_refusing_receiver_fails_the_sync_on_every_rank_without_a_hang():
+    """The receiver that refuses takes part in the transfer without loading; the others load,
+    and learn from the verdict that the sync failed elsewhere."""
+    named = weights()
+    wrong = [(n, torch.zeros(5, 4) if n == "embed.weight" else t) for n, t in named]
+    good, refusing = Engine(named), Engine(wrong)
+    sent, ok, refused = sync(named, [good, refusing])
+    assert isinstance(refused, WeightSyncError) and "'embed.weight'" in str(refused)
+    assert not refusing.params["layer.0.w"].any()  # it loaded nothing
+    assert isinstance(sent, WeightSyncError) and "rank 2 refused" in str(sent)
+    assert isinstance(ok, WeightSyncError) and "failed on rollout rank 2" in str(ok)
+    for name, t in named:
+        assert torch.equal(good.params[name], t)
+
+
+def test_a_corrupt_receiver_is_named_by_itself_and_its_tensor_by_the_sender():
+    named = weights()
+    sent, ok, bad = sync(named, [Engine(named), Engine(named, corrupt="norm.half")])
+    assert isinstance(bad, WeightSyncError) and "'norm.half'" in str(bad) and "1 tensors differ" in str(bad)
+    assert isinstance(sent, WeightSyncError) and "'norm.half'" in str(sent)
+    assert isinstance(ok, WeightSyncError) and "this rank loaded every tensor intact" in str(ok)
+
+
+def test_staging_buffers_reused_by_other_layouts_keep_their_padding_zero():
+    """The sender packs bucket b into staging buffer b % 2, kept between syncs: the first bucket
+    of the second sync lands where the third bucket of the first wrote data past its own tensor.
+    A dirty pad would change the sent checksum but not the engine's: verification would fail."""
+    g = torch.Generator().manual_seed(2)
+    named = [(f"t{i}", torch.randn(n, generator=g)) for i, n in enumerate([64, 300, 150, 100, 300, 16])]
+    from rlpost.weightsync.sync import _send_plan
+
+    assert _send_plan(manifest_of(named), 2048).buckets == [[0], [1, 2], [3, 4], [5]]
+    engine = Engine(named)
+    for version in (3, 4):
+        named = [(n, t + 1) for n, t in named]
+        sent, received = sync(named, [engine], version=version, bucket_bytes=2048)
+        assert not isinstance(received, Exception), received
+        for name, t in named:
+            assert torch.equal(engine.params[name], t)
 
 
 def test_version_mismatch_is_refused():
@@ -182,7 +224,7 @@ def test_read_back_equals_checksums_call_after_call(monkeypatch):
                 torch.randint(-9, 9, (1280,), generator=g), torch.randn(3, generator=g).double()]
 
     first = tensors()
-    reader = m.ReadBack([(t.shape, t.dtype) for t in first], torch.device("cpu"))
+    reader = m.ReadBack(first)
     assert any(gr.dtype is None for gr in reader.groups) and sum(gr.dtype is not None for gr in reader.groups) >= 4
     for ts in (first, tensors(), tensors()):
         assert reader.matches(ts)
@@ -194,7 +236,12 @@ def test_read_back_equals_checksums_call_after_call(monkeypatch):
 def test_buckets_respect_size_and_dtype():
     specs = [spec_of("a", torch.zeros(4)), spec_of("b", torch.zeros(4)), spec_of("c", torch.zeros(100)),
              spec_of("d", torch.zeros(2, dtype=torch.bfloat16))]
-    assert plan_buckets(specs, 32) == [[0, 1], [2], [3]]
+    assert plan_buckets(specs, 32) == [[0], [1], [2], [3]]  # first and last: at most 4 bytes
+    assert plan_buckets(specs, 256) == [[0, 1], [2], [3]]
+    same = [spec_of(f"t{i}", torch.zeros(4)) for i in range(10)]  # 16 bytes each
+    assert plan_buckets(same, 128) == [[0], list(range(1, 9)), [9]]
+    assert plan_buckets(same, 2048) == [list(range(10))]
+    assert plan_buckets(same[:1], 8) == [[0]] and plan_buckets([], 8) == []
     assert compare_manifests(specs, specs) is None
     assert "not sent" in compare_manifests(specs, specs[:3])
     assert "no such tensor" in compare_manifests(specs[:3], specs)
@@ -224,9 +271,10 @@ class StopsEarly(Engine):
             self.params[name].copy_(t)
 
 
-def test_engine_that_skips_tensors_is_an_error_not_a_hang():
+@pytest.mark.parametrize("verify", [True, False])
+def test_engine_that_skips_tensors_is_an_error_not_a_hang(verify):
     named = weights()
-    sent, received = sync(named, [StopsEarly(named)])
+    sent, received = sync(named, [StopsEarly(named)], verify=verify)
     assert isinstance(received, WeightSyncError) and "loaded 2 of 4" in str(received)
     assert isinstance(sent, WeightSyncError) and "rank 1" in str(sent)
 
