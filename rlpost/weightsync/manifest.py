@@ -6,12 +6,12 @@ process inside gloo/NCCL with no hint of which tensor was wrong.
 
 `checksum` reads a tensor's bytes (zero-padded to whole rows of 1 KiB) as 32-bit words, sums each
 row modulo 2**32 and adds the row sums weighted by row number (1, 2, ...) in int64 wrapping
-arithmetic. Integer addition
-is associative, so the value is the same on CPU and CUDA and for any reduction order. Any changed
-bit changes it, and so does data moved from one row to another (shifted, swapped matrix rows or
-heads, a wrong slice of a fused tensor, stale values); a permutation inside one 1 KiB row does not.
-It reads the tensor once (rows of 1 KiB let CUDA's reduction run at memory speed) and works on
-1/128 of its size after that; a whole bucket of tensors is checksummed in a fixed number of kernels.
+arithmetic. Integer addition is associative, so the value is the same on CPU and CUDA and for any
+reduction order. Any changed bit changes it, and so does data moved from one row to another
+(shifted, swapped matrix rows or heads, a wrong slice of a fused tensor, stale values); a
+permutation inside one 1 KiB row does not. It reads the tensor once. Here it is torch ops: a
+row-sum kernel and nine more for a whole bucket, or for a `ReadBack` of many tensors; on CUDA
+one Triton kernel does the same where the tensors lie (`cuda_checksums.py`).
 """
 
 from __future__ import annotations

@@ -305,7 +305,7 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
                                   f"differs from the sender's ({len(wrong)} tensors differ)")
     if values[0] or values[1] or differs is not None:
         raise WeightSyncError(f"weight sync v{version} failed on rollout rank "
-                              f"{values[0] or values[1] or 'another'} (its error says why); "
-                              "this rank loaded every tensor intact")
+                              f"{values[0] or values[1] or 'another'} (its error says why); this rank "
+                              f"loaded every tensor{' intact' if mine is not None else ''}")
     end = time.perf_counter()
     return SyncStats(version, received, end - start, len(manifest), readback, header_s, end - loaded_at)

@@ -114,6 +114,10 @@ def test_one_refusing_receiver_fails_the_sync_on_every_rank_without_a_hang():
     assert not refusing.params["layer.0.w"].any()  # it loaded nothing
     assert isinstance(sent, WeightSyncError) and "rank 2 refused" in str(sent)
     assert isinstance(ok, WeightSyncError) and "failed on rollout rank 2" in str(ok)
+    assert "every tensor intact" in str(ok)
+    sent, ok, refused = sync(named, [Engine(named), Engine(wrong)], verify=False)
+    assert isinstance(sent, WeightSyncError) and "rank 2 refused" in str(sent)
+    assert isinstance(ok, WeightSyncError) and str(ok).endswith("this rank loaded every tensor")
     for name, t in named:
         assert torch.equal(good.params[name], t)
 
