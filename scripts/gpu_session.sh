@@ -12,6 +12,8 @@
 #   bash scripts/gpu_session.sh F   # checksum (Triton kernel vs CPU) and IPC tests, sync bandwidth (256 and 64 MB buckets),
 #                                   # checksum micro-timings
 #   bash scripts/gpu_session.sh G   # merged vs adapter rollout, 3B: rank 64 (10 rounds), rank 16 (6)
+# and after the one-verdict protocol and the Triton checksum kernel (one H100 with vLLM):
+#   bash scripts/gpu_session.sh H   # colocate GRPO: IPC syncs verified by reading back vLLM's tensors
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -80,6 +82,9 @@ G)
     --rounds 10 --out "$OUT/lora_3b_r64.json"
   step lora_3b_r16 python3 scripts/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 16 --skip-rlpost \
     --rounds 6 --out "$OUT/lora_3b_r16.json"
+  ;;
+H)
+  grpo grpo_colocate cluster.placement=colocate rollout.gpu_memory_utilization=0.4
   ;;
 esac
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpus.csv" 2>&1
