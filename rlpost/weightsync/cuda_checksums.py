@@ -84,11 +84,10 @@ class Checksums:
             self.offsets.copy_(torch.tensor([o // 16 for o in offsets], dtype=torch.int64))
             self.sent = list(offsets)
 
-    def __call__(self, base: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Queue the checksums of the tensors at the offsets from `base` (16-byte aligned) into
-        `out` (int64, zeros) or a new vector; no host synchronisation."""
-        if out is None:
-            out = torch.zeros(self.n, dtype=torch.int64, device=base.device)
+    def __call__(self, base: torch.Tensor) -> torch.Tensor:
+        """Queue the checksums of the tensors at the offsets from `base` (int32, 16-byte aligned)
+        into a new int64 vector; no host synchronisation."""
+        out = torch.zeros(self.n, dtype=torch.int64, device=base.device)
         if self.n_blocks:
             _kernel()[(self.n_blocks,)](base, self.offsets, self.sizes, self.blocks, self.n_blocks, out,
                                         ROWS=_ROWS, WORDS=_WORDS, num_warps=4)

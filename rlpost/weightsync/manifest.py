@@ -103,7 +103,8 @@ _GROUP_BYTES = 64 << 20  # small separate tensors are copied together into group
 _ALONE_BYTES = 16 << 20  # larger ones are checksummed where they are
 _PADS: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}  # zeros of each length < a row
 _ROW_NUMBERS: dict[torch.device, torch.Tensor] = {}  # 1, 2, 3, ... (int64), grown as needed
-_BOUNDS: dict[tuple, object] = {}  # see `_bounds` and `_bucket_kernel`
+_BOUNDS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # see `_bounds`
+_KERNELS: dict[tuple, "cuda_checksums.Checksums"] = {}  # see `_bucket_kernel`
 
 
 def padded(numel: int, element_size: int) -> int:
@@ -160,6 +161,19 @@ def layout(shapes: list[tuple[int, ...]], element_size: int) -> list[tuple[tuple
     return out
 
 
+def staged(buffer: torch.Tensor, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> tuple:
+    """A bucket laid out as `pack` lays it out in `buffer` (bytes, kept by the caller): (its flat
+    view, a view per tensor, the positions of its padding, None if none). Copying into the views
+    and zeroing the padding packs it with no allocation; another layout may have written there."""
+    places = layout(shapes, dtype.itemsize)
+    numels = [torch.Size(s).numel() for s in shapes]
+    size = places[-1][2] + padded(numels[-1], dtype.itemsize) if places else 0
+    flat = buffer[:size * dtype.itemsize].view(dtype)
+    tails = [torch.arange(at + n, at + padded(n, dtype.itemsize)) for n, (_, _, at) in zip(numels, places)]
+    tails = [t for t in tails if t.numel()]
+    return flat, unpack(flat, places), torch.cat(tails).to(buffer.device) if tails else None
+
+
 def _row_sums(raw: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The sum of each row of the bytes `raw` (whole rows) read as 32-bit words, modulo 2**32 in
     int32: one read of the data at memory speed, no widened temporary."""
@@ -190,15 +204,15 @@ def bucket_checksums(flat: torch.Tensor, numels: list[int]) -> torch.Tensor:
 def _bucket_kernel(device: torch.device, rows_each: tuple[int, ...]) -> cuda_checksums.Checksums:
     """The kernel's tables for a bucket whose tensors take `rows_each` rows (their padding is
     zeros), kept per bucket plan."""
-    key = ("kernel", device, rows_each)
-    if key not in _BOUNDS:
-        if len(_BOUNDS) > 1024:
-            _BOUNDS.clear()
+    key = (device, rows_each)
+    if key not in _KERNELS:
+        if len(_KERNELS) > 1024:
+            _KERNELS.clear()
         starts = [0]
         for r in rows_each[:-1]:
             starts.append(starts[-1] + r * ROW_BYTES)
-        _BOUNDS[key] = cuda_checksums.Checksums([r * ROW_BYTES for r in rows_each], device, starts)
-    return _BOUNDS[key]
+        _KERNELS[key] = cuda_checksums.Checksums([r * ROW_BYTES for r in rows_each], device, starts)
+    return _KERNELS[key]
 
 
 def checksums_of_rows(rows: torch.Tensor, rows_each: tuple[int, ...]) -> torch.Tensor:
@@ -322,14 +336,8 @@ class ReadBack:
         most = max((g.rows for g in self.groups if g.dtype is not None), default=0)
         self.staging = torch.zeros(most * ROW_BYTES, dtype=torch.uint8, device=self.device)
         for g in self.groups:
-            if g.dtype is None:
-                continue
-            places = layout([self.specs[i][0] for i in g.members], g.dtype.itemsize)
-            g.views = unpack(self.staging.view(g.dtype), places)
-            tails = [torch.arange(at + numels[i], at + padded(numels[i], g.dtype.itemsize))
-                     for i, (_, _, at) in zip(g.members, places)]
-            tails = [t for t in tails if t.numel()]
-            g.pads = torch.cat(tails).to(self.device) if tails else None
+            if g.dtype is not None:
+                _, g.views, g.pads = staged(self.staging, [self.specs[i][0] for i in g.members], g.dtype)
 
     def matches(self, tensors: list[torch.Tensor]) -> bool:
         if len(tensors) != len(self.specs):

@@ -35,6 +35,7 @@ from rlpost.weightsync.manifest import (
     pack,
     padded,
     plan_buckets,
+    staged,
     unpack,
 )
 from rlpost.weightsync.transport import SyncGroup
@@ -92,24 +93,23 @@ class _Plan:
 
     def pack(self, b: int, parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
         """Bucket `b` as one flat tensor on `device`, laid out as `manifest.pack` lays it out. A
-        lone tensor (larger than a bucket, or filling one) travels as it is where it is contiguous
-        and fills whole rows, else is packed alone. The others are copied (one `_foreach_copy_`)
-        into one of two staging buffers kept with the plan: bucket b into buffer b % 2, whose
-        previous bucket's broadcast the sender has waited for (stream order)."""
+        bucket of one tensor that fills whole rows goes through `pack` (as it is where it can);
+        the others are copied (one `_foreach_copy_`) into one of two staging buffers kept with
+        the plan: bucket b into buffer b % 2, whose previous bucket's broadcast the sender has
+        waited for (stream order)."""
         if self._lone(b):
-            t = parts[0]
-            if t.device == device and t.is_contiguous():
-                return t.detach().view(-1)
             return pack(parts, device)
         if device not in self.staging:
             nbytes = max((self.sizes[i] * self.dtypes[i].itemsize for i in range(len(self.buckets))
                           if not self._lone(i)), default=0)
             buffers = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
-            self.staging[device] = [None if self._lone(i) else self._stage(buffers[i % 2], i)
-                                    for i in range(len(self.buckets))]
+            self.staging[device] = [
+                None if self._lone(i) else
+                staged(buffers[i % 2], [self.manifest[j].shape for j in bucket], self.dtypes[i])
+                for i, bucket in enumerate(self.buckets)]
         flat, views, pads = self.staging[device][b]
         with torch.no_grad():
-            if pads is not None:  # the other buffer's last bucket may have written them
+            if pads is not None:
                 flat.index_fill_(0, pads, 0)
             torch._foreach_copy_(views, parts)
         return flat
@@ -117,13 +117,6 @@ class _Plan:
     def _lone(self, b: int) -> bool:
         """Bucket `b` is one tensor that fills whole rows: it needs no staging."""
         return len(self.buckets[b]) == 1 and self.numels[b][0] == self.sizes[b]
-
-    def _stage(self, buffer: torch.Tensor, b: int) -> tuple:
-        dtype, places = self.dtypes[b], self.places[b]
-        flat = buffer[:self.sizes[b] * dtype.itemsize].view(dtype)
-        tails = [torch.arange(at + n, at + padded(n, dtype.itemsize)) for n, (_, _, at) in zip(self.numels[b], places)]
-        tails = [t for t in tails if t.numel()]
-        return flat, unpack(flat, places), torch.cat(tails).to(buffer.device) if tails else None
 
     def check(self, expected: Manifest) -> str | None:
         """compare_manifests(expected, sent), remembered once it passed for these very specs."""
@@ -227,7 +220,7 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
     if values[1]:
         raise WeightSyncError(f"weight sync v{version}: the engine of rollout rank {values[1]} loaded "
                               "fewer tensors than were sent (its error says how many)")
-    wrong = _differs(values, n) if n else None
+    wrong = _differs(values, n)
     if wrong is not None:
         raise WeightSyncError(f"weight sync v{version}: a rollout rank loaded tensor "
                               f"{manifest[wrong].name!r} with a checksum that differs from the sent one "
@@ -283,20 +276,20 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
         held = [loaded(s.name) for s in manifest]
         back = [i for i, h in enumerate(held) if h is not None]
         readback = len(back)
-        # as received, in manifest order (buckets hold consecutive tensors); then what the engine holds
-        mine = torch.cat(received_sums) if received_sums else torch.zeros(0, dtype=torch.int64)
-        if len(back) == len(manifest):
+        if len(back) == len(manifest):  # what the engine holds
             mine = plan.read_back(held, back)
-        elif back:
-            values = plan.read_back([held[i] for i in back], back).to(mine.device)
-            mine[torch.tensor(back, device=mine.device)] = values
+        else:  # as received, in manifest order (buckets hold consecutive tensors), then what it holds
+            mine = torch.cat(received_sums) if received_sums else torch.zeros(0, dtype=torch.int64)
+            if back:
+                values = plan.read_back([held[i] for i in back], back).to(mine.device)
+                mine[torch.tensor(back, device=mine.device)] = values
     n = len(manifest) if header["verify"] else 0
     values = _verdict(group, group.rank if problem else 0, group.rank if skipped else 0, None, mine, n)
     if problem:
         raise WeightSyncError(f"weight sync v{version} refused: {problem}")
     if skipped:
         raise WeightSyncError(skipped)
-    differs = _differs(values, n) if n else None
+    differs = _differs(values, n)
     if differs is not None and mine is not None:  # all agree with the sender unless some differ
         sent = values[2:2 + n]
         wrong = [s.name for s, got, want in zip(manifest, mine.tolist(), sent) if got != want]
