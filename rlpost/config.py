@@ -194,7 +194,8 @@ class WeightSyncConfig:
                                "the previous one is on the wire and keeps two staging buffers of this "
                                "size between syncs; a receiver holds about two while receiving).")
     verify: bool = knob(True, "Receivers check a checksum of every tensor they loaded.")
-    timeout_s: int = knob(600, "Timeout of the weight-sync process group.")
+    timeout_s: int = knob(600, "Timeout of the weight-sync process group. An actor whose sync still runs "
+                          "after half of it prints the stack of each of its threads to stderr.")
 
 
 @dataclass

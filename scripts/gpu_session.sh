@@ -14,6 +14,8 @@
 #   bash scripts/gpu_session.sh G   # merged vs adapter rollout, 3B: rank 64 (10 rounds), rank 16 (6)
 # and after the one-verdict protocol and the Triton checksum kernel (one H100 with vLLM):
 #   bash scripts/gpu_session.sh H   # colocate GRPO: IPC syncs verified by reading back vLLM's tensors
+# and after the sender keeps one transfer in flight (2 x H200, torch only):
+#   bash scripts/gpu_session.sh I   # GPU sync tests, sync bandwidth (256 and 64 MB buckets)
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -85,6 +87,11 @@ G)
   ;;
 H)
   grpo grpo_colocate cluster.placement=colocate rollout.gpu_memory_utilization=0.4
+  ;;
+I)
+  step sync_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py
+  step weight_sync python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256,64 --reps 7 \
+    --out "$OUT/weight_sync.json"
   ;;
 esac
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$OUT/gpus.csv" 2>&1

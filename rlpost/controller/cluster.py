@@ -84,6 +84,20 @@ class Placement:
         remove_placement_group(self.pg)
 
 
+def get_all(refs: list, first: list = (), grace_s: float = 10.0) -> list:
+    """`ray.get(refs)`, which raises as soon as one task fails: a rank that failed inside a
+    collective leaves its peers waiting for it until the process group times out. When the failure
+    is not one of `first` (tasks whose errors say more: a rollout's names the tensor at fault),
+    those get `grace_s` to fail too, and their error is raised instead."""
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayError:
+        ready, _ = ray.wait(list(first), num_returns=len(first), timeout=grace_s) if first else ([], [])
+        for ref in ready:
+            ray.get(ref)  # raises the first of their errors
+        raise
+
+
 @ray.remote
 def _address() -> tuple[str, int]:
     from rlpost.weightsync.transport import free_port

@@ -27,7 +27,7 @@ import torch
 from rlpost.algos.advantages import get_advantage
 from rlpost.config import ConfigError, TrainConfig, config_dict, to_yaml
 from rlpost.controller import checkpoint
-from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
+from rlpost.controller.cluster import Placement, WorkerGroup, get_all, start_ray
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.microbatch import padding_fraction, plan_step, shard_batch
@@ -256,8 +256,6 @@ class Controller:
         kind (`sync_kinds`: the plain or merged weights; in adapter mode the base once, then the
         adapter only). Metrics: bytes in all and per kind, `weight_sync/adapter_only`, the time the
         receivers spent checking checksums after the data (`weight_sync/recv_verify_s`)."""
-        import ray
-
         start = time.perf_counter()
         kinds = sync_kinds(self.cfg, first=not self._rollouts_primed)
         out: dict[str, float] = {"weight_sync/bytes": 0.0, "weight_sync/send_s": 0.0, "weight_sync/recv_s": 0.0}
@@ -265,8 +263,9 @@ class Controller:
         for kind in kinds:
             recv = self.rollouts.call_async("receive_weights", self.version, kind)
             sent = self.trainers.call_async("push_weights", self.version, kind=kind)
-            recv_stats = ray.get(recv)  # receivers first: their errors name the tensor
-            send_stats = next(s for s in ray.get(sent) if s)
+            stats = get_all(recv + sent, first=recv)  # a receiver's error names the tensor
+            recv_stats = stats[:len(recv)]
+            send_stats = next(s for s in stats[len(recv):] if s)
             out["weight_sync/bytes"] += send_stats.pop("weight_sync/bytes")
             out[f"weight_sync/{kind}_bytes"] = float(recv_stats[0]["weight_sync/recv_bytes"])
             out["weight_sync/send_s"] += send_stats.pop("weight_sync/send_s")

@@ -12,7 +12,7 @@ from rlpost.rollout.base import RolloutEngine, SamplingParams
 from rlpost.trainer.lora import sync_kinds
 from rlpost.weightsync.manifest import WeightSyncError
 from rlpost.weightsync.sync import receive_weights
-from rlpost.weightsync.transport import SyncGroup
+from rlpost.weightsync.transport import SyncGroup, stacks_if_stuck
 
 
 def serves_adapter(cfg: TrainConfig) -> bool:
@@ -96,7 +96,8 @@ class RolloutWorker:
             expected, load, loaded = e.adapter_manifest(), e.load_adapter, e.loaded_adapter_tensor
         else:
             expected, load, loaded = e.weight_manifest(), e.load_weights, e.loaded_tensor
-        stats = receive_weights(self.sync_group, expected, version, load, loaded)
+        with stacks_if_stuck(self.cfg.weight_sync.timeout_s / 2):
+            stats = receive_weights(self.sync_group, expected, version, load, loaded)
         e.weight_version = version
         return {"weight_sync/recv_s": stats.seconds, "weight_sync/recv_bytes": float(stats.bytes),
                 "weight_sync/recv_header_s": stats.header_s, "weight_sync/recv_verify_s": stats.verify_s,

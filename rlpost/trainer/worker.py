@@ -40,7 +40,7 @@ from rlpost.trainer.lora import (ADAPTER_DTYPE, adapter_named_parameters, adapte
 from rlpost.trainer.optim import LayerwiseAdamW
 from rlpost.weightsync.manifest import checksum, spec_of
 from rlpost.weightsync.sync import send_weights
-from rlpost.weightsync.transport import SyncGroup
+from rlpost.weightsync.transport import SyncGroup, stacks_if_stuck
 
 
 class TrainerWorker:
@@ -262,7 +262,7 @@ class TrainerWorker:
         carries. Offloaded shards (`trainer.param_offload`) come to the device for the gather
         and go back afterwards unless `keep_on_gpu`."""
         kind = kind or sync_kinds(self.cfg, first=True)[0]
-        with self._resident(self.model, keep=keep_on_gpu):
+        with stacks_if_stuck(self.cfg.weight_sync.timeout_s / 2), self._resident(self.model, keep=keep_on_gpu):
             tensors = self._export(kind)
             if self.sync_group is None:  # this rank only takes part in the gathers
                 for _ in tensors:

@@ -192,7 +192,7 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
     header_s = time.perf_counter() - start
     sums: list[torch.Tensor] = []
     sent = 0
-    in_flight = None  # the previous bucket's broadcast runs while this one is packed
+    in_flight = None  # the previous bucket's broadcast runs while this one is gathered and packed
     for b, bucket in enumerate(plan.buckets):
         parts = [next(tensors) for _ in bucket]
         dtype = plan.dtypes[b]
@@ -201,12 +201,11 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
                 raise WeightSyncError(f"tensor {manifest[i].name!r} is {list(t.shape)} {t.dtype}, its "
                                       f"manifest says {list(shape)} {manifest[i].dtype}")
         flat = plan.pack(b, parts, group.device)
-        pending = group.send_bucket(flat)
+        if in_flight is not None:  # one transfer at a time, as receivers post them
+            in_flight.wait()
+        in_flight = group.send_bucket(flat)
         if verify:  # after the send is queued: the broadcast does not wait for the checksum
             sums.append(bucket_checksums(flat, plan.numels[b]))
-        if in_flight is not None:
-            in_flight.wait()
-        in_flight = pending
         sent += sum(plan.numels[b]) * dtype.itemsize
     if in_flight is not None:
         in_flight.wait()

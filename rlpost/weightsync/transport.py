@@ -11,7 +11,9 @@ Only the few collectives a weight sync needs are exposed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import faulthandler
 import pickle
 import socket
 
@@ -23,6 +25,18 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def stacks_if_stuck(seconds: float):
+    """Print the Python stack of every thread of this process to stderr if the block still runs
+    after `seconds` (faulthandler: it prints even while a thread holds the GIL). A sync stuck in a
+    transfer then shows on each rank where it waits; gloo and NCCL only say that they timed out."""
+    faulthandler.dump_traceback_later(seconds)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 _MESSAGE_BYTES = 1 << 16  # control messages up to this size take one broadcast
@@ -50,8 +64,8 @@ class SyncGroup:
     # --------------------------------------------------------------------------- buckets
     def send_bucket(self, flat: torch.Tensor):
         """Sender: deliver one flat bucket to every receiver. Returns a handle whose `wait()`
-        must be called (before the next-but-one bucket) so the bucket's memory can be reused;
-        the broadcast of this bucket then overlaps the packing of the next one."""
+        must be called before the next bucket is sent (one transfer in flight at a time) and
+        before the bucket's memory is reused; the broadcast overlaps the packing of the next one."""
         if self.transport == "broadcast":
             return _Pending(self._broadcast_async(flat, 0), flat)
         from torch.multiprocessing.reductions import reduce_tensor

@@ -293,3 +293,29 @@ def test_control_messages_of_any_size():
         return [group.broadcast_object(small if r == 0 else None), group.broadcast_object(large if r == 0 else None)]
 
     assert run_ranks(lambda: rank(0), lambda: rank(1)) == [[small, large]] * 2
+
+
+def test_a_stuck_block_prints_every_thread_stack_and_a_quick_one_prints_nothing():
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import time
+        from rlpost.weightsync.transport import stacks_if_stuck
+        def quick_sync():
+            with stacks_if_stuck(1.0):
+                time.sleep(0.1)
+        def stuck_sync():
+            with stacks_if_stuck(0.3):
+                time.sleep(1.5)
+        quick_sync()
+        time.sleep(1.5)  # past the quick block's deadline: it was cancelled
+        print("between", flush=True)
+        stuck_sync()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "between\n"
+    assert out.stderr.count("Timeout (") == 1 and "in stuck_sync" in out.stderr, out.stderr
+    assert "quick_sync" not in out.stderr

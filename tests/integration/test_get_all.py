@@ -1,0 +1,43 @@
+"""The controller's wait on a group of tasks: a failed rank is an error at once, not when the
+peers it left inside a collective time out."""
+
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_first_failure_raises_at_once_and_a_preferred_error_wins(ray_session):
+    import ray
+
+    from rlpost.controller.cluster import get_all
+
+    @ray.remote(num_cpus=0)
+    def fails(message, after_s=0.0):
+        time.sleep(after_s)
+        raise RuntimeError(message)
+
+    @ray.remote(num_cpus=0)
+    def waits(seconds):
+        time.sleep(seconds)
+        return seconds
+
+    assert get_all([waits.remote(0.1), waits.remote(0.2)], first=[]) == [0.1, 0.2]
+
+    # a sender fails; its receiver waits for data that never comes (here: 60 s)
+    start = time.time()
+    with pytest.raises(ray.exceptions.RayTaskError, match="sender broke"):
+        get_all([waits.remote(60), fails.remote("sender broke")], grace_s=1.0)
+    assert time.time() - start < 30
+
+    receiver = waits.remote(60)
+    start = time.time()
+    with pytest.raises(ray.exceptions.RayTaskError, match="sender broke"):
+        get_all([receiver, fails.remote("sender broke")], first=[receiver], grace_s=1.0)
+    assert time.time() - start < 30  # the receiver had its grace, then the sender's error
+
+    # both fail, the sender first: the receiver's error, which names the tensor, is raised
+    receiver = fails.remote("tensor 'w' differs", after_s=0.5)
+    with pytest.raises(ray.exceptions.RayTaskError, match="tensor 'w' differs"):
+        get_all([receiver, fails.remote("a receiver refused")], first=[receiver], grace_s=20.0)
