@@ -9,6 +9,7 @@ Placement (one placement group for the whole job):
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import ray
@@ -92,9 +93,12 @@ def get_all(refs: list, first: list = (), grace_s: float = 10.0) -> list:
     try:
         return ray.get(refs)
     except ray.exceptions.RayError:
-        ready, _ = ray.wait(list(first), num_returns=len(first), timeout=grace_s) if first else ([], [])
-        for ref in ready:
-            ray.get(ref)  # raises the first of their errors
+        deadline, pending = time.monotonic() + grace_s, list(first)
+        while pending:  # each as it ends: one that failed first is raised at once
+            ready, pending = ray.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            ray.get(ready)
         raise
 
 

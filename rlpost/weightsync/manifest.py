@@ -369,9 +369,9 @@ class ReadBack:
                     used.view(g.dtype).index_fill_(0, g.pads, 0)
                 torch._foreach_copy_(g.views, [tensors[i] for i in g.members])
                 _row_sums(used, out=out)
-        staged = checksums_of_rows(rows, self.rest_rows)
+        copied = checksums_of_rows(rows, self.rest_rows)
         if direct is None:
-            return staged
+            return copied
         out = torch.empty(len(self.specs), dtype=torch.int64, device=self.device)
         out.index_copy_(0, self.in_place_index, direct)
-        return out.index_copy_(0, self.rest_index, staged)
+        return out.index_copy_(0, self.rest_index, copied)

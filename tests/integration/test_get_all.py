@@ -37,6 +37,13 @@ def test_the_first_failure_raises_at_once_and_a_preferred_error_wins(ray_session
         get_all([receiver, fails.remote("sender broke")], first=[receiver], grace_s=1.0)
     assert time.time() - start < 30  # the receiver had its grace, then the sender's error
 
+    # a receiver fails while another still waits: its error at once, no grace spent
+    start = time.time()
+    with pytest.raises(ray.exceptions.RayTaskError, match="tensor 'v' differs"):
+        receivers = [fails.remote("tensor 'v' differs"), waits.remote(60)]
+        get_all(receivers + [waits.remote(60)], first=receivers, grace_s=20.0)
+    assert time.time() - start < 10
+
     # both fail, the sender first: the receiver's error, which names the tensor, is raised
     receiver = fails.remote("tensor 'w' differs", after_s=0.5)
     with pytest.raises(ray.exceptions.RayTaskError, match="tensor 'w' differs"):
