@@ -42,11 +42,17 @@ class TinyModelConfig:
     num_kv_heads: int = knob(2, "Key/value heads (grouped-query attention) of the tiny model.")
     intermediate_size: int = knob(384, "MLP width of the tiny model.")
     max_position: int = knob(128, "Longest sequence (prompt + response) the tiny model supports.")
-    warmup_steps: int = knob(600, "Supervised warm-up steps on the offline task before caching.")
-    warmup_schedule_steps: int = knob(1000, "Length of the warm-up's cosine schedule; stopping before "
-                                      "its end leaves the model mid-way through learning the task.")
-    warmup_lr: float = knob(3e-3, "Peak learning rate of the warm-up.")
+    warmup_steps: int = knob(1200, "Supervised warm-up steps on the offline task before caching (linear ramp "
+                             "over the first 5%, then cosine decay to 0: the whole schedule runs).")
+    warmup_lr: float = knob(1e-3, "Peak learning rate of the warm-up (3e-3 left 2 of 5 seeds of the CPU quickstart's "
+                            "model stuck on a plateau; docs/learnable-start.md).")
     warmup_batch_size: int = knob(64, "Problems per warm-up step.")
+    warmup_carry_slip: float = knob(0.7, "The warm-up's teacher forgets the carry (writes the sum minus 10) on this "
+                                    "fraction of the problems whose units column carries, so the start model knows "
+                                    "the right answer but prefers a wrong one: headroom for RL (pass@k >> pass@1).")
+    warmup_threads: int = knob(2, "torch threads of the warm-up (it runs before the actors start).")
+    eval_samples: int = knob(16, "Samples per held-out problem for the start model's pass@k, measured once when "
+                             "the model is built (`start_eval.json` in its folder).")
     seed: int = knob(0, "Seed of the tiny model's initialisation and warm-up.")
 
 
@@ -283,7 +289,8 @@ def validate(cfg: TrainConfig) -> None:
     positive = ["trainer.world_size", "trainer.micro_batch_size", "rollout.n", "rollout.num_workers",
                 "rollout.max_response_length", "rollout.batch_size", "data.train_batch_size",
                 "data.max_prompt_length", "weight_sync.bucket_mb", "cluster.num_threads",
-                "algo.ppo_epochs"]
+                "algo.ppo_epochs", "model.tiny.warmup_batch_size", "model.tiny.warmup_threads",
+                "model.tiny.eval_samples"]
     for key in positive:
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1")
@@ -330,6 +337,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"algo.rollout_is_threshold={cfg.algo.rollout_is_threshold} must be >= 1")
     if not 0 < cfg.rollout.gpu_memory_utilization <= 1:
         raise ConfigError(f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} must be in (0, 1]")
+    tiny = cfg.model.tiny
+    if not 0 <= tiny.warmup_carry_slip <= 1:
+        raise ConfigError(f"model.tiny.warmup_carry_slip={tiny.warmup_carry_slip} must be in [0, 1]")
     lora = cfg.model.lora
     if lora.rank < 0:
         raise ConfigError(f"model.lora.rank={lora.rank} must be >= 0")

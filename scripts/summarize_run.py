@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Summarise a run folder's metrics.jsonl as JSON: per metric, the mean and max over the
-training steps after the first `--skip` (warm-up), plus every step's value of a few keys.
+training steps after the first `--skip` (warm-up), every step's value of a few keys, the
+validation curve, the start model's pass@k (tiny models) and the seconds spent in each phase.
 
     python3 scripts/summarize_run.py runs/a --skip 1 > summary.json
 """
@@ -30,6 +31,10 @@ def summarize(run_dir: str, skip: int) -> dict:
         out["max"][k] = max(values)
     for k in PER_STEP:
         out["per_step"][k] = [r.get(k) for r in steps]
+    out["val_accuracy"] = [[r["step"], r["val/accuracy"]] for r in rows if "val/accuracy" in r]
+    out["start_model"] = {k[len("start/"):]: v for k, v in out["start"].items() if k.startswith("start/")}
+    out["phase_s"] = {k[len("timing_s/"):]: sum(r.get(k, 0.0) for r in rows)
+                      for k in sorted({k for r in rows for k in r if k.startswith("timing_s/")})}
     return out
 
 

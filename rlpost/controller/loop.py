@@ -32,9 +32,9 @@ from rlpost.data.batch import Batch
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.microbatch import padding_fraction, plan_step, shard_batch
 from rlpost.data.padding import concat_generations
-from rlpost.data.tasks import arithmetic_split, write_jsonl
+from rlpost.data.tasks import ARITHMETIC_FORMAT, arithmetic_split, write_jsonl
 from rlpost.metrics.trackers import Trackers
-from rlpost.models.loading import load_tokenizer, resolve_model_path
+from rlpost.models.loading import load_tokenizer, resolve_model_path, start_eval
 from rlpost.rewards import REWARDS, RewardInput, get_reward_fn, score_samples
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.worker import RolloutWorker
@@ -97,7 +97,7 @@ def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """Train and validation sources; an offline task writes its rows as jsonl first."""
     if cfg.data.task == "arithmetic":
         folder = Path(cfg.model.cache_dir).expanduser() / "data" / \
-            f"arithmetic-d{cfg.data.arithmetic_digits}-v{cfg.data.val_size}"
+            f"arithmetic-d{cfg.data.arithmetic_digits}-v{cfg.data.val_size}-f{ARITHMETIC_FORMAT}"
         train, val = arithmetic_split(cfg.data.arithmetic_digits, seed=0, num_val=cfg.data.val_size)
         if not (folder / "val.jsonl").is_file():
             write_jsonl(train, folder / "train.jsonl")
@@ -160,7 +160,7 @@ class Controller:
         self.cfg, self.log = cfg, log
         self.run_dir = make_run_dir(cfg)
         log(f"run folder: {self.run_dir}")
-        self.model_path = resolve_model_path(cfg.model, cfg.data, log=log)
+        self.model_path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
         self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
         self._load_data()
         self.reward_fn = get_reward_fn(cfg.reward.fn)
@@ -428,6 +428,9 @@ class Controller:
                             config=config_dict(cfg), write=tqdm.write)
         try:
             start_metrics = {k: v for m in self.rollouts.call("memory") for k, v in m.items()}
+            if self.step == 0:  # the built tiny model's held-out greedy accuracy and pass@k
+                start_metrics.update({f"start/{k}": float(v) for k, v in start_eval(self.model_path).items()
+                                      if k == "greedy_accuracy" or k.startswith("pass@")})
             if cfg.trainer.val_every and self.step == 0:
                 start_metrics.update(self.validate())
             if start_metrics:

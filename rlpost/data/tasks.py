@@ -1,9 +1,18 @@
 """Offline tasks: problems generated locally and deterministically, no download needed.
 
-`arithmetic`: two-operand integer addition written as ``"a+b="`` with ground truth ``"a+b"``'s
-value. Every operand pair with ``digits`` digits is enumerated once, shuffled with a fixed seed,
-and split: the first ``num_val`` pairs are held out for validation, the rest are training rows.
-The split depends only on ``(digits, seed, num_val)``, so train and validation never overlap.
+`arithmetic`: two-operand integer addition written as ``"a+b="``. The ground truth is the sum
+written with a fixed width of ``digits + 1`` characters, zero-padded (``"57+38="`` -> ``"095"``),
+so that every answer has the same length and each answer character lines up with the same
+columns of the operands: a small transformer learns that in a few hundred steps, while
+variable-width answers take it thousands. Every operand pair with ``digits`` digits is enumerated
+once, shuffled with a fixed seed, and split: the first ``num_val`` pairs are held out for
+validation, the rest are training rows. The split depends only on ``(digits, seed, num_val)``, so
+train and validation never overlap.
+
+`carry_slip` is a sloppy teacher for the supervised warm-up of the tiny model: on a problem whose
+units column carries, it forgets the carry (writes the sum minus 10) with a given probability. A
+model warmed up on its answers knows the right answer but prefers the wrong one, which is the
+headroom RL needs (docs/learnable-start.md).
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import random
 from pathlib import Path
 
 ARITHMETIC = "arithmetic"
+ARITHMETIC_FORMAT = 2  # bump when the rows change: cached copies are keyed by it
 
 
 def arithmetic_pairs(digits: int, seed: int) -> list[tuple[int, int]]:
@@ -26,8 +36,13 @@ def arithmetic_pairs(digits: int, seed: int) -> list[tuple[int, int]]:
     return pairs
 
 
-def arithmetic_row(a: int, b: int) -> dict:
-    return {"prompt": f"{a}+{b}=", "ground_truth": str(a + b), "data_source": ARITHMETIC}
+def arithmetic_answer(value: int, digits: int) -> str:
+    """`value` written with `digits + 1` characters, zero-padded: the task's answer format."""
+    return str(value).zfill(digits + 1)
+
+
+def arithmetic_row(a: int, b: int, digits: int) -> dict:
+    return {"prompt": f"{a}+{b}=", "ground_truth": arithmetic_answer(a + b, digits), "data_source": ARITHMETIC}
 
 
 def arithmetic_split(digits: int, seed: int, num_val: int) -> tuple[list[dict], list[dict]]:
@@ -35,9 +50,30 @@ def arithmetic_split(digits: int, seed: int, num_val: int) -> tuple[list[dict], 
     pairs = arithmetic_pairs(digits, seed)
     if not 0 < num_val < len(pairs):
         raise ValueError(f"arithmetic task: num_val must be in 1..{len(pairs) - 1}, got {num_val}")
-    val = [arithmetic_row(a, b) for a, b in pairs[:num_val]]
-    train = [arithmetic_row(a, b) for a, b in pairs[num_val:]]
+    val = [arithmetic_row(a, b, digits) for a, b in pairs[:num_val]]
+    train = [arithmetic_row(a, b, digits) for a, b in pairs[num_val:]]
     return train, val
+
+
+def operands(row: dict) -> tuple[int, int]:
+    a, b = row["prompt"].rstrip("=").split("+")
+    return int(a), int(b)
+
+
+def units_carry(row: dict) -> bool:
+    """Whether the units column of the row's addition carries into the tens."""
+    a, b = operands(row)
+    return a % 10 + b % 10 >= 10
+
+
+def carry_slip(row: dict, rng: random.Random, prob: float) -> dict:
+    """The row as a sloppy teacher writes it: where the units column carries, with probability
+    `prob` the answer forgets that carry (the sum minus 10), else it is right."""
+    if prob > 0 and units_carry(row) and rng.random() < prob:
+        a, b = operands(row)
+        width = len(row["ground_truth"])
+        return {**row, "ground_truth": str(a + b - 10).zfill(width)}
+    return row
 
 
 def write_jsonl(rows: list[dict], path: Path) -> Path:

@@ -2,7 +2,7 @@
 
 `model.path=tiny` resolves to a folder in `model.cache_dir` holding a Qwen2-style model and a
 character tokenizer, built and warm-started on the offline arithmetic task the first time and
-reused afterwards. The folder is written under a temporary name and renamed when complete, so an
+reused afterwards, with the start model's held-out greedy accuracy and pass@k (`start_eval.json`). The folder is written under a temporary name and renamed when complete, so an
 interrupted build is never mistaken for a finished one.
 """
 
@@ -46,53 +46,117 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
 
 def tiny_model_dir(model_cfg, data_cfg) -> Path:
     """Cache folder of the tiny model for these settings (content-addressed)."""
+    from rlpost.data.tasks import ARITHMETIC_FORMAT
+
     spec = {"tiny": asdict(model_cfg.tiny), "digits": data_cfg.arithmetic_digits,
-            "val_size": data_cfg.val_size, "format": 1}
+            "val_size": data_cfg.val_size, "format": 2, "task_format": ARITHMETIC_FORMAT}
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return Path(model_cfg.cache_dir).expanduser() / f"tiny-qwen2-{digest}"
 
 
-def ensure_tiny_model(model_cfg, data_cfg, log=print) -> Path:
-    """Build, warm up and cache the tiny model unless a complete copy is cached already."""
+START_EVAL = "start_eval.json"  # the built model's held-out greedy accuracy and pass@k
+
+
+def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print) -> Path:
+    """Build, warm up, evaluate and cache the tiny model unless a complete copy is cached already.
+    On `cuda` the build runs in a child process, so that this one holds no CUDA context."""
+    final = tiny_model_dir(model_cfg, data_cfg)
+    if not (final / "config.json").is_file():
+        log(f"building the tiny model into {final} (first run only)")
+        if device == "cuda":
+            import multiprocessing
+
+            child = multiprocessing.get_context("spawn").Process(
+                target=build_tiny_model, args=(model_cfg, data_cfg, final, device))
+            child.start()
+            child.join()
+            if child.exitcode != 0:
+                raise RuntimeError(f"building the tiny model on {device} failed (exit code {child.exitcode})")
+        else:
+            build_tiny_model(model_cfg, data_cfg, final, device, log)
+    log(describe_start(final))
+    return final
+
+
+def build_tiny_model(model_cfg, data_cfg, final: Path, device: str = "cpu", log=print) -> None:
+    """A Qwen2-style model and character tokenizer, warmed up on the arithmetic task by a sloppy
+    teacher (`model.tiny.warmup_carry_slip`), then measured on the held-out problems
+    (`START_EVAL`), written to a temporary folder and renamed to `final` when complete."""
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.data.tasks import arithmetic_split
+    from rlpost.data.tasks import arithmetic_split, carry_slip
     from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config, warm_up
 
-    final = tiny_model_dir(model_cfg, data_cfg)
-    if (final / "config.json").is_file():
-        return final
     t = model_cfg.tiny
-    log(f"building the tiny model into {final} (first run only)")
     start = time.time()
     torch.manual_seed(t.seed)
     tokenizer = build_char_tokenizer()
     config = tiny_qwen2_config(len(tokenizer), t.hidden_size, t.num_layers, t.num_heads,
                                t.num_kv_heads, t.intermediate_size, t.max_position,
                                tokenizer.pad_token_id, tokenizer.eos_token_id)
-    model = Qwen2ForCausalLM(config)
-    train_rows, _ = arithmetic_split(data_cfg.arithmetic_digits, seed=0, num_val=data_cfg.val_size)
+    model = Qwen2ForCausalLM(config).to(device)
+    train_rows, val_rows = arithmetic_split(data_cfg.arithmetic_digits, seed=0, num_val=data_cfg.val_size)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(t.warmup_threads)
     try:
-        warm_up(model, tokenizer, train_rows, t.warmup_steps, t.warmup_batch_size, t.warmup_lr,
-                t.seed, schedule_steps=t.warmup_schedule_steps, log=log)
+        warm_up(model, tokenizer, train_rows, t.warmup_steps, t.warmup_batch_size, t.warmup_lr, t.seed,
+                label=lambda row, rng: carry_slip(row, rng, t.warmup_carry_slip), log=log)
+        warmup_s = time.time() - start
+        report = evaluate_start(model, tokenizer, val_rows, t.eval_samples, data_cfg.arithmetic_digits + 2, t.seed)
     finally:
         torch.set_num_threads(threads)
+    report.update({"warmup_s": round(warmup_s, 1), "device": device,
+                   "parameters": sum(p.numel() for p in model.parameters())})
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    model.save_pretrained(tmp)
+    model.to("cpu").save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    (tmp / START_EVAL).write_text(json.dumps(report, indent=1) + "\n")
     try:
         tmp.rename(final)
     except OSError:  # another process finished the same build first
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"tiny model ready ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, "
-        f"{time.time() - start:.0f}s)")
-    return final
+    log(f"tiny model ready ({report['parameters'] / 1e6:.2f}M parameters, {time.time() - start:.0f}s)")
 
 
-def resolve_model_path(model_cfg, data_cfg, log=print) -> str:
+def evaluate_start(model, tokenizer, rows: list[dict], samples: int, max_tokens: int, seed: int) -> dict:
+    """Held-out greedy accuracy and pass@k (k = 1, 2, 4, ... up to `samples`, sampled at
+    temperature 1) of the model, scored by the task's reward function."""
+    from rlpost.metrics.passk import pass_at_ks
+    from rlpost.models.tiny import sample_answers
+    from rlpost.rewards import RewardInput, get_reward_fn
+
+    def right(text: str, row: dict) -> bool:
+        reward = get_reward_fn(row["data_source"])
+        return reward(RewardInput(row["prompt"], text, row["ground_truth"], row["data_source"])) >= 1.0
+
+    prompts = [r["prompt"] for r in rows]
+    greedy = sample_answers(model, tokenizer, prompts, 1, max_tokens, greedy=True)
+    sampled = sample_answers(model, tokenizer, prompts, samples, max_tokens, greedy=False, seed=seed)
+    correct = [[right(text, row) for text in texts] for texts, row in zip(sampled, rows)]
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
+    return {"problems": len(rows), "samples": samples,
+            "greedy_accuracy": sum(right(g[0], row) for g, row in zip(greedy, rows)) / len(rows),
+            **pass_at_ks(correct, ks)}
+
+
+def start_eval(model_path: str) -> dict:
+    """The built tiny model's `START_EVAL` report, or {} for any other model."""
+    path = Path(model_path) / START_EVAL
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def describe_start(folder: Path) -> str:
+    e = start_eval(str(folder))
+    passes = ", ".join(f"{k} {v:.3f}" for k, v in e.items() if k.startswith("pass@"))
+    return (f"start model, held-out ({e['problems']} problems, {e['samples']} samples each): greedy accuracy "
+            f"{e['greedy_accuracy']:.3f}; {passes}")
+
+
+def resolve_model_path(model_cfg, data_cfg, device: str = "cpu", log=print) -> str:
+    """A local folder or hub id; `tiny` builds (once) and returns the tiny model's folder, on
+    `device` (`cuda` only where this process sees a GPU)."""
     if model_cfg.path == "tiny":
-        return str(ensure_tiny_model(model_cfg, data_cfg, log=log))
+        device = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
+        return str(ensure_tiny_model(model_cfg, data_cfg, device, log=log))
     local = Path(model_cfg.path).expanduser()
     return str(local) if local.exists() else model_cfg.path

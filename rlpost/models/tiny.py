@@ -3,8 +3,9 @@
 `build_char_tokenizer` makes a character-level tokenizer (one token per character, `<eos>` and
 `<pad>` specials) that saves and loads like any Hugging Face tokenizer. `tiny_qwen2_config` gives
 a Qwen2-shaped decoder config of the requested size. `warm_up` runs a short supervised pass on an
-offline task so that sampling already finds some correct answers, which GRPO needs to learn
-from: a policy that is never rewarded has nothing to reinforce.
+offline task so that sampling already finds correct answers, which GRPO needs to learn from: a
+policy that is never rewarded has nothing to reinforce. `sample_answers` draws completions for
+the start model's pass@k (docs/learnable-start.md).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from typing import Callable
 
 import torch
 
@@ -93,24 +95,51 @@ def cosine(step: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def warm_up(model, tokenizer, rows: list[dict], steps: int, batch_size: int, lr: float,
-            seed: int, schedule_steps: int | None = None, log=print) -> None:
-    """Supervised warm-up: next-token loss on the answer tokens of `rows`, AdamW, cosine decay
-    of the learning rate over `schedule_steps` (default `steps`); stopping before the end of the
-    schedule leaves the model part-way through learning."""
+def warm_up(model, tokenizer, rows: list[dict], steps: int, batch_size: int, lr: float, seed: int,
+            label: Callable[[dict, random.Random], dict] = lambda row, rng: row, log=print) -> None:
+    """Supervised warm-up: next-token loss on the answer tokens of `label(row)` for random rows,
+    AdamW, a linear learning-rate ramp over the first 5% of the steps, then cosine decay to 0.
+    The whole schedule runs, so the model ends where the schedule settles it, not part-way
+    through learning the task. Runs on the device the model is on (bf16 autocast on CUDA)."""
     rng = random.Random(seed)
+    device = next(model.parameters()).device
+    ramp = max(steps // 20, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine(s, schedule_steps or steps, 0.0))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / ramp) * cosine(s, steps, 0.0))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     model.train()
     start = time.time()
     for step in range(steps):
-        ids, mask, labels = sft_batch(tokenizer, rng.sample(rows, batch_size))
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        ids, mask, labels = (t.to(device) for t in sft_batch(tokenizer, [label(r, rng) for r in rng.sample(rows, batch_size)]))
+        with autocast:
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if (step + 1) % max(steps // 10, 1) == 0:
+        if (step + 1) % max(steps // 5, 1) == 0:
             log(f"warm-up step {step + 1}/{steps}  loss {loss.item():.3f}  {time.time() - start:.0f}s")
     model.eval()
+
+
+@torch.no_grad()
+def sample_answers(model, tokenizer, prompts: list[str], n: int, max_tokens: int, greedy: bool,
+                   seed: int = 0, batch_size: int = 2048) -> list[list[str]]:
+    """`n` completions of each prompt (greedy: one), decoded; sampling at temperature 1."""
+    from rlpost.data.padding import left_pad
+
+    torch.manual_seed(seed)
+    device = next(model.parameters()).device
+    rows = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts for _ in range(n)]
+    texts: list[str] = []
+    for i in range(0, len(rows), batch_size):
+        ids, mask = left_pad(rows[i:i + batch_size], tokenizer.pad_token_id)
+        sampling = ({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if greedy else
+                    {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0})
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.long().to(device),
+                             max_new_tokens=max_tokens, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id, **sampling)
+        texts += tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+    return [texts[j * n:(j + 1) * n] for j in range(len(prompts))]
