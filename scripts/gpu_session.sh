@@ -16,6 +16,9 @@
 #   bash scripts/gpu_session.sh H   # colocate GRPO: IPC syncs verified by reading back vLLM's tensors
 # and after the sender keeps one transfer in flight (2 x H200, torch only):
 #   bash scripts/gpu_session.sh I   # GPU sync tests, sync bandwidth (256 and 64 MB buckets)
+# and the GPU path learning (one H100 with vLLM; a warm machine keeps the built model for K):
+#   bash scripts/gpu_session.sh J   # +recipe=gpu_quickstart: a 76M model built and warmed up on the GPU, GRPO via vLLM
+#   bash scripts/gpu_session.sh K   # the same with LoRA (rank 32, merged into every sync)
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -34,6 +37,14 @@ grpo() {  # grpo NAME overrides...: a short GRPO run on the 0.5B model, summaris
     trainer.total_steps=6 trainer.val_every=0 trainer.optim.lr=1e-6 logger.progress_bar=false \
     run.dir=/tmp/runs/$name "$@"
   python3 scripts/summarize_run.py /tmp/runs/$name --skip 1 > "$OUT/$name.json"
+}
+learn() {  # learn NAME overrides...: the gpu_quickstart recipe (stopped at LIMIT seconds), summarised
+  local name=$1; shift
+  step "$name" timeout "${LIMIT:-420}" python3 -m rlpost.cli train +recipe=gpu_quickstart logger.progress_bar=false \
+    run.dir=/tmp/runs/$name "$@"
+  cp /tmp/runs/$name/metrics.jsonl "$OUT/$name.metrics.jsonl"
+  python3 scripts/summarize_run.py /tmp/runs/$name --skip 1 > "$OUT/$name.json"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('val', d['val_accuracy'], 'start', d['start_model'])" "$OUT/$name.json"
 }
 case "${1:-A}" in
 A)
@@ -87,6 +98,12 @@ G)
   ;;
 H)
   grpo grpo_colocate cluster.placement=colocate rollout.gpu_memory_utilization=0.4
+  ;;
+J)
+  learn gpu_quickstart
+  ;;
+K)
+  learn gpu_quickstart_lora model.lora.rank=32 trainer.optim.lr=5e-4
   ;;
 I)
   step sync_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py

@@ -5,7 +5,7 @@ import torch
 
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import DataError, PromptLoader, load_prompts, read_rows
-from rlpost.data.tasks import arithmetic_split
+from rlpost.data.tasks import arithmetic_split, carry_slip
 from rlpost.models.tiny import build_char_tokenizer
 
 
@@ -88,8 +88,39 @@ def test_arithmetic_split_is_disjoint_and_stable():
     assert len(train) + len(val) == 90 * 90
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in val}
     assert arithmetic_split(2, seed=0, num_val=50)[1] == val
-    a, b = map(int, val[0]["prompt"][:-1].split("+"))
-    assert val[0]["ground_truth"] == str(a + b)
+    for row in val:  # fixed-width answers: digits + 1 characters, zero-padded
+        a, b = map(int, row["prompt"][:-1].split("+"))
+        assert row["ground_truth"] == f"{a + b:03d}"
+    assert arithmetic_split(1, seed=0, num_val=5)[1][0]["ground_truth"] in {f"{v:02d}" for v in range(19)}
+
+
+def test_carry_slip_forgets_the_carry_at_its_rate_and_only_where_one_carries():
+    import random
+
+    rows = {"carry": {"prompt": "57+38=", "ground_truth": "095", "data_source": "arithmetic"},
+            "none": {"prompt": "52+31=", "ground_truth": "083", "data_source": "arithmetic"}}
+    rng = random.Random(0)
+    answers = [carry_slip(rows["carry"], rng, 0.7)["ground_truth"] for _ in range(4000)]
+    assert set(answers) == {"095", "085"}
+    assert abs(answers.count("085") / 4000 - 0.7) < 0.03
+    assert all(carry_slip(rows["none"], rng, 1.0) == rows["none"] for _ in range(50))
+    assert all(carry_slip(rows["carry"], rng, 0.0) == rows["carry"] for _ in range(50))
+    # a sum over 100 keeps its width: 75+48 = 123 -> 113
+    assert carry_slip({**rows["carry"], "prompt": "75+48=", "ground_truth": "123"}, rng, 1.0)["ground_truth"] == "113"
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    from itertools import combinations
+
+    from rlpost.metrics.passk import pass_at_k, pass_at_ks
+
+    for n, c, k in [(8, 3, 1), (8, 3, 4), (6, 0, 2), (6, 6, 3), (5, 2, 5)]:
+        verdicts = [True] * c + [False] * (n - c)
+        subsets = list(combinations(verdicts, k))  # the chance a random k-subset holds a right one
+        assert abs(pass_at_k(n, c, k) - sum(any(s) for s in subsets) / len(subsets)) < 1e-12
+    assert pass_at_ks([[True, False], [False, False]], [1, 2]) == {"pass@1": 0.25, "pass@2": 0.5}
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
 
 
 def test_batch_chunk_select_cat():
