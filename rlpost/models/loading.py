@@ -105,7 +105,7 @@ def build_tiny_model(model_cfg, data_cfg, final: Path, device: str = "cpu", log=
         report = evaluate_start(model, tokenizer, val_rows, t.eval_samples, data_cfg.arithmetic_digits + 2, t.seed)
     finally:
         torch.set_num_threads(threads)
-    report.update({"warmup_s": round(warmup_s, 1), "device": device,
+    report.update({"warmup_s": round(warmup_s, 1), "eval_s": round(time.time() - start - warmup_s, 1), "device": device,
                    "parameters": sum(p.numel() for p in model.parameters())})
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     model.to("cpu").save_pretrained(tmp)
