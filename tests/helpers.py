@@ -42,9 +42,11 @@ def sync_from_thread(named, expected, load, loaded, version: int, bucket_bytes: 
     return stats
 
 
-def reference_logprobs(model, batch, temperature: float = 1.0) -> torch.Tensor:
+def reference_logprobs(model, batch, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Log-probs [B, R] of the generated tokens under softmax(logits / T) of `model`, one
-    unpadded sequence at a time."""
+    unpadded sequence at a time; with `top_k` / `top_p`, under that distribution restricted to
+    the k most likely tokens, then to the nucleus (the smallest set whose mass reaches p), and
+    renormalized (-inf for a token outside)."""
     out = torch.zeros_like(batch["rollout_logprobs"])
     for i in range(len(batch)):
         prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
@@ -52,5 +54,43 @@ def reference_logprobs(model, batch, temperature: float = 1.0) -> torch.Tensor:
         ids = torch.cat([prompt, response])[None]
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / temperature
-        out[i, : len(response)] = torch.log_softmax(logits, -1).gather(-1, response[:, None])[:, 0]
+        keep = torch.ones_like(logits, dtype=torch.bool)
+        if top_k:
+            keep &= logits >= logits.topk(top_k, dim=-1).values[:, -1:]
+        if top_p < 1:
+            probs = torch.softmax(logits.masked_fill(~keep, -torch.inf), -1)
+            order = probs.sort(-1, descending=True)
+            mass_above = order.values.cumsum(-1) - order.values  # mass of the tokens ranked above
+            in_nucleus = torch.zeros_like(keep).scatter(-1, order.indices, mass_above < top_p)
+            keep &= in_nucleus
+        logprobs = torch.log_softmax(logits.masked_fill(~keep, -torch.inf), -1)
+        out[i, : len(response)] = logprobs.gather(-1, response[:, None])[:, 0]
     return out
+
+
+PROMPTS = ["12+34=", "7+70=", "99+1="]
+
+
+def check_sampling(engine, model, tok, params, prompts=PROMPTS, atol: float = 1e-4):
+    """`engine.generate` with `params` on a random model: every sampled token lies in the top-k /
+    nucleus of softmax(logits / T) (greedy: is the argmax), and the reported log-probs are that
+    truncated, renormalized distribution's. The same samples scored without the truncation would
+    differ: the settings are not ignored."""
+    batch = engine.generate([tok(p)["input_ids"] for p in prompts], params)
+    mask = batch["response_mask"]
+    assert mask.sum() >= len(prompts) * params.n  # something was generated
+    temperature = 1.0 if params.greedy else params.temperature
+    top_k = 1 if params.greedy else params.top_k
+    ref = reference_logprobs(model, batch, temperature, top_k, params.top_p)
+    assert torch.isfinite(ref[mask]).all(), "a sampled token lies outside the top-k / nucleus"
+    if params.greedy:  # greedy reports softmax(logits) of the argmax
+        ref = reference_logprobs(model, batch, 1.0)
+    diff = (ref - batch["rollout_logprobs"]).abs()[mask]
+    assert diff.max().item() < atol, diff.max()
+    if (params.top_k or params.top_p < 1) and not params.greedy:
+        untruncated = reference_logprobs(model, batch, temperature)
+        assert (untruncated - batch["rollout_logprobs"]).abs()[mask].max() > 10 * atol
+    if params.temperature != 1.0 and not params.greedy:
+        at_one = reference_logprobs(model, batch, 1.0, params.top_k, params.top_p)
+        assert (at_one - batch["rollout_logprobs"]).abs()[mask].nan_to_num(posinf=1.0).max() > 10 * atol
+    return batch

@@ -16,15 +16,18 @@ response tokens; padded positions never contribute.
   w = min(pi_old / pi_rollout, C) (`token`), or every token of a sequence by
   min(prod_t pi_old / pi_rollout, C) (`sequence`); w carries no gradient.
 - Aggregation: `token-mean` averages over every real token of the batch (DAPO, Yu et al. 2025);
-  `seq-mean-token-mean` averages tokens within each sequence, then sequences (the original GRPO).
-  `denominator` lets a data-parallel caller divide by the global count instead of the local one.
+  `seq-mean-token-mean` averages tokens within each sequence, then sequences (the original GRPO);
+  `seq-mean-token-sum-norm` sums each sequence's tokens and divides by a constant, the generation
+  budget `norm_length` (`rollout.max_response_length`), then averages sequences (Dr.GRPO, Liu et
+  al. 2025: no length bias). `denominator` lets a data-parallel caller divide by the global count
+  (tokens, or sequences with at least one token) instead of the local one.
 """
 
 from __future__ import annotations
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
@@ -33,7 +36,7 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str,
-              denominator: float | None = None) -> torch.Tensor:
+              denominator: float | None = None, norm_length: int = 0) -> torch.Tensor:
     """Reduce a per-token `[B, R]` loss to a scalar.
 
     `denominator`: the number of tokens (token-mean) or sequences (seq-mean-token-mean) to divide
@@ -44,8 +47,13 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str,
     if mode == "token-mean":
         denom = mask.sum() if denominator is None else denominator
         return masked_sum(loss, mask) / max(float(denom), 1.0)
-    if mode == "seq-mean-token-mean":
-        per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        if mode == "seq-mean-token-mean":
+            per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        elif norm_length >= 1:
+            per_seq = (loss * mask).sum(-1) / norm_length
+        else:
+            raise ValueError(f"loss aggregation {mode} needs norm_length >= 1 (the generation budget)")
         has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
         denom = has_tokens.sum() if denominator is None else denominator
         return (per_seq * has_tokens).sum() / max(float(denom), 1.0)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from rlpost.algos.advantages import get_advantage
-from rlpost.config import ConfigError, TrainConfig, config_dict, to_yaml
+from rlpost.config import ConfigError, TrainConfig, config_dict, mini_batch_size, to_yaml
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, get_all, start_ray
 from rlpost.data.batch import Batch
@@ -33,7 +33,7 @@ from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.microbatch import padding_fraction, plan_step, shard_batch
 from rlpost.data.padding import concat_generations
 from rlpost.data.tasks import ARITHMETIC_FORMAT, arithmetic_split, write_jsonl
-from rlpost.metrics.trackers import Trackers
+from rlpost.metrics.trackers import SampleLog, Trackers
 from rlpost.models.loading import load_tokenizer, resolve_model_path, start_eval
 from rlpost.rewards import REWARDS, RewardInput, get_reward_fn, score_samples
 from rlpost.rollout.base import SamplingParams
@@ -44,11 +44,28 @@ from rlpost.trainer.worker import TrainerWorker
 
 @dataclass
 class Pending:
-    """A batch whose generation is under way: its prompts, the rollout actors' futures and the
-    loader position before its prompts were drawn."""
+    """A batch whose generation is under way: its prompts and the rollout actors' futures."""
     rows: list[PromptRow]
     refs: list
-    loader_state: dict
+
+
+def group_ids(num_prompts: int, n: int) -> torch.Tensor:
+    """[num_prompts * n]: the `n` samples of each prompt are contiguous and share its index."""
+    return torch.arange(num_prompts).repeat_interleave(n)
+
+
+def step_plan(batch: Batch, cfg: TrainConfig):
+    """(tokens per row, plan[rank][mini][micro] = row indices): contiguous mini-batches of whole
+    prompt groups, each balanced over the trainer ranks by tokens (rlpost.data.microbatch)."""
+    lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
+    plan = plan_step(lengths, cfg.trainer.world_size, cfg.data.train_batch_size // mini_batch_size(cfg),
+                     cfg.trainer.max_tokens_per_microbatch, cfg.trainer.micro_batch_size)
+    return lengths, plan
+
+
+def advantages(rewards: torch.Tensor, groups: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """One advantage per sample [N] from its reward and its group (`algo.advantage`)."""
+    return get_advantage(cfg.algo.advantage)(rewards, groups, norm_by_std=cfg.algo.norm_adv_by_std)
 
 
 def sync_plan(cfg: TrainConfig) -> dict[int, list[int]]:
@@ -160,6 +177,7 @@ class Controller:
         self.cfg, self.log = cfg, log
         self.run_dir = make_run_dir(cfg)
         log(f"run folder: {self.run_dir}")
+        self.samples = SampleLog(self.run_dir, cfg.logger.samples_per_step)
         self.model_path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
         self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
         self._load_data()
@@ -237,10 +255,11 @@ class Controller:
         import ray
 
         batch = concat_generations(ray.get(refs), self.tokenizer.pad_token_id)
-        batch["group_ids"] = torch.arange(num_prompts).repeat_interleave(n)
+        batch["group_ids"] = group_ids(num_prompts, n)
         return batch
 
     def score(self, rows: list[PromptRow], batch: Batch, n: int):
+        """(rewards [N], how many samples failed to score, the decoded responses)."""
         responses = self.tokenizer.batch_decode(
             [ids[m].tolist() for ids, m in zip(batch["response_ids"], batch["response_mask"])],
             skip_special_tokens=True)
@@ -249,7 +268,7 @@ class Controller:
         result = score_samples(samples, self.reward_fn, self.cfg.reward.kwargs)
         if result.first_error:
             self.log(f"reward errors this step: {result.errors} (first: {result.first_error})")
-        return torch.tensor(result.scores, dtype=torch.float32), result.errors
+        return torch.tensor(result.scores, dtype=torch.float32), result.errors, responses
 
     def _sync_weights(self) -> dict[str, float]:
         """Bring every rollout to the trainer's policy at `self.version`: one verified sync per
@@ -298,10 +317,8 @@ class Controller:
         """Launch the generation of the next batch not yet launched (it runs on the rollout
         actors with their current weights while the controller goes on)."""
         step = self.step + len(self.pending)
-        loader_state = self.loader.state_dict()  # before its rows are drawn: a checkpoint resumes here
         rows = next(self.loader)
-        params = self._sampling(step)
-        self.pending.append(Pending(rows, self._launch(rows, params), loader_state))
+        self.pending.append(Pending(rows, self._launch(rows, self._sampling(step))))
 
     def train_step(self) -> dict[str, float]:
         cfg, timing = self.cfg, {}
@@ -324,13 +341,12 @@ class Controller:
                                f"would train version {self.version} (algo.max_staleness={cfg.algo.max_staleness})")
 
         t = time.perf_counter()
-        rewards, reward_errors = self.score(rows, batch, cfg.rollout.n)
+        rewards, reward_errors, responses = self.score(rows, batch, cfg.rollout.n)
         timing["timing_s/reward"] = time.perf_counter() - t
+        self.samples.write(self.step + 1, [rows[i // cfg.rollout.n].prompt_text for i in range(len(responses))],
+                           responses, rewards.tolist())
 
-        lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
-        mini = cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size
-        plan = plan_step(lengths, cfg.trainer.world_size, cfg.data.train_batch_size // mini,
-                         cfg.trainer.max_tokens_per_microbatch, cfg.trainer.micro_batch_size)
+        lengths, plan = step_plan(batch, cfg)
 
         t = time.perf_counter()
         # LoRA: the base model's log-probs too (one more forward, adapters disabled; free when the
@@ -348,8 +364,7 @@ class Controller:
             if lora_check["lora/adapter_check"]:
                 self._adapter_probe_due = False
 
-        adv_fn = get_advantage(cfg.algo.advantage)
-        batch["advantages"] = adv_fn(rewards, batch["group_ids"], norm_by_std=cfg.algo.norm_adv_by_std)
+        batch["advantages"] = advantages(rewards, batch["group_ids"], cfg)
 
         t = time.perf_counter()
         actor = self.trainers.call_sharded("update", shard_batch(batch, plan))[0]
@@ -391,16 +406,19 @@ class Controller:
                                 top_k=self.cfg.rollout.top_k, max_tokens=self.cfg.rollout.max_response_length,
                                 greedy=self.cfg.rollout.val_greedy, seed=self.cfg.run.seed)
         batch = self.generate(self.val_rows, params)
-        scores, errors = self.score(self.val_rows, batch, 1)
+        scores, errors, _ = self.score(self.val_rows, batch, 1)
         return {"val/accuracy": (scores >= 1.0).float().mean().item(), "val/reward_mean": scores.mean().item(),
                 "val/reward_errors": float(errors), "val/size": float(len(scores)),
                 "timing_s/val": time.perf_counter() - t}
 
     # ----------------------------------------------------------------------------- checkpoints
     def save(self) -> Path:
-        # batches generated but not trained yet are generated again after a resume
-        loader = self.pending[0].loader_state if self.pending else self.loader.state_dict()
-        state = {"step": self.step, "version": self.version, "loader": loader,
+        import ray
+
+        # batches generated but not trained yet (one-step-off-policy: by the weights before this
+        # step's) are kept, so that a resumed run trains on exactly what this one would have
+        pending = [(job.rows, ray.get(job.refs)) for job in self.pending]
+        state = {"step": self.step, "version": self.version, "loader": self.loader.state_dict(), "pending": pending,
                  "python_rng": random.getstate(), "torch_rng": torch.get_rng_state()}
         return checkpoint.save(self.run_dir, self.step, state, self.trainers, self.cfg.trainer.keep_checkpoints)
 
@@ -413,6 +431,9 @@ class Controller:
         state = checkpoint.load(folder, self.trainers)
         self.step, self.version = state["step"], state["version"]
         self.loader.load_state_dict(state["loader"])
+        import ray
+
+        self.pending = deque(Pending(rows, [ray.put(part) for part in parts]) for rows, parts in state["pending"])
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
         self.log(f"resumed from {folder} (step {self.step}, weight version {self.version})")
@@ -456,6 +477,7 @@ class Controller:
         return self.run_dir
 
     def shutdown(self) -> None:
+        self.samples.close()
         for group in (self.trainers, self.rollouts):
             if group is not None:
                 group.kill()

@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+TRACKERS = ("console", "jsonl", "tensorboard", "wandb")  # the values of logger.backends
 CONSOLE_KEYS = ("reward/mean", "val/accuracy", "actor/pg_loss", "actor/kl", "actor/grad_norm",
                 "response_length/mean", "timing_s/step")
 
@@ -27,6 +28,27 @@ class JsonlTracker:
         self.file.close()
 
 
+class SampleLog:
+    """`samples.jsonl`: the first `per_step` samples of every step (prompt, response, reward), one
+    JSON object each, so that what the model wrote can be read next to the metrics."""
+
+    def __init__(self, run_dir: Path, per_step: int):
+        self.path, self.per_step, self.file = run_dir / "samples.jsonl", per_step, None
+
+    def write(self, step: int, prompts: list[str], responses: list[str], rewards: list[float]) -> None:
+        if not self.per_step:
+            return
+        self.file = self.file or open(self.path, "a")
+        for prompt, response, reward in list(zip(prompts, responses, rewards))[:self.per_step]:
+            self.file.write(json.dumps({"step": step, "prompt": prompt, "response": response, "reward": reward}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+            self.file = None
+
+
 class ConsoleTracker:
     """A line per validation and every `every` steps (the progress bar shows the rest)."""
 
@@ -37,6 +59,8 @@ class ConsoleTracker:
         if step % self.every and "val/accuracy" not in metrics:
             return
         parts = [f"{k} {metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics]
+        if not parts:
+            return
         self.write(f"step {step}: " + "  ".join(parts))
 
     def close(self) -> None:

@@ -26,9 +26,12 @@ class RolloutEngine(Protocol):
     """Generates responses and takes new weights.
 
     `generate` returns a generation-layout `Batch` (see `rlpost.data.batch`) with `prompt_ids`,
-    `prompt_mask`, `response_ids`, `response_mask`, `rollout_logprobs` (log-probs of the sampled
-    tokens under softmax(logits / temperature), the distribution the trainer scores) and
-    `weight_version`; the n samples of prompt i are rows i*n .. i*n+n-1.
+    `prompt_mask`, `response_ids`, `response_mask`, `rollout_logprobs` and `weight_version`; the n
+    samples of prompt i are rows i*n .. i*n+n-1. `rollout_logprobs` are the log-probs of the sampled
+    tokens under the distribution they were sampled from: softmax(logits / temperature), restricted
+    to the top-k tokens and then to the nucleus and renormalized when `top_k` / `top_p` are set
+    (greedy: softmax(logits)). Without top-k/top-p that is the distribution the trainer scores; with
+    them the gap is real, and truncated importance sampling (`algo.rollout_is`) corrects for it.
     """
 
     weight_version: int

@@ -65,13 +65,13 @@ class HFRolloutEngine:
         out = self.model.generate(
             input_ids=prompt_ids.to(self.device), attention_mask=prompt_mask.long().to(self.device),
             max_new_tokens=params.max_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
-            return_dict_in_generate=True, output_logits=True, **sampling,
+            return_dict_in_generate=True, output_scores=True, **sampling,
         )
         response_ids = generated_responses(out.sequences, prompt_ids.shape[1]).cpu()
-        # raw logits of each step -> log-probs of the sampled tokens under softmax(logits / T)
-        logits = torch.stack(out.logits, dim=1).float().cpu()
-        temperature = 1.0 if params.greedy else params.temperature
-        logprobs = token_logprobs(logits / temperature, response_ids)
+        # the scores each token was sampled from: logits / T, -inf outside top-k / the nucleus
+        # (greedy: the raw logits) -> log-probs of the sampled tokens under that distribution
+        scores = torch.stack(out.scores, dim=1).float().cpu()
+        logprobs = token_logprobs(scores, response_ids)
         response_mask = response_mask_from_eos(response_ids, self.eos_id)
         return Batch({
             "prompt_ids": prompt_ids,

@@ -7,7 +7,7 @@ CPU backend does). It never builds or loads a trainer model: the manifest of exp
 comes from the checkpoint's config on the meta device.
 
 Log-probs: `logprobs_mode=processed_logprobs`, the log-probs of the distribution tokens are
-sampled from (logits / temperature), which is what the trainer scores.
+sampled from (logits / temperature, truncated to top-k / top-p when set), as the protocol asks.
 
 Colocate placement on a GPU: vLLM sleeps (`sleep`, its weights and KV cache leave the GPU) while
 the trainer computes and wakes for the weight sync and generation (`wake_up`).

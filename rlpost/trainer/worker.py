@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from rlpost.algos.losses import aggregate, kl_penalty, ppo_clip_loss, truncated_is_weights
-from rlpost.config import TrainConfig
+from rlpost.config import TrainConfig, mini_batch_size
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import split_shard
 from rlpost.models.loading import DTYPES, load_causal_lm
@@ -193,13 +193,15 @@ class TrainerWorker:
             kl = kl_penalty(rollout, old, "k3")  # KL(rollout || trainer), per token
             stats.add("rollout_corr/kl", (kl * mask).sum().item(), n)
         scale = self.world_size
-        loss = aggregate(pg, mask, a.loss_agg_mode, denom) * scale
+        agg = partial(aggregate, mask=mask, mode=a.loss_agg_mode, denominator=denom,
+                      norm_length=self.cfg.rollout.max_response_length)
+        loss = agg(pg) * scale
         if a.kl_coef > 0:
             kl = kl_penalty(logp, mb["ref_logprobs"].to(self.device), a.kl_estimator)
-            loss = loss + a.kl_coef * aggregate(kl, mask, a.loss_agg_mode, denom) * scale
+            loss = loss + a.kl_coef * agg(kl) * scale
             stats.add("actor/kl", (kl.detach() * mask).sum().item(), mask.sum().item())
         if a.entropy_coef:
-            loss = loss - a.entropy_coef * aggregate(entropy, mask, a.loss_agg_mode, denom) * scale
+            loss = loss - a.entropy_coef * agg(entropy) * scale
         loss.backward()
         real = mask.bool()
         stats.add("actor/pg_loss", (pg.detach() * mask).sum().item(), n)
@@ -399,8 +401,7 @@ def use_packed_layout(layout: str, attn_implementation: str) -> bool:
 
 
 def total_optimizer_steps(cfg: TrainConfig) -> int:
-    mini = cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size
-    return cfg.trainer.total_steps * cfg.algo.ppo_epochs * (cfg.data.train_batch_size // mini)
+    return cfg.trainer.total_steps * cfg.algo.ppo_epochs * (cfg.data.train_batch_size // mini_batch_size(cfg))
 
 
 def lr_factor(o, total: int, step: int) -> float:

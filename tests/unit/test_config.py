@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from rlpost.config import ConfigError, config_docs, load_config
+from rlpost import config
+from rlpost.config import RULES, ConfigError, compose, config_docs, iter_fields, load_config, validate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,8 @@ def test_recipe_and_overrides_compose():
     (["model=nope"], "options for model: ['hf', 'tiny']"),
     (["algo.loss_agg_mode=sum"], "algo.loss_agg_mode='sum' is not allowed"),
     (["trainer.world_size=3"], "trainer.world_size=3 must divide"),
-    (["rollout.n=0"], "rollout.n=0 must be at least 1"),
+    (["rollout.n=0"], "rollout.n=0 must be >= 1"),
+    (["trainer.optim.lr=-1"], "trainer.optim.lr=-1.0 must be >= 0"),
     (["algo.ppo_mini_batch_size=5"], "algo.ppo_mini_batch_size=5 must divide data.train_batch_size"),
     (["logger.backends=[console,foo]"], "logger.backends contains 'foo'"),
     (["trainer.resume=/nonexistent/ckpt"], "trainer.resume='/nonexistent/ckpt'"),
@@ -62,3 +64,70 @@ def test_cli_bad_reward_fn_is_a_config_error():
     result = subprocess.run([sys.executable, "-m", "rlpost.cli", "train", "+recipe=quickstart", "reward.fn=nope"],
                             capture_output=True, text=True, cwd=REPO, timeout=120)
     assert result.returncode == 2 and "reward.fn='nope' is not a registered reward" in result.stderr
+
+
+# ------------------------------------------------------------------- every rule, walked
+# a config that breaks each rule spanning keys (and no other): every rule must have one here
+VIOLATIONS = {
+    "mini_batch_divides_batch": [["algo.ppo_mini_batch_size=5"]],
+    "ranks_divide_mini_batch": [["trainer.world_size=3"]],
+    "rows_to_train_on": [["data.task=", "data.train_files=[]"]],
+    "resume_folder_exists": [["trainer.resume=/nonexistent/ckpt"]],
+    "cuda_is_there": [["trainer.device=cuda"]],
+    "vllm_is_installed": [["rollout.backend=vllm"]],
+    "one_parameter_offload": [["trainer.param_offload=true", "trainer.optim.offload=cpu"]],
+    "colocated_actor_per_rank": [["rollout.num_workers=3"]],
+    "adam_betas": [["trainer.optim.betas=[0.9,1.0]"], ["trainer.optim.betas=[-0.1,0.9]"], ["trainer.optim.betas=[0.9]"]],
+    "known_trackers": [["logger.backends=[console,foo]"]],
+    "lora_targets": [["model.lora.rank=4", "model.lora.target_modules=[]"],
+                     ["model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"]],
+    "vllm_adapter_rank": [["model.lora.rank=600", "model.lora.mode=adapter", "rollout.backend=vllm"]],
+}
+
+
+def test_every_rule_has_a_violation_in_this_file():
+    assert set(VIOLATIONS) == {r.name for r in RULES}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_each_rule_fires_on_its_violation_and_names_its_key(rule, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # CUDA absent, vllm present,
+    monkeypatch.setattr(config, "installed", lambda module: rule.name != "vllm_is_installed")  # unless checked
+    base = compose(["+recipe=quickstart"])
+    assert rule.check(base) is None
+    validate(base)
+    for overrides in VIOLATIONS[rule.name]:
+        cfg = compose(["+recipe=quickstart", *overrides])
+        problem = rule.check(cfg)
+        assert problem and rule.key in problem, f"{rule.name} did not fire on {overrides}"
+        with pytest.raises(ConfigError) as info:
+            validate(cfg)
+        assert str(info.value) == problem  # this rule, not another one, stops the run
+
+
+RANGED = [(k, f.metadata["range"], f.type) for k, f in iter_fields() if "range" in f.metadata]
+
+
+@pytest.mark.parametrize("key, bounds, kind", RANGED, ids=[k for k, _, _ in RANGED])
+def test_every_range_refuses_the_values_just_outside_it(key, bounds, kind):
+    step = 1 if kind in ("int", int) else 0.5
+    for op, limit in bounds.items():
+        outside = {"ge": limit - step, "gt": limit, "le": limit + step, "lt": limit}[op]
+        with pytest.raises(ConfigError, match=f"^{key}="):
+            load_config(["+recipe=quickstart", f"{key}={outside}"])
+        inside = {"ge": limit, "gt": limit + step, "le": limit, "lt": limit - step}[op]
+        try:  # the bound itself (>=, <=) or the next value in is allowed by this key
+            load_config(["+recipe=quickstart", f"{key}={inside}"])
+        except ConfigError as e:  # another rule may refuse it, never this range
+            assert not str(e).startswith(f"{key}="), str(e)
+
+
+CHOSEN = [k for k, f in iter_fields() if "choices" in f.metadata]
+
+
+@pytest.mark.parametrize("key", CHOSEN)
+def test_every_closed_set_refuses_a_value_outside_it(key):
+    with pytest.raises(ConfigError, match=f"^{key}='nope' is not allowed; choose one of"):
+        load_config(["+recipe=quickstart", f"{key}=nope"])

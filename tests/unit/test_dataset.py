@@ -148,3 +148,18 @@ def test_auto_reward_routing_fails_early_naming_the_source():
         check_reward_routing([ok, PromptRow([1], "x", "2", "mystery")], "auto")
     with pytest.raises(DataError, match="rows without a data_source"):
         check_reward_routing([PromptRow([1], "x", "2", "")], "auto")
+
+
+def test_each_epoch_is_a_new_shuffle_of_every_row_and_shuffle_false_keeps_the_order():
+    rows = list(range(12))
+    loader = PromptLoader(rows, batch_size=4, seed=7)
+    epochs = [sum((next(loader) for _ in range(3)), []) for _ in range(4)]
+    assert all(sorted(e) == rows for e in epochs)  # every row once per epoch
+    assert len({tuple(e) for e in epochs}) == 4  # reshuffled between epochs
+    assert epochs[0] != rows  # and shuffled at all
+    again = PromptLoader(rows, batch_size=4, seed=7)  # the seed decides the orders
+    assert [sum((next(again) for _ in range(3)), []) for _ in range(4)] == epochs
+    other = PromptLoader(rows, batch_size=4, seed=8)
+    assert sum((next(other) for _ in range(3)), []) != epochs[0]
+    plain = PromptLoader(rows, batch_size=4, seed=7, shuffle=False)
+    assert [sum((next(plain) for _ in range(3)), []) for _ in range(2)] == [rows, rows]

@@ -10,9 +10,7 @@ pytest.importorskip("vllm")
 
 from rlpost.rollout.base import SamplingParams  # noqa: E402
 from rlpost.weightsync.manifest import manifest_of  # noqa: E402
-from tests.helpers import reference_logprobs, save_tiny_model, sync_from_thread  # noqa: E402
-
-PROMPTS = ["12+34=", "7+70=", "99+1="]
+from tests.helpers import PROMPTS, check_sampling, reference_logprobs, save_tiny_model, sync_from_thread  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +52,17 @@ def test_generate_layout_and_logprobs_match_the_trainer(tiny, engine):
     assert torch.equal(again["response_ids"], batch["response_ids"])
     other = engine.generate(prompts, SamplingParams(n=4, temperature=0.7, max_tokens=12, seed=4))
     assert not torch.equal(other["response_ids"], batch["response_ids"])
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(n=8, temperature=1.3, top_k=3, max_tokens=8, seed=3),
+    SamplingParams(n=8, temperature=0.9, top_p=0.4, max_tokens=8, seed=3),
+    SamplingParams(n=8, temperature=1.0, top_k=5, top_p=0.6, max_tokens=8, seed=3),
+    SamplingParams(n=1, max_tokens=8, greedy=True),
+], ids=["top_k", "top_p", "top_k_and_top_p", "greedy"])
+def test_sampling_settings_shape_the_samples_and_their_logprobs(tiny, engine, params):
+    _, model, tok = tiny
+    check_sampling(engine, model, tok, params)
 
 
 def test_manifest_is_the_checkpoint_without_loading_it(tiny, engine):

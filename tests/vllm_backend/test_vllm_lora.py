@@ -13,7 +13,7 @@ from rlpost.rollout.base import SamplingParams  # noqa: E402
 from rlpost.trainer.lora import adapter_weights, apply_lora, base_weights  # noqa: E402
 from rlpost.weightsync.manifest import manifest_of  # noqa: E402
 from tests.helpers import reference_logprobs, save_tiny_model, sync_from_thread  # noqa: E402
-from tests.vllm_backend.test_vllm_engine import PROMPTS  # noqa: E402
+from tests.helpers import PROMPTS  # noqa: E402
 
 LORA = LoraConfig(rank=4, alpha=8.0)  # all-linear
 
