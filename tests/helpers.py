@@ -94,3 +94,44 @@ def check_sampling(engine, model, tok, params, prompts=PROMPTS, atol: float = 1e
         at_one = reference_logprobs(model, batch, 1.0, params.top_k, params.top_p)
         assert (at_one - batch["rollout_logprobs"]).abs()[mask].nan_to_num(posinf=1.0).max() > 10 * atol
     return batch
+
+
+def run_ranks(fn, world: int, *args) -> None:
+    """`fn(rank, world, *args)` on every rank: world size 1 in this process, more as spawned
+    processes. Under mutmut's stats run (`MUTANT_UNDER_TEST=stats`) the functions the spawned
+    ranks ran are recorded as run by the calling test: mutmut records calls per process, and
+    would otherwise never test its mutants there (scripts/mutation.py)."""
+    if world == 1:
+        threads = torch.get_num_threads()
+        try:
+            fn(0, 1, *args)
+        finally:
+            torch.set_num_threads(threads)
+        return
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    folder = tempfile.mkdtemp() if os.environ.get("MUTANT_UNDER_TEST") == "stats" else ""
+    mp.spawn(_rank_entry, args=(fn, folder, world, *args), nprocs=world, join=True)
+    if folder:
+        from mutmut.state import state
+
+        for path in Path(folder).glob("*.json"):
+            state()._stats.update(json.loads(path.read_text()))
+
+
+def _rank_entry(rank, fn, folder, world, *args):
+    try:
+        fn(rank, world, *args)
+    finally:
+        if folder:
+            import json
+            from pathlib import Path
+
+            from mutmut.state import state
+
+            Path(folder, f"{rank}.json").write_text(json.dumps(sorted(state()._stats)))
