@@ -1,4 +1,6 @@
-"""Helpers shared by tests: a tiny model folder, one sync sent from a thread, reference log-probs."""
+"""Helpers shared by tests: the one tiny-model builder, a LoRA-wrapped copy, one sync sent from a
+thread, the one reference for log-probs, a sampling check, ranks in processes, the layerwise
+optimizer against torch's AdamW. Test modules import from here, never from each other."""
 
 import threading
 
@@ -9,20 +11,48 @@ from rlpost.weightsync.sync import receive_weights, send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
 
 
-def save_tiny_model(folder, seed: int = 0):
-    """A random 2-layer Qwen2 (hidden 128: vLLM's CPU attention needs head_dim 32) and the
-    character tokenizer, saved in `folder`; returns (model, tokenizer)."""
+def tiny_model(seed: int = 0, hidden: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+               intermediate: int = 256):
+    """(a random Qwen2-style model, the character tokenizer). The default width 128 gives head_dim
+    32, which vLLM's CPU attention needs; tied embeddings, q/k/v biases, as the tiny model."""
     from transformers import Qwen2ForCausalLM
 
     from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config
 
     tok = build_char_tokenizer()
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(tiny_qwen2_config(len(tok), 128, 2, 4, 2, 256, 64, tok.pad_token_id,
-                                               tok.eos_token_id)).eval()
+    config = tiny_qwen2_config(len(tok), hidden, layers, heads, kv_heads, intermediate, 64, tok.pad_token_id,
+                               tok.eos_token_id)
+    return Qwen2ForCausalLM(config).eval(), tok
+
+
+def save_tiny_model(folder, seed: int = 0, **shape):
+    """`tiny_model(seed, **shape)` saved in `folder` (model and tokenizer); returns both."""
+    model, tok = tiny_model(seed, **shape)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return model, tok
+
+
+def lora_config():
+    from rlpost.config import LoraConfig
+
+    return LoraConfig(rank=4, alpha=8.0)  # target_modules: all-linear
+
+
+def lora_model(base_dir):
+    """The model in `base_dir` with LoRA adapters (`lora_config()`), lora_B random: peft starts it at
+    0, which would make merging a no-op."""
+    from rlpost.models.loading import load_causal_lm
+    from rlpost.trainer.lora import apply_lora
+
+    torch.manual_seed(1)
+    model = apply_lora(load_causal_lm(str(base_dir), "float32"), lora_config())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(std=0.5)
+    return model
 
 
 def sync_from_thread(named, expected, load, loaded, version: int, bucket_bytes: int = 4096):
@@ -47,13 +77,13 @@ def reference_logprobs(model, batch, temperature: float = 1.0, top_k: int = 0, t
     unpadded sequence at a time; with `top_k` / `top_p`, under that distribution restricted to
     the k most likely tokens, then to the nucleus (the smallest set whose mass reaches p), and
     renormalized (-inf for a token outside)."""
-    out = torch.zeros_like(batch["rollout_logprobs"])
+    out = torch.zeros(batch["response_ids"].shape, dtype=torch.float32)
     for i in range(len(batch)):
         prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
         response = batch["response_ids"][i][batch["response_mask"][i]]
         ids = torch.cat([prompt, response])[None]
         with torch.no_grad():
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / temperature
+            logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1:-1].float() / temperature
         keep = torch.ones_like(logits, dtype=torch.bool)
         if top_k:
             keep &= logits >= logits.topk(top_k, dim=-1).values[:, -1:]
@@ -135,3 +165,67 @@ def _rank_entry(rank, fn, folder, world, *args):
             from mutmut.state import state
 
             Path(folder, f"{rank}.json").write_text(json.dumps(sorted(state()._stats)))
+
+
+def small_model(dtype):
+    return tiny_model(hidden=32, layers=3, intermediate=64)[0].train().to(dtype)
+
+
+def adamw_steps(rank, world, port, kind, weight_decay, dtype, out, device_type="cpu"):
+    """10 steps of LayerwiseAdamW (`kind="layerwise"`) or torch's AdamW under FSDP2 on this rank."""
+    import os
+
+    import torch.distributed as dist
+
+    from rlpost.trainer.optim import LayerwiseAdamW
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cuda = device_type == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    try:
+        from rlpost.trainer.fsdp import fsdp_units, full_tensor, shard_model
+
+        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        model = shard_model(small_model(dtype), device, dtype)
+        hyper = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+        if kind == "layerwise":
+            opt = LayerwiseAdamW(fsdp_units(model), prefetch_layers=1, **hyper)
+        else:
+            opt = torch.optim.AdamW(model.parameters(), foreach=False, **hyper)
+        g = torch.Generator().manual_seed(100 + rank)
+        for _ in range(10):
+            ids = torch.randint(0, 64, (4, 12), generator=g).to(device)
+            model(input_ids=ids, labels=ids).loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # clipping is active
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        state = {n: full_tensor(p.detach()).cpu().clone() for n, p in model.named_parameters()}
+        if rank == 0:
+            torch.save(state, out)
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it (SIGABRT seen in CI)
+    finally:
+        dist.destroy_process_group()
+
+
+def adamw_run(tmp_path, world, kind, weight_decay, dtype, device_type="cpu"):
+    out = tmp_path / f"{kind}-{world}-{weight_decay}-{dtype}.pt"
+    run_ranks(adamw_steps, world, free_port(), kind, weight_decay, dtype, str(out), device_type)
+    return torch.load(out)
+
+
+def check_against_torch(tmp_path, world, weight_decay, dtype, device_type="cpu"):
+    """LayerwiseAdamW equals torch's AdamW after 10 steps under FSDP2 (fp32 1e-6, bf16 one ulp)."""
+    ours = adamw_run(tmp_path, world, "layerwise", weight_decay, dtype, device_type)
+    ref = adamw_run(tmp_path, world, "torch", weight_decay, dtype, device_type)
+    start = small_model(dtype).state_dict()
+    for name, r in ref.items():
+        assert not torch.equal(r, start[name]), f"{name} never moved: the test would prove nothing"
+        if dtype == torch.float32:
+            rel = ((ours[name] - r).abs().max() / r.abs().max().clamp(min=1e-12)).item()
+            assert rel <= 1e-6, f"{name}: relative difference {rel:.2e}"
+        else:  # within one ulp of the reference
+            ulp = torch.finfo(dtype).eps * r.float().abs().clamp(min=2**-126)
+            assert torch.all((ours[name].float() - r.float()).abs() <= ulp), name

@@ -10,13 +10,14 @@ import torch
 from rlpost.cli import main
 from rlpost.config import load_config, to_yaml
 from rlpost.weightsync.transport import free_port
-from tests.unit.test_lora import save_base
+
+from tests.helpers import lora_config, lora_model, save_tiny_model  # noqa: E402
 
 
 @pytest.fixture
 def run_dir(tmp_path):
     base = tmp_path / "base"
-    save_base(base)
+    save_tiny_model(base, hidden=32, layers=2, intermediate=64)
     run = tmp_path / "run"
     cfg = load_config(["+recipe=quickstart", f"model.path={base}", "trainer.world_size=1",
                        f"run.dir={run}", "data.train_batch_size=8"])

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, pack, pack_tokens, right_pad, unpack_tokens
 from rlpost.trainer.logprobs import response_logprobs
+from tests.helpers import reference_logprobs, tiny_model
 
 VOCAB, EOS, PAD, P, R = 50, 1, 0, 12, 10
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -21,13 +22,7 @@ SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[Heal
 
 @pytest.fixture(scope="module")
 def model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
-                      attn_implementation="sdpa")
-    return Qwen2ForCausalLM(cfg).eval()
+    return tiny_model(hidden=32, layers=2, intermediate=64)[0]
 
 
 @st.composite
@@ -47,20 +42,6 @@ def ragged_batches(draw):
     response_ids, response_mask = right_pad(responses, PAD, width=width)
     return Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
                   "response_ids": response_ids, "response_mask": response_mask})
-
-
-def reference_logprobs(model, batch: Batch, temperature: float) -> torch.Tensor:
-    """Each sequence alone, unpadded: log-prob of response token j from position len(prompt)+j-1."""
-    out = torch.zeros(batch["response_ids"].shape, dtype=torch.float32)
-    for i in range(len(batch)):
-        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
-        response = batch["response_ids"][i][batch["response_mask"][i]]
-        seq = torch.cat([prompt, response])[None]
-        logits = model(input_ids=seq, use_cache=False).logits[0].float() / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        for j in range(len(response)):
-            out[i, j] = logp[len(prompt) + j - 1, response[j]]
-    return out
 
 
 def in_micro_batches(model, batch, size, packed):

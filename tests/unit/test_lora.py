@@ -10,7 +10,6 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from rlpost.config import LoraConfig
 from rlpost.models.loading import load_causal_lm
@@ -18,32 +17,9 @@ from rlpost.trainer.lora import (adapter_key, adapter_weights, apply_lora, base_
                                  base_named_parameters, export_merged, is_lora_name,
                                  merged_weights, save_adapter)
 from rlpost.weightsync.transport import free_port
+from tests.helpers import lora_config, lora_model, run_ranks, save_tiny_model
 
-LORA = LoraConfig(rank=4, alpha=8.0)  # target_modules: all-linear
-
-
-def save_base(folder):
-    from transformers import Qwen2ForCausalLM
-
-    from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config
-
-    torch.manual_seed(0)
-    tokenizer = build_char_tokenizer()
-    config = tiny_qwen2_config(len(tokenizer), 32, 2, 4, 2, 64, 64, tokenizer.pad_token_id,
-                               tokenizer.eos_token_id)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
-def build_peft(base_dir):
-    """The base with adapters; lora_B random (peft starts it at 0, which would make merging a no-op)."""
-    torch.manual_seed(1)
-    model = apply_lora(load_causal_lm(base_dir, "float32"), LORA)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".lora_B." in name:
-                p.normal_(std=0.5)
-    return model
+LORA = lora_config()
 
 
 def input_ids():
@@ -83,7 +59,7 @@ def rank_main(rank, world, port, base_dir, compute_dtype, out_dtype, out):
     try:
         from rlpost.trainer.fsdp import decoder_layers, shard_model
 
-        model = build_peft(base_dir)
+        model = lora_model(base_dir)
         res = {"num_layers": len(decoder_layers(model)),
                "trainable": [n for n, p in model.named_parameters() if p.requires_grad]}
         res |= exercise(shard_model(model, torch.device("cpu"), compute_dtype), out_dtype)
@@ -96,21 +72,20 @@ def rank_main(rank, world, port, base_dir, compute_dtype, out_dtype, out):
 
 def run_sharded(tmp_path_factory, base_dir, world, compute_dtype, out_dtype):
     out = tmp_path_factory.mktemp(f"world{world}") / "result.pt"
-    mp.spawn(rank_main, args=(world, free_port(), str(base_dir), compute_dtype, out_dtype, str(out)),
-             nprocs=world, join=True)
+    run_ranks(rank_main, world, free_port(), str(base_dir), compute_dtype, out_dtype, str(out))
     return torch.load(out)
 
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("base")
-    save_base(folder)
+    save_tiny_model(folder, hidden=32, layers=2, intermediate=64)
     return folder
 
 
 @pytest.fixture(scope="module")
 def peft_ref(base_dir):
-    return build_peft(base_dir).eval()
+    return lora_model(base_dir).eval()
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +102,7 @@ def world2(tmp_path_factory, base_dir):
 @pytest.fixture(scope="module")
 def unsharded(base_dir):
     """No FSDP: here the base parameters themselves are full, so an un-copied yield would alias them."""
-    return exercise(build_peft(base_dir), torch.float32)
+    return exercise(lora_model(base_dir), torch.float32)
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +206,7 @@ def test_optimizer_holds_the_adapter_only(base_dir, offload):
     from rlpost.config import OptimConfig
     from rlpost.trainer.worker import build_optimizer
 
-    model = build_peft(base_dir)
+    model = lora_model(base_dir)
     optimizer = build_optimizer(model, OptimConfig(offload=offload))
     optimized = [id(p) for g in optimizer.param_groups for p in g["params"]]
     assert sorted(optimized) == sorted(id(p) for n, p in model.named_parameters() if is_lora_name(n))

@@ -19,8 +19,7 @@ from rlpost.trainer.lora import (adapter_weights, apply_lora, base_weights, sync
 from rlpost.weightsync.manifest import manifest_of
 from rlpost.weightsync.sync import send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
-from tests.helpers import reference_logprobs, sync_from_thread
-from tests.unit.test_lora import LORA, build_peft, save_base
+from tests.helpers import lora_config, lora_model, save_tiny_model, reference_logprobs, sync_from_thread
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
 
@@ -28,12 +27,12 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("base")
-    save_base(folder)
+    save_tiny_model(folder, hidden=32, layers=2, intermediate=64)
     return str(folder)
 
 
 def adapter_engine(base_dir):
-    return HFRolloutEngine(base_dir, "float32", "cpu", 0, 1, batch_size=16, lora=LORA)
+    return HFRolloutEngine(base_dir, "float32", "cpu", 0, 1, batch_size=16, lora=lora_config())
 
 
 def test_sync_kinds_per_mode():
@@ -48,14 +47,14 @@ def test_sync_kinds_per_mode():
 
 
 def test_hf_engine_serves_the_synced_adapter(base_dir):
-    trainer = build_peft(base_dir).eval()  # random non-zero B: the adapter changes the outputs
+    trainer = lora_model(base_dir).eval()  # random non-zero B: the adapter changes the outputs
     engine = adapter_engine(base_dir)
     # the rollout expects what the trainer sends (names, shapes, float32), computed independently
     sent = list(adapter_weights(trainer))
     assert engine.adapter_manifest() == manifest_of(sent)
     from rlpost.rollout.vllm_engine import expected_adapter_manifest
 
-    assert expected_adapter_manifest(base_dir, LORA) == manifest_of(sent)
+    assert expected_adapter_manifest(base_dir, lora_config()) == manifest_of(sent)
 
     params = SamplingParams(n=2, temperature=1.0, max_tokens=8, seed=3)
     base_batch = engine.generate(PROMPTS, params)  # before any adapter sync: the base model
@@ -98,7 +97,7 @@ def test_guard_judges_only_when_conclusive():
 def test_guard_catches_an_engine_that_ignores_the_adapter(base_dir):
     """A real hf engine whose adapter syncs never arrive: the trainer's policy (non-zero adapter)
     scores its samples; the guard sees the rollout is the base model and stops the run."""
-    trainer = build_peft(base_dir).eval()
+    trainer = lora_model(base_dir).eval()
     engine = adapter_engine(base_dir)  # base weights, peft's initial adapter (B = 0): no effect
     batch = engine.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=1))
     batch["old_logprobs"] = reference_logprobs(trainer, batch)
@@ -137,7 +136,7 @@ def test_a_sync_of_the_wrong_kind_is_refused_on_both_sides(base_dir):
     cfg = load_config(["+recipe=quickstart", f"model.path={base_dir}", "model.lora.rank=4",
                        "model.lora.alpha=8", "model.lora.mode=adapter"])
     worker = RolloutWorker(cfg, base_dir, 0, 0, 1)
-    trainer = build_peft(base_dir)
+    trainer = lora_model(base_dir)
     named = list(base_weights(trainer, torch.float32))
     port, errors = free_port(), {}
 
