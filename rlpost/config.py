@@ -20,6 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from rlpost.algos.advantages import ADVANTAGES
 from rlpost.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from rlpost.algos.policy_loss import POLICY_LOSSES
 
 
 def knob(default: Any, help: str, choices: tuple | None = None, ge: float | None = None,
@@ -137,6 +138,8 @@ class AlgoConfig:
     advantage: str = knob("grpo", "Advantage estimator (rlpost.algos.advantages).", tuple(ADVANTAGES))
     norm_adv_by_std: bool = knob(True, "Divide group advantages by the group std; false gives "
                                  "Dr.GRPO (Liu et al. 2025).")
+    policy_loss: str = knob("ppo", "Policy loss (rlpost.algos.policy_loss): `ppo` is the clipped surrogate with "
+                            "dual clip, TIS, KL and entropy terms.", tuple(POLICY_LOSSES))
     clip_ratio_low: float = knob(0.2, "PPO clip: ratios below 1 - this are clipped (Schulman et al. 2017).", ge=0, lt=1)
     clip_ratio_high: float = knob(0.2, "PPO clip: ratios above 1 + this are clipped (DAPO raises it).", ge=0)
     clip_ratio_c: float = knob(3.0, "Dual-clip bound for negative advantages (Ye et al. 2020); > 1.", gt=1)

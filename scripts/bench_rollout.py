@@ -49,7 +49,7 @@ def random_adapter(model_path: str, rank: int, folder: str) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from rlpost.config import LoraConfig
-    from rlpost.trainer.lora import adapter_key, apply_lora, is_lora_name, save_adapter
+    from rlpost.models.lora import adapter_key, apply_lora, is_lora_name, save_adapter
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))

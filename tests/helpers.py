@@ -44,7 +44,7 @@ def lora_model(base_dir):
     """The model in `base_dir` with LoRA adapters (`lora_config()`), lora_B random: peft starts it at
     0, which would make merging a no-op."""
     from rlpost.models.loading import load_causal_lm
-    from rlpost.trainer.lora import apply_lora
+    from rlpost.models.lora import apply_lora
 
     torch.manual_seed(1)
     model = apply_lora(load_causal_lm(str(base_dir), "float32"), lora_config())

@@ -1,8 +1,9 @@
 """Advantage estimators: one registered function per estimator, all pure and on the CPU.
 
-Every estimator takes sequence-level rewards `[N]` and group ids `[N]` (samples drawn for the same
-prompt share a group id) and returns one advantage per sequence `[N]`. The trainer broadcasts it
-over the response tokens.
+A registered estimator takes the batch (`rewards` [N], `group_ids` [N]: samples drawn for the same
+prompt share a group id; the masks; later values or token-level rewards) and the `algo` config, and
+returns one advantage per sequence `[N]` (the trainer broadcasts it over the response tokens) or
+one per token `[N, R]`. The math of each lives in a plain function of tensors, tested on its own.
 
 - `grpo` (Shao et al. 2024, DeepSeekMath): A_i = (r_i - mean(r_group)) / (std(r_group) + eps),
   with the unbiased (n-1) standard deviation. With `norm_by_std=False` it is Dr.GRPO
@@ -18,7 +19,9 @@ from typing import Callable
 
 import torch
 
-AdvantageFn = Callable[..., torch.Tensor]
+from rlpost.data.batch import Batch
+
+AdvantageFn = Callable[[Batch, object], torch.Tensor]
 ADVANTAGES: dict[str, AdvantageFn] = {}
 
 
@@ -50,7 +53,6 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor):
     return mean, std, counts[inverse].double()
 
 
-@register_advantage("grpo")
 def grpo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True,
                    eps: float = 1e-6) -> torch.Tensor:
     mean, std, size = _group_stats(rewards, group_ids)
@@ -60,7 +62,6 @@ def grpo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: 
     return torch.where(size > 1, adv, torch.zeros_like(adv)).float()
 
 
-@register_advantage("rloo")
 def rloo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = False,
                    eps: float = 1e-6) -> torch.Tensor:
     mean, std, size = _group_stats(rewards, group_ids)
@@ -68,3 +69,13 @@ def rloo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: 
     if norm_by_std:
         adv = adv / (std + eps)
     return torch.where(size > 1, adv, torch.zeros_like(adv)).float()
+
+
+@register_advantage("grpo")
+def grpo(batch: Batch, algo) -> torch.Tensor:
+    return grpo_advantage(batch["rewards"], batch["group_ids"], norm_by_std=algo.norm_adv_by_std)
+
+
+@register_advantage("rloo")
+def rloo(batch: Batch, algo) -> torch.Tensor:
+    return rloo_advantage(batch["rewards"], batch["group_ids"], norm_by_std=algo.norm_adv_by_std)

@@ -125,6 +125,10 @@ class WorkerGroup:
     def __len__(self) -> int:
         return len(self.workers)
 
+    def submit(self, rank: int, method: str, *args, **kwargs):
+        """Start `method` on the actor of `rank`; returns its future."""
+        return getattr(self.workers[rank], method).remote(*args, **kwargs)
+
     def call_async(self, method: str, *args, **kwargs) -> list:
         return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
 

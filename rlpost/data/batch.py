@@ -8,6 +8,8 @@ A generated batch holds (see docs/token-layout.md):
 | `prompt_mask`     | [B, P] | True on real prompt tokens                                     |
 | `response_ids`    | [B, R] | response tokens, right-padded                                  |
 | `response_mask`   | [B, R] | True on real response tokens (the EOS that ended it included) |
+| `loss_mask`       | [B, R] | True on the response tokens that get a loss: the model's own   |
+|                   |        | (single-turn: all of them; a tool's or environment's: False)   |
 | `rollout_logprobs`| [B, R] | log-prob of each response token under the rollout's weights    |
 | `weight_version`  | [B]    | version of the weights that generated the sample              |
 | `group_ids`       | [B]    | samples of one prompt share a group id                         |

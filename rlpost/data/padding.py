@@ -85,6 +85,18 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def check_masks(batch: Batch) -> None:
+    """`response_mask` marks a prefix of each row (responses are right-padded); `loss_mask` may
+    have holes (tokens a tool or an environment wrote) but lies inside it."""
+    response, loss = batch["response_mask"], batch["loss_mask"]
+    lengths = response.sum(-1)
+    if not torch.equal(response, torch.arange(response.shape[1]) < lengths[:, None]):
+        raise ValueError("response_mask must mark a prefix of each row (responses are right-padded)")
+    outside = loss & ~response
+    if outside.any():
+        raise ValueError(f"row {int(outside.any(-1).nonzero()[0])}: loss_mask marks tokens outside response_mask")
+
+
 def concat_generations(batches: list[Batch], pad_id: int) -> Batch:
     """Concatenate generation batches of different prompt/response widths by re-padding
     prompts on the left and per-token tensors on the right to the widest."""

@@ -31,8 +31,7 @@ class HFRolloutEngine:
         model = load_causal_lm(model_path, dtype, attn_implementation, trust_remote_code)
         self.adapter_params: dict[str, torch.nn.Parameter] | None = None
         if lora is not None:
-            from rlpost.trainer.lora import (ADAPTER_DTYPE, adapter_named_parameters, apply_lora,
-                                             base_named_parameters)
+            from rlpost.models.lora import ADAPTER_DTYPE, adapter_named_parameters, apply_lora, base_named_parameters
 
             model = apply_lora(model, lora)
             self.params = dict(base_named_parameters(model))  # base names, as the trainer sends them
@@ -78,6 +77,7 @@ class HFRolloutEngine:
             "prompt_mask": prompt_mask,
             "response_ids": torch.where(response_mask, response_ids, self.pad_id),
             "response_mask": response_mask,
+            "loss_mask": response_mask.clone(),  # single-turn: every response token is the model's
             "rollout_logprobs": logprobs * response_mask,
             "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
         })

@@ -56,7 +56,7 @@ def expected_adapter_manifest(model_path: str, lora, trust_remote_code: bool = F
     checkpoint's config wrapped by peft on the meta device."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rlpost.trainer.lora import ADAPTER_DTYPE, adapter_named_parameters, apply_lora
+    from rlpost.models.lora import ADAPTER_DTYPE, adapter_named_parameters, apply_lora
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
@@ -181,6 +181,7 @@ class VLLMRolloutEngine:
             "prompt_mask": prompt_mask,
             "response_ids": response_ids,
             "response_mask": response_mask,  # every generated token, the stop token included
+            "loss_mask": response_mask.clone(),  # single-turn: every response token is the model's
             "rollout_logprobs": rollout_logprobs,
             "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
         })
@@ -226,7 +227,7 @@ class VLLMRolloutEngine:
         from safetensors.torch import load_file
         from vllm.lora.request import LoRARequest
 
-        from rlpost.trainer.lora import save_adapter
+        from rlpost.models.lora import save_adapter
 
         folder = tempfile.mkdtemp(prefix="rlpost-lora-", dir=shm_dir(sum(s.nbytes for s in self._adapter_manifest)))
         save_adapter(named_tensors, self.lora, folder, self.model_path)

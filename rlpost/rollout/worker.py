@@ -9,7 +9,7 @@ import torch
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.rollout.base import RolloutEngine, SamplingParams
-from rlpost.trainer.lora import sync_kinds
+from rlpost.weightsync.kinds import sync_kinds
 from rlpost.weightsync.manifest import WeightSyncError
 from rlpost.weightsync.sync import receive_weights
 from rlpost.weightsync.transport import SyncGroup, stacks_if_stuck

@@ -51,3 +51,12 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, packed: boo
     logp = torch.nn.functional.pad(token_logprobs(logits, batch["response_ids"]) * mask, pad)
     entropy = torch.nn.functional.pad(entropy_from_logits(logits) * mask, pad) if with_entropy else None
     return logp, entropy
+
+
+def use_packed_layout(layout: str, attn_implementation: str) -> bool:
+    """`trainer.layout`: `auto` is packed only with a varlen attention kernel. With sdpa/eager,
+    transformers turns a packed row into a dense [T, T] block-diagonal mask: quadratic in the
+    tokens of a whole micro-batch, much slower than padding for many short sequences."""
+    if layout == "auto":
+        return attn_implementation.startswith("flash_attention") or attn_implementation == "rlpost_varlen"
+    return layout == "packed"

@@ -58,9 +58,9 @@ def _offload_pair(rank, model_dir, ports, keep, out):
     cfg = load_config(["+recipe=quickstart", "trainer.device=cuda", "trainer.world_size=1",
                        "trainer.param_offload=true", "algo.kl_coef=0"])
     if rank == 0:
-        from rlpost.trainer.worker import TrainerWorker
+        from rlpost.trainer.actor import ActorWorker
 
-        trainer = TrainerWorker(cfg, model_dir, 0, 1, "127.0.0.1", ports[0])
+        trainer = ActorWorker(cfg, model_dir, 0, 1, "127.0.0.1", ports[0])
         assert {p.device.type for p in trainer.model.parameters()} == {"cpu"}  # offloaded between phases
         with torch.no_grad():
             for p in trainer.model.parameters():

@@ -23,7 +23,7 @@ LORA = ["model.lora.rank=8", "model.lora.alpha=16", "trainer.optim.lr=1e-2", "tr
 
 def probe(c: Controller) -> Batch:
     """The rollout's greedy responses and their log-probs for 8 fixed prompts."""
-    return c.generate(c.val_rows[:8], SamplingParams(n=1, max_tokens=6, greedy=True, seed=0))
+    return c.batches.generate(c.val_rows[:8], SamplingParams(n=1, max_tokens=6, greedy=True, seed=0))
 
 
 def trainer_logprobs(c: Controller, batch: Batch) -> torch.Tensor:
@@ -55,7 +55,7 @@ def model_keys(checkpoint) -> list[str]:
 
 
 def check_checkpoint_holds_the_adapter_only(checkpoint):
-    from rlpost.trainer.lora import is_lora_name
+    from rlpost.models.lora import is_lora_name
 
     model, optim = model_keys(checkpoint)
     assert len(model) == 2 * 7 * 4  # A and B of 7 linear layers in each of the 4 decoder layers
@@ -85,7 +85,7 @@ def test_merge_mode_syncs_merged_weights_and_exports(ray_session, base_overrides
         m2 = step(c)
         assert c.trainers.call("base_checksums") == base_sums  # frozen, and merging is out of place
         sums = c.trainers.call("base_checksums")
-        c._sync_weights()  # a sync alone: base shards bitwise as they were
+        c.sync_weights()  # a sync alone: base shards bitwise as they were
         assert c.trainers.call("base_checksums") == sums
         for m in (m1, m2):
             # merged weights under the base names; every one read back from the rollout's model and

@@ -3,7 +3,7 @@
 import pytest
 
 from rlpost.config import ConfigError, load_config
-from rlpost.controller.loop import check_colocated_memory, sync_plan, sync_transport
+from rlpost.controller.weights import check_colocated_memory, sync_plan, sync_transport
 
 GIB = 2**30
 
@@ -48,7 +48,7 @@ def test_each_reward_reaches_its_own_rows_through_groups_advantages_and_shards(e
     group's rewards give, computed here from scratch."""
     import torch
 
-    from rlpost.controller.loop import advantages, group_ids, step_plan
+    from rlpost.controller.step import advantages, group_ids, step_plan
     from rlpost.data.batch import Batch
     from rlpost.data.microbatch import shard_batch
     from rlpost.data.padding import left_pad, right_pad
@@ -65,7 +65,8 @@ def test_each_reward_reaches_its_own_rows_through_groups_advantages_and_shards(e
     batch = Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
                    "response_mask": response_mask, "group_ids": groups})
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 2.0, 1.0, 0.0, 1.0, 1.0, 1.0])
-    batch["advantages"] = advantages(rewards, groups, cfg)
+    batch["rewards"] = rewards
+    batch["advantages"] = advantages(batch, cfg)
 
     expected = []
     for i in range(n * prompts):

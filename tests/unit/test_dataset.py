@@ -138,7 +138,7 @@ def test_batch_chunk_select_cat():
 
 
 def test_auto_reward_routing_fails_early_naming_the_source():
-    from rlpost.controller.loop import check_reward_routing
+    from rlpost.controller.setup import check_reward_routing
     from rlpost.data.dataset import PromptRow
 
     ok = PromptRow([1], "1+1=", "2", "arithmetic")

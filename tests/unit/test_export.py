@@ -1,5 +1,5 @@
 """`rlpost export` of a full fine-tuning checkpoint (no LoRA: the weights come from the sharded
-DCP checkpoint) and its errors. A real TrainerWorker (FSDP2, one gloo rank, no Ray) saves the
+DCP checkpoint) and its errors. A real ActorWorker (FSDP2, one gloo rank, no Ray) saves the
 checkpoint; the exported folder holds exactly its weights. (LoRA runs: tests/integration/test_lora_loop.py.)"""
 
 from pathlib import Path
@@ -29,10 +29,10 @@ def run_dir(tmp_path):
 def test_export_full_finetuning_checkpoint(run_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from rlpost.trainer.worker import TrainerWorker
+    from rlpost.trainer.actor import ActorWorker
 
     cfg, run, base = run_dir
-    worker = TrainerWorker(cfg, str(base), 0, 1, "127.0.0.1", free_port())
+    worker = ActorWorker(cfg, str(base), 0, 1, "127.0.0.1", free_port())
     try:
         with torch.no_grad():  # "training": every weight moves
             for p in worker.model.parameters():

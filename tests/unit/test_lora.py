@@ -13,9 +13,8 @@ import torch.distributed as dist
 
 from rlpost.config import LoraConfig
 from rlpost.models.loading import load_causal_lm
-from rlpost.trainer.lora import (adapter_key, adapter_weights, apply_lora, base_name,
-                                 base_named_parameters, export_merged, is_lora_name,
-                                 merged_weights, save_adapter)
+from rlpost.models.lora import adapter_key, apply_lora, base_name, base_named_parameters, export_merged, is_lora_name, save_adapter
+from rlpost.trainer.lora import adapter_weights, merged_weights
 from rlpost.weightsync.transport import free_port
 from tests.helpers import lora_config, lora_model, run_ranks, save_tiny_model
 
@@ -204,7 +203,7 @@ def test_optimizer_holds_the_adapter_only(base_dir, offload):
     """With LoRA only lora_A/lora_B are optimized; the layerwise optimizer's units are the decoder
     layers' adapters (the root unit -- embeddings, norm, tied head -- has none and is dropped)."""
     from rlpost.config import OptimConfig
-    from rlpost.trainer.worker import build_optimizer
+    from rlpost.trainer.engine import build_optimizer
 
     model = lora_model(base_dir)
     optimizer = build_optimizer(model, OptimConfig(offload=offload))

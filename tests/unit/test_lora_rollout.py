@@ -10,12 +10,14 @@ import pytest
 import torch
 
 from rlpost.config import LoraConfig
-from rlpost.controller.loop import AdapterNotServedError, check_rollout_serves_adapter
+from rlpost.controller.step import AdapterNotServedError, check_rollout_serves_adapter
 from rlpost.data.batch import Batch
 from rlpost.models.loading import load_causal_lm
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.hf import HFRolloutEngine
-from rlpost.trainer.lora import (adapter_weights, apply_lora, base_weights, sync_kinds)
+from rlpost.models.lora import apply_lora
+from rlpost.trainer.lora import adapter_weights, base_weights
+from rlpost.weightsync.kinds import sync_kinds
 from rlpost.weightsync.manifest import manifest_of
 from rlpost.weightsync.sync import send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
@@ -75,7 +77,7 @@ def test_hf_engine_serves_the_synced_adapter(base_dir):
 def guard_batch(rollout, policy, base, version=2):
     mask = torch.ones_like(rollout, dtype=torch.bool)
     return Batch({"rollout_logprobs": rollout, "old_logprobs": policy, "ref_logprobs": base,
-                  "response_mask": mask, "weight_version": torch.full((len(rollout),), version)})
+                  "response_mask": mask, "loss_mask": mask, "weight_version": torch.full((len(rollout),), version)})
 
 
 def test_guard_judges_only_when_conclusive():

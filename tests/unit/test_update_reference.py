@@ -2,7 +2,7 @@
 
 rlpost's own path: advantages from rewards and groups (`controller.loop.advantages`), the step's
 plan (`step_plan`: token-balanced ranks, micro-batches of unequal token counts), the shards, and
-`TrainerWorker.update` under FSDP2 over gloo at world size 1 and 2. The gradient it hands to the
+`ActorWorker.update` under FSDP2 over gloo at world size 1 and 2. The gradient it hands to the
 optimizer is captured and compared, parameter by parameter, with the gradient of a loss written
 here in a few lines of plain torch on an unsharded copy of the model: one sequence at a time, no
 padding, no rlpost code. The batch is ragged (left-padded prompts, right-padded responses of
@@ -61,8 +61,14 @@ def make_batch(model, seed: int = 0):
     responses = [torch.randint(3, 60, (n,), generator=g).tolist() for n in lengths]
     prompt_ids, prompt_mask = left_pad(prompts, 0)
     response_ids, response_mask = right_pad(responses, 0)
+    # the tokens that get a loss: holes where a tool or an environment wrote (rows 1, 3, 5, 10),
+    # and a row whose every token is an environment's (row 7)
+    loss_mask = response_mask.clone()
+    for row, cols in ((1, [1, 2]), (3, [0]), (5, [2]), (10, [3, 4]), (7, [0, 1])):
+        loss_mask[row, cols] = False
     batch = Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
-                   "response_mask": response_mask, "weight_version": torch.zeros(rows, dtype=torch.long),
+                   "response_mask": response_mask, "loss_mask": loss_mask,
+                   "weight_version": torch.zeros(rows, dtype=torch.long),
                    "rollout_logprobs": torch.zeros(rows, response_ids.shape[1])})
     logp = reference_logprobs(model, batch, TEMPERATURE)
     mask = response_mask.float()
@@ -97,6 +103,9 @@ def reference_loss(model, batch, rewards, algo: dict):
         prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
         m = batch["response_mask"][i]
         response = batch["response_ids"][i][m]
+        own = batch["loss_mask"][i][m]  # the model's own tokens: only they get a loss
+        if not own.any():
+            continue
         logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0, len(prompt) - 1:-1] / TEMPERATURE
         logprobs = torch.log_softmax(logits.float(), -1)
         logp = logprobs.gather(-1, response[:, None])[:, 0]
@@ -106,15 +115,16 @@ def reference_loss(model, batch, rewards, algo: dict):
         pg = torch.maximum(-a * ratio, -a * ratio.clamp(1 - algo["clip_ratio_low"], 1 + algo["clip_ratio_high"]))
         if a < 0:
             pg = torch.minimum(pg, -a * algo["clip_ratio_c"] * torch.ones_like(pg))
+        log_w = old - rollout  # truncated importance weights, over the model's own tokens
         if algo["rollout_is"] == "token":
-            pg = pg * torch.exp(old - rollout).clamp(max=algo["rollout_is_threshold"])
+            pg = pg * torch.exp(log_w).clamp(max=algo["rollout_is_threshold"])
         elif algo["rollout_is"] == "sequence":
-            pg = pg * torch.exp((old - rollout).sum()).clamp(max=algo["rollout_is_threshold"])
+            pg = pg * torch.exp((log_w * own).sum()).clamp(max=algo["rollout_is_threshold"])
         d = logp - ref  # KL(policy || reference), Schulman's estimators
         kl = {"k1": d, "k2": d ** 2 / 2, "k3": torch.exp(-d) - 1 + d}[algo["kl_estimator"]]
         entropy = -(logprobs.exp() * logprobs).sum(-1)
         for key, value in (("pg", pg), ("kl", kl), ("entropy", entropy)):
-            per_token[key].append(value)
+            per_token[key].append(value[own])
 
     def agg(values):
         if algo["loss_agg_mode"] == "token-mean":
@@ -155,10 +165,10 @@ def case_rewards(rewards, name):
 
 def rank_main(rank, world, port, model_dir, batch_path, out):
     """Every case through rlpost's path on this rank; rank 0 saves the captured gradients."""
-    from rlpost.controller.loop import advantages, step_plan
+    from rlpost.controller.step import advantages, step_plan
     from rlpost.data.microbatch import shard_batch
     from rlpost.trainer.fsdp import full_tensor
-    from rlpost.trainer.worker import TrainerWorker
+    from rlpost.trainer.actor import ActorWorker
 
     torch.set_num_threads(1)
     try:
@@ -167,9 +177,10 @@ def rank_main(rank, world, port, model_dir, batch_path, out):
         for name in CASES:
             cfg = case_config(name, world)
             case = batch.select(slice(None))
-            case["advantages"] = advantages(case_rewards(rewards, name), batch["group_ids"], cfg)
+            case["rewards"] = case_rewards(rewards, name)
+            case["advantages"] = advantages(case, cfg)
             _, plan = step_plan(case, cfg)
-            worker = TrainerWorker(cfg, model_dir, rank, world, "127.0.0.1", port)
+            worker = ActorWorker(cfg, model_dir, rank, world, "127.0.0.1", port)
             grads, step = [], worker.optimizer.step
 
             def capture(*args, worker=worker, grads=grads, step=step, **kwargs):

@@ -10,7 +10,8 @@ pytest.importorskip("vllm")
 
 from rlpost.config import LoraConfig  # noqa: E402
 from rlpost.rollout.base import SamplingParams  # noqa: E402
-from rlpost.trainer.lora import adapter_weights, apply_lora, base_weights  # noqa: E402
+from rlpost.models.lora import apply_lora  # noqa: E402
+from rlpost.trainer.lora import adapter_weights, base_weights  # noqa: E402
 from rlpost.weightsync.manifest import manifest_of  # noqa: E402
 from tests.helpers import reference_logprobs, save_tiny_model, sync_from_thread  # noqa: E402
 from tests.helpers import PROMPTS  # noqa: E402

@@ -1,0 +1,57 @@
+"""What a run needs before any actor starts: its folder, and its prompts checked and loaded."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from rlpost.config import TrainConfig, to_yaml
+from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
+from rlpost.data.tasks import ARITHMETIC_FORMAT, arithmetic_split, write_jsonl
+from rlpost.rewards import REWARDS
+
+
+def make_run_dir(cfg: TrainConfig) -> Path:
+    run_dir = Path(cfg.run.dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}").expanduser().resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    return run_dir
+
+
+def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """Train and validation sources; an offline task writes its rows as jsonl first."""
+    if cfg.data.task == "arithmetic":
+        folder = Path(cfg.model.cache_dir).expanduser() / "data" / \
+            f"arithmetic-d{cfg.data.arithmetic_digits}-v{cfg.data.val_size}-f{ARITHMETIC_FORMAT}"
+        train, val = arithmetic_split(cfg.data.arithmetic_digits, seed=0, num_val=cfg.data.val_size)
+        if not (folder / "val.jsonl").is_file():
+            write_jsonl(train, folder / "train.jsonl")
+            write_jsonl(val, folder / "val.jsonl")
+        return [str(folder / "train.jsonl")], [str(folder / "val.jsonl")]
+    return list(cfg.data.train_files), list(cfg.data.val_files)
+
+
+def check_reward_routing(rows: list[PromptRow], reward_fn: str) -> None:
+    """With `reward.fn=auto`, every row's data_source must name a registered reward function:
+    fail at start rather than score every sample 0."""
+    if reward_fn != "auto":
+        return
+    unknown = sorted({r.data_source for r in rows} - set(REWARDS))
+    if unknown:
+        what = "rows without a data_source" if unknown[0] == "" else f"data_source {unknown[0]!r}"
+        raise DataError(f"reward.fn=auto has no reward function for {what}; set reward.fn=NAME or "
+                        f"path/to/file.py:function, or data.default_data_source=NAME "
+                        f"(registered: {sorted(REWARDS)})")
+
+
+def load_data(cfg: TrainConfig, tokenizer, log=print) -> tuple[PromptLoader, list[PromptRow], int]:
+    """(the training prompts' loader, the validation rows, how many prompts were too long)."""
+    train_src, val_src = data_sources(cfg)
+    train = load_prompts(train_src, tokenizer, cfg.data.max_prompt_length, cfg.data.default_data_source)
+    val = load_prompts(val_src, tokenizer, cfg.data.max_prompt_length, cfg.data.default_data_source)
+    dropped = train.dropped_too_long + val.dropped_too_long
+    if dropped:
+        log(f"dropped {dropped} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} tokens")
+    check_reward_routing(train.rows + val.rows, cfg.reward.fn)
+    log(f"data: {len(train.rows)} training prompts, {len(val.rows)} validation prompts")
+    return PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle), val.rows, dropped

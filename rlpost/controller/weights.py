@@ -1,0 +1,110 @@
+"""Weight sync wiring: who sends to whom, the sync groups, and one verified sync per kind.
+
+Over NCCL/gloo trainer rank 0 broadcasts to every rollout actor; with CUDA IPC (colocate on GPUs)
+each rank feeds the actors on its own GPU (every rank holds the full tensors after FSDP's
+all-gather). With LoRA a sync carries merged weights (merge mode), or the base once per run and
+then only the adapter (adapter mode): `rlpost.weightsync.kinds`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from rlpost.config import ConfigError, TrainConfig
+from rlpost.controller.cluster import Placement, WorkerGroup, get_all
+from rlpost.weightsync.kinds import sync_kinds
+
+
+def colocated_on_cuda(cfg: TrainConfig) -> bool:
+    """Trainer and rollouts share GPUs and take turns (vLLM sleeps while the trainer computes)."""
+    return cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda"
+
+
+def sync_transport(cfg: TrainConfig) -> str:
+    return "ipc" if colocated_on_cuda(cfg) else "broadcast"
+
+
+def sync_plan(cfg: TrainConfig) -> dict[int, list[int]]:
+    """Which trainer rank sends the weights to which rollout actors."""
+    if sync_transport(cfg) == "ipc":
+        plan: dict[int, list[int]] = {}
+        for r in range(cfg.rollout.num_workers):
+            plan.setdefault(r % cfg.trainer.world_size, []).append(r)
+        return plan
+    return {0: list(range(cfg.rollout.num_workers))}
+
+
+def check_colocated_memory(cfg: TrainConfig, reports: list[dict[str, float]], margin_gib: float = 1.0) -> None:
+    """vLLM takes `rollout.gpu_memory_utilization` of the whole GPU whenever it is awake; the
+    trainer keeps its resident memory (weights, Adam states) there all along. Both must fit."""
+    gib = 2**30
+    for rank, rep in enumerate(reports):
+        if cfg.rollout.backend != "vllm" or not rep:
+            continue
+        total, resident = rep["total"], rep["resident"]
+        wanted = cfg.rollout.gpu_memory_utilization * total
+        room = total - resident - margin_gib * gib
+        if wanted > room:
+            raise ConfigError(
+                f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} asks vLLM for "
+                f"{wanted / gib:.1f} GiB of the {total / gib:.1f} GiB GPU of trainer rank {rank}, but the trainer "
+                f"keeps {resident / gib:.1f} GiB there between phases (+{margin_gib:.0f} GiB margin): set "
+                f"rollout.gpu_memory_utilization<={math.floor(max(room, 0) / total * 100) / 100:.2f}, or free trainer memory with "
+                f"trainer.param_offload=true or trainer.optim.offload=layerwise")
+
+
+class WeightSync:
+    """The sync groups between a trainer group and a rollout group, and the syncs themselves."""
+
+    def __init__(self, cfg: TrainConfig, placement: Placement, trainers: WorkerGroup, rollouts: WorkerGroup,
+                 log=print):
+        self.cfg, self.trainers, self.rollouts, self.log = cfg, trainers, rollouts, log
+        self.primed = False  # False until a sync brought the whole model (base) over
+        self.last_kinds: list[str] = []
+        import ray
+
+        calls = []
+        for rank, receivers in sync_plan(cfg).items():
+            host, port = placement.address_of_bundle(placement.trainer_bundles[rank])
+            world, transport = 1 + len(receivers), sync_transport(cfg)
+            calls.append(trainers.submit(rank, "init_weight_sync", host, port, world, transport))
+            calls += [rollouts.submit(r, "init_weight_sync", host, port, 1 + j, world, transport)
+                      for j, r in enumerate(receivers)]
+        ray.get(calls)
+
+    def sync(self, version: int) -> dict[str, float]:
+        """Bring every rollout to the trainer's policy at `version`: one verified sync per kind
+        (`sync_kinds`: the plain or merged weights; in adapter mode the base once, then the
+        adapter only). Metrics: bytes in all and per kind, `weight_sync/adapter_only`, the time the
+        receivers spent checking checksums after the data (`weight_sync/recv_verify_s`)."""
+        start = time.perf_counter()
+        kinds = sync_kinds(self.cfg, first=not self.primed)
+        out: dict[str, float] = {"weight_sync/bytes": 0.0, "weight_sync/send_s": 0.0, "weight_sync/recv_s": 0.0}
+        readback = []
+        for kind in kinds:
+            recv = self.rollouts.call_async("receive_weights", version, kind)
+            sent = self.trainers.call_async("push_weights", version, kind=kind)
+            stats = get_all(recv + sent, first=recv)  # a receiver's error names the tensor
+            recv_stats = stats[:len(recv)]
+            send_stats = next(s for s in stats[len(recv):] if s)
+            out["weight_sync/bytes"] += send_stats.pop("weight_sync/bytes")
+            out[f"weight_sync/{kind}_bytes"] = float(recv_stats[0]["weight_sync/recv_bytes"])
+            out["weight_sync/send_s"] += send_stats.pop("weight_sync/send_s")
+            out["weight_sync/recv_s"] += max(s["weight_sync/recv_s"] for s in recv_stats)
+            out["weight_sync/recv_verify_s"] = (out.get("weight_sync/recv_verify_s", 0.0)
+                                                + max(s["weight_sync/recv_verify_s"] for s in recv_stats))
+            readback += [s["weight_sync/readback_tensors"] for s in recv_stats]
+            for key, value in send_stats.items():  # e.g. perf/sync_peak_gb
+                out[key] = max(out.get(key, value), value)
+            versions = self.rollouts.call("weight_version")
+            if versions != [version] * len(versions):  # every rollout took this sync
+                raise RuntimeError(f"rollout weight versions {versions} after the {kind} sync v{version}")
+        if self.cfg.model.lora.rank > 0 and kinds != self.last_kinds:  # say what travels, when it changes
+            self.log(f"weight sync v{version}: " + " + ".join(
+                f"{k} ({out[f'weight_sync/{k}_bytes'] / 2**20:.2f} MiB)" for k in kinds))
+        self.primed, self.last_kinds = True, kinds
+        return {**out, "weight_sync/version": float(version),
+                "weight_sync/adapter_only": float(kinds == ["adapter"]),
+                "weight_sync/readback_tensors": min(readback),
+                "timing_s/weight_sync": time.perf_counter() - start}

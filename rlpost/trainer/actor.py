@@ -1,0 +1,220 @@
+"""The actor role on a trainer rank: the policy's log-probs, its update, and its weights for the
+rollouts. It runs on the FSDP2 engine (`rlpost.trainer.engine`) and computes the loss the
+algorithm names (`rlpost.algos.policy_loss`): it knows no algorithm itself.
+
+The KL reference is a frozen copy of the starting model, or with LoRA the policy itself with its
+adapters disabled (the frozen base): no second model.
+
+Loss normalisation across data-parallel ranks: FSDP averages gradients over ranks, so each rank
+scales its loss by world_size, and the loss divides by the *global* token (or sequence) count of
+the mini-batch. Micro-batches and ranks then add up to exactly the full mini-batch loss.
+
+A plain class: the controller wraps it in a Ray actor, tests call it directly. Every method that
+runs collectives must be called on all ranks of the trainer group at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlpost.algos.policy_loss import LossInputs, get_policy_loss
+from rlpost.config import TrainConfig
+from rlpost.data.batch import Batch
+from rlpost.data.microbatch import split_shard
+from rlpost.models.lora import ADAPTER_DTYPE, adapter_named_parameters, base_named_parameters, save_adapter
+from rlpost.trainer.engine import FSDPEngine
+from rlpost.trainer.fsdp import full_tensor
+from rlpost.trainer.logprobs import response_logprobs, use_packed_layout
+from rlpost.trainer.lora import adapter_weights, base_weights, merged_weights
+from rlpost.trainer.stats import Stats
+from rlpost.weightsync.kinds import sync_kinds
+from rlpost.weightsync.manifest import checksum, spec_of
+from rlpost.weightsync.sync import send_weights
+from rlpost.weightsync.transport import SyncGroup, stacks_if_stuck
+
+
+class ActorWorker:
+    def __init__(self, cfg: TrainConfig, model_path: str, rank: int, world_size: int,
+                 master_addr: str, master_port: int):
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.engine = e = FSDPEngine(cfg, model_path, rank, world_size, master_addr, master_port)
+        self.model, self.device, self.lora = e.model, e.device, e.lora
+        self.optimizer = e.optimizer
+        self.ref_model = e.frozen_copy() if cfg.algo.kl_coef > 0 and self.lora is None else None
+        self.loss_fn = get_policy_loss(cfg.algo.policy_loss)
+        self.packed = use_packed_layout(cfg.trainer.layout, cfg.model.attn_implementation)
+        self.sync_group: SyncGroup | None = None
+        self.manifests = self._manifests()
+        e.offload_params()
+
+    # ------------------------------------------------------------------------------ log-probs
+    def _logprobs(self, model, mb: Batch, with_entropy: bool):
+        """Per-token log-probs [b, R] of the response tokens (and entropy [b, R])."""
+        return response_logprobs(model, mb, self.cfg.rollout.temperature, self.packed, with_entropy)
+
+    def _ref_logprobs(self, mb: Batch) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._logprobs(self.ref_model, mb, False)[0]
+        with self.model.disable_adapter():  # LoRA: the frozen base is the reference
+            return self._logprobs(self.model, mb, False)[0]
+
+    @torch.no_grad()
+    def compute_logprobs(self, shard: Batch, base: bool = False) -> Batch:
+        """`old_logprobs` (and `ref_logprobs` when a reference exists), [b, R] each, with the
+        shard's `row_index`. Runs the micro-batches of the plan (see `rlpost.data.microbatch`),
+        the same ones as the first pass of `update`, so that the first ratio is 1. With LoRA,
+        `base` asks for `ref_logprobs` (the base model's: adapters disabled) even without a KL
+        loss: the controller checks with them that the rollouts serve the adapter."""
+        with_ref = self.cfg.algo.kl_coef > 0 or (base and self.lora is not None)
+        out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": [], "row_index": []}
+        with self.engine.resident():
+            for mini in split_shard(shard):
+                for mb in mini:
+                    out["old_logprobs"].append(self._logprobs(self.model, mb, False)[0].cpu())
+                    if with_ref:
+                        out["ref_logprobs"].append(self._ref_logprobs(mb).cpu())
+                    out["row_index"].append(mb["row_index"])
+        return Batch({k: torch.cat(v) for k, v in out.items() if v})
+
+    # --------------------------------------------------------------------------------- update
+    def update(self, shard: Batch) -> dict[str, float]:
+        """PPO epochs over this rank's planned mini-batches; one optimizer step per mini-batch.
+        Returns metrics already reduced over ranks (identical on every rank)."""
+        a = self.cfg.algo
+        stats = Stats(self.device)
+        first_step_done = False
+        with self.engine.resident():
+            minis = split_shard(shard)
+            for _ in range(a.ppo_epochs):
+                for mini in minis:
+                    mask = torch.cat([mb["loss_mask"] for mb in mini])
+                    count = mask.sum() if a.loss_agg_mode == "token-mean" else (mask.sum(-1) > 0).sum()
+                    denom = self.engine.global_sum(count.item())
+                    for mb in mini:
+                        ratio_dev = self._micro_step(mb, denom, stats)
+                        if not first_step_done:
+                            stats.max("actor/first_ratio_dev", ratio_dev)
+                    self.engine.optimizer_step(stats)
+                    first_step_done = True
+            stats.set("actor/lr", self.engine.scheduler.get_last_lr()[0])
+            return stats.reduce()
+
+    def _micro_step(self, mb: Batch, denom: float, stats: Stats) -> float:
+        """Forward, the algorithm's loss, backward on one micro-batch; returns max |ratio - 1|."""
+        logp, entropy = self._logprobs(self.model, mb, with_entropy=True)  # packs on the CPU first
+        dev = self.device
+        out = self.loss_fn(LossInputs(
+            logp=logp, old_logp=mb["old_logprobs"].to(dev), advantages=mb["advantages"].to(dev).float()[:, None],
+            loss_mask=mb["loss_mask"].to(dev).float(), denominator=denom,
+            norm_length=self.cfg.rollout.max_response_length, entropy=entropy,
+            ref_logp=mb["ref_logprobs"].to(dev) if "ref_logprobs" in mb else None,
+            rollout_logp=mb["rollout_logprobs"].to(dev)), self.cfg.algo)
+        (out.loss * self.world_size).backward()
+        stats.merge(out)
+        return max(out.maxes["actor/ppo_ratio_max"] - 1, 1 - out.mins["actor/ppo_ratio_min"], 0.0)
+
+    # ---------------------------------------------------------------------------- weight sync
+    def _manifests(self) -> dict:
+        """The manifest of each sync kind this run sends."""
+        def meta(named, dtype):
+            return [spec_of(n, torch.empty(p.shape, dtype=dtype, device="meta")) for n, p in named]
+
+        dtype = self.engine.compute_dtype
+        if self.lora is None:
+            return {"full": meta(self.model.named_parameters(), dtype)}
+        base = meta(base_named_parameters(self.model), dtype)
+        if self.lora.mode == "merge":
+            return {"merged": base}
+        return {"base": base, "adapter": meta(adapter_named_parameters(self.model), ADAPTER_DTYPE)}
+
+    @property
+    def manifest(self):
+        """The manifest of the sync that carries the whole model (a rollout's first sync)."""
+        return self.manifests[sync_kinds(self.cfg, first=True)[0]]
+
+    def init_weight_sync(self, host: str, port: int, world_size: int, transport: str) -> None:
+        """Called on the ranks that send (rank 0; with the ipc transport every rank that shares
+        its GPU with a rollout actor)."""
+        self.sync_group = SyncGroup(host, port, 0, world_size, str(self.device),
+                                    self.cfg.weight_sync.timeout_s, transport)
+
+    def _export(self, kind: str):
+        """The full tensors of one sync `kind`, in its manifest's order (a generator of
+        collectives: every rank runs it to the end)."""
+        if kind not in self.manifests:
+            raise ValueError(f"weight sync kind {kind!r} does not fit this run (model.lora.rank="
+                             f"{self.cfg.model.lora.rank}, mode={self.cfg.model.lora.mode}): it sends "
+                             f"{sorted(self.manifests)}")
+        dtype = self.engine.compute_dtype
+        if kind == "full":
+            # `.to(device)`: with `optim.offload=cpu` FSDP keeps the shards on the host for good
+            return (full_tensor(p.detach().to(self.device)).to(dtype) for _, p in self.model.named_parameters())
+        # merged: W + scale B A computed out of place per parameter; the shards are never written
+        named = {"merged": lambda: merged_weights(self.model, dtype),
+                 "base": lambda: base_weights(self.model, dtype),
+                 "adapter": lambda: adapter_weights(self.model, ADAPTER_DTYPE)}[kind]()
+        return (t for _, t in named)
+
+    def push_weights(self, version: int, keep_on_gpu: bool = False, kind: str | None = None) -> dict[str, float]:
+        """All ranks gather full tensors (FSDP all-gather); rank 0 sends them to the rollouts.
+        `kind` (`rlpost.weightsync.kinds`; default: the one that carries the whole model) says
+        what the sync carries. Offloaded shards (`trainer.param_offload`) come to the device for
+        the gather and go back afterwards unless `keep_on_gpu`."""
+        kind = kind or sync_kinds(self.cfg, first=True)[0]
+        timeout = self.cfg.weight_sync.timeout_s
+        with stacks_if_stuck(timeout / 2), self.engine.resident(self.model, keep=keep_on_gpu):
+            tensors = self._export(kind)
+            if self.sync_group is None:  # this rank only takes part in the gathers
+                for _ in tensors:
+                    pass
+                return {}
+            ws = self.cfg.weight_sync
+            cuda = self.device.type == "cuda"
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+                before = torch.cuda.memory_allocated(self.device)
+            stats = send_weights(self.sync_group, self.manifests[kind], tensors, version,
+                                 ws.bucket_mb * 2**20, ws.verify)
+        out = {"weight_sync/bytes": float(stats.bytes), "weight_sync/send_s": stats.seconds,
+               "weight_sync/send_header_s": stats.header_s, "weight_sync/send_verify_s": stats.verify_s}
+        if cuda:  # what the export needs beyond the trainer's own memory (gathers, buckets)
+            out["perf/sync_peak_gb"] = (torch.cuda.max_memory_allocated(self.device) - before) / 2**30
+        return out
+
+    def base_checksums(self) -> list[int]:
+        """Checksums of this rank's shards of the base (non-adapter) parameters: syncs and LoRA
+        updates must leave them bitwise as they were."""
+        named = base_named_parameters(self.model) if self.lora is not None else self.model.named_parameters()
+        return [checksum(p.detach().to_local() if hasattr(p, "to_local") else p.detach()) for _, p in named]
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, folder: str) -> None:
+        """The engine's checkpoint and, with LoRA, `adapter/`: a peft adapter folder (rank 0)
+        that `rlpost export` merges into the base model."""
+        self.engine.save_checkpoint(folder)
+        if self.lora is not None:
+            adapter = list(adapter_weights(self.model, ADAPTER_DTYPE))  # a collective: every rank
+            if self.rank == 0:
+                save_adapter(adapter, self.lora, Path(folder) / "adapter", self.engine.model_path)
+        dist.barrier()
+
+    def load_checkpoint(self, folder: str) -> None:
+        has_adapter = (Path(folder) / "adapter").is_dir()
+        if has_adapter != (self.lora is not None):
+            raise ValueError(f"checkpoint {folder} was saved " + ("with" if has_adapter else "without")
+                             + f" LoRA, but this run has model.lora.rank={self.cfg.model.lora.rank}: "
+                             "resume with the settings of the run that saved it")
+        self.engine.load_checkpoint(folder)
+
+    # ------------------------------------------------------------------------ colocate memory
+    def memory_report(self) -> dict[str, float]:
+        return self.engine.memory_report()
+
+    def release_memory(self) -> None:
+        self.engine.release_memory()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()

@@ -1,0 +1,213 @@
+"""The FSDP2 engine one trainer rank runs: process group, model, optimizer, schedule, offload,
+checkpoints. Roles use it: the actor (LM head: log-probs, the policy update, weight export);
+later a critic (value head) the same way.
+
+Master weights are float32; FSDP casts to the compute dtype (`model.dtype`) for forward and
+backward. With LoRA (`model.lora.rank > 0`) peft wraps the model before FSDP2 shards it (each
+adapter is sharded with its layer); only the adapter is trainable, optimized and checkpointed.
+
+A plain class. Every method that runs collectives must be called on all ranks at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlpost.config import TrainConfig, mini_batch_size
+from rlpost.models.loading import DTYPES, load_causal_lm
+from rlpost.models.lora import apply_lora
+from rlpost.models.tiny import cosine
+from rlpost.trainer.fsdp import fsdp_units, full_tensor, params_on, shard_model
+from rlpost.trainer.optim import LayerwiseAdamW
+from rlpost.trainer.stats import Stats
+
+
+class FSDPEngine:
+    def __init__(self, cfg: TrainConfig, model_path: str, rank: int, world_size: int,
+                 master_addr: str, master_port: int):
+        torch.set_num_threads(cfg.cluster.num_threads)
+        self.cfg, self.rank, self.world_size, self.model_path = cfg, rank, world_size, model_path
+        if cfg.trainer.device == "cuda":
+            self.device, backend = torch.device("cuda", torch.cuda.current_device()), "nccl"
+        else:
+            self.device, backend = torch.device("cpu"), "gloo"
+        if not dist.is_initialized():
+            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
+                                    rank=rank, world_size=world_size)
+        torch.manual_seed(cfg.run.seed)
+        self.compute_dtype = DTYPES[cfg.model.dtype]
+        self.lora = cfg.model.lora if cfg.model.lora.rank > 0 else None
+        o = cfg.trainer.optim
+        model = self.load_model()
+        if self.lora is not None:  # before sharding: FSDP2 shards each adapter with its layer
+            model = apply_lora(model, self.lora)
+        self.model = shard_model(model, self.device, self.compute_dtype, cpu_offload=o.offload == "cpu")
+        self.model.train()
+        self.optimizer = build_optimizer(self.model, o)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, partial(lr_factor, o, total_optimizer_steps(cfg)))
+        self.frozen: list[torch.nn.Module] = []  # other models of the role (a reference) offloaded alike
+
+    def load_model(self):
+        """The model of `model.path` in float32 (the master weights), not yet sharded."""
+        m = self.cfg.model
+        return load_causal_lm(self.model_path, "float32", m.attn_implementation, m.trust_remote_code)
+
+    def frozen_copy(self):
+        """A sharded, frozen copy of the model as loaded (a KL reference), in the compute dtype."""
+        frozen = shard_model(self.load_model(), self.device, self.compute_dtype).eval().requires_grad_(False)
+        self.frozen.append(frozen)
+        return frozen
+
+    def offload_params(self) -> None:
+        """`trainer.param_offload`: the shards live on the CPU between phases."""
+        if self.cfg.trainer.param_offload:
+            for model in (self.model, *self.frozen):
+                model.to("cpu")
+
+    @contextmanager
+    def resident(self, *models, keep: bool = False):
+        """With `trainer.param_offload`, the shards of `models` (default: every model of the
+        role) come to the device for one phase and go back afterwards unless `keep`."""
+        with ExitStack() as stack:
+            if self.cfg.trainer.param_offload:
+                for model in models or (self.model, *self.frozen):
+                    stack.enter_context(params_on(model, self.device, keep=keep))
+            yield
+
+    def global_sum(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return float(t.item())
+
+    def optimizer_step(self, stats: Stats) -> float:
+        """Clip the gradient norm, step (skipped on a NaN/inf norm, counted), schedule, zero."""
+        clip = self.cfg.trainer.optim.grad_clip
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        norm = float(full_tensor(norm).item())
+        if math.isfinite(norm):
+            cuda = self.device.type == "cuda"
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+                before = torch.cuda.memory_allocated(self.device)
+            start = time.perf_counter()
+            self.optimizer.step()
+            if cuda:
+                torch.cuda.synchronize(self.device)
+                stats.max("perf/optimizer_peak_gb", (torch.cuda.max_memory_allocated(self.device) - before) / 2**30)
+            stats.max("timing_s/optimizer_step", time.perf_counter() - start)
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        stats.add("actor/grad_norm", norm, 1.0)
+        stats.add("actor/skipped_steps", float(not math.isfinite(norm)), 0.0)
+        return norm
+
+    # ----------------------------------------------------------------------------- checkpoints
+    def _state_dict(self):
+        """(model, optimizer, options) state dicts. With LoRA only the trainable parameters (the
+        adapter): the frozen base comes from `model.path` again on resume. The layerwise
+        optimizer keeps its host states in the per-rank file instead."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(ignore_frozen_params=self.lora is not None)
+        layerwise = isinstance(self.optimizer, LayerwiseAdamW)
+        model_sd, optim_sd = get_state_dict(self.model, [] if layerwise else self.optimizer, options=options)
+        if options.ignore_frozen_params:  # it keeps a frozen weight under its tied name (lm_head)
+            trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+        state = {"model": model_sd} if layerwise else {"model": model_sd, "optimizer": optim_sd}
+        return state, options
+
+    def save_checkpoint(self, folder: str) -> None:
+        """`trainer/` (DCP: the trainable parameters and the optimizer state) and each rank's
+        `trainer_rank<r>.pt` (RNG, scheduler, the layerwise optimizer's host states)."""
+        import torch.distributed.checkpoint as dcp
+
+        state, _ = self._state_dict()
+        dcp.save(state, checkpoint_id=os.path.join(folder, "trainer"))
+        layerwise = isinstance(self.optimizer, LayerwiseAdamW)
+        torch.save({"rng": torch.get_rng_state(), "scheduler": self.scheduler.state_dict(),
+                    "optimizer": self.optimizer.state_dict() if layerwise else None},
+                   Path(folder) / f"trainer_rank{self.rank}.pt")
+
+    def load_checkpoint(self, folder: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state, options = self._state_dict()
+        dcp.load(state, checkpoint_id=os.path.join(folder, "trainer"))
+        if options.ignore_frozen_params:  # the frozen base stays as loaded from model.path
+            options = dataclasses.replace(options, strict=False)
+        layerwise = isinstance(self.optimizer, LayerwiseAdamW)
+        result = set_state_dict(self.model, [] if layerwise else self.optimizer, model_state_dict=state["model"],
+                                optim_state_dict={} if layerwise else state["optimizer"], options=options)
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        missing = [k for k in result.missing_keys if k in trainable]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"checkpoint {folder}: trainable parameters {missing[:3]} not in it, or keys "
+                             f"{result.unexpected_keys[:3]} the model does not have")
+        extra = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
+        torch.set_rng_state(extra["rng"])
+        self.scheduler.load_state_dict(extra["scheduler"])
+        if layerwise:
+            self.optimizer.load_state_dict(extra["optimizer"])  # copied into the pinned buffers
+
+    # -------------------------------------------------------------------------------- memory
+    def memory_report(self) -> dict[str, float]:
+        """GPU memory (bytes) this rank keeps between phases once training runs: what is
+        allocated now plus Adam's two moments when they will live on the GPU (created lazily at
+        the first step)."""
+        if self.device.type != "cuda":
+            return {}
+        free, total = torch.cuda.mem_get_info(self.device)
+        on_gpu_states = self.cfg.trainer.optim.offload == "none"
+        local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+                    for p in self.model.parameters() if p.requires_grad)
+        states = 2 * 4 * local if on_gpu_states else 0  # float32 exp_avg + exp_avg_sq
+        return {"total": float(total), "free": float(free),
+                "resident": float(torch.cuda.memory_allocated(self.device) + states)}
+
+    def release_memory(self) -> None:
+        """Colocate placement: hand the allocator's cached blocks back to the driver so that the
+        rollout engine can wake up into them (once per phase, not inside one)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def build_optimizer(model, o) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (with LoRA: the adapter only), with the states where
+    `trainer.optim.offload` says (built once per run)."""
+    kwargs = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
+    if o.offload == "layerwise":  # units left without a trainable parameter are dropped
+        units = [[p for p in unit if p.requires_grad] for unit in fsdp_units(model)]
+        return LayerwiseAdamW(units, prefetch_layers=o.prefetch_layers, **kwargs)
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **kwargs)
+
+
+def total_optimizer_steps(cfg: TrainConfig) -> int:
+    return cfg.trainer.total_steps * cfg.algo.ppo_epochs * (cfg.data.train_batch_size // mini_batch_size(cfg))
+
+
+def lr_factor(o, total: int, step: int) -> float:
+    """Learning rate at optimizer step `step`, as a fraction of `optim.lr`: linear warm-up, then
+    constant or cosine decay to `min_lr_ratio` at the last step."""
+    if step < o.warmup_steps:
+        return (step + 1) / o.warmup_steps
+    if o.lr_schedule == "cosine":
+        return cosine(step - o.warmup_steps, max(total - o.warmup_steps - 1, 1), o.min_lr_ratio)
+    return 1.0
