@@ -1,9 +1,9 @@
 """`rlpost train | data | export | doctor`.
 
-    rlpost train +recipe=quickstart trainer.total_steps=20     # Hydra overrides after the verb
-    rlpost data arithmetic --out data/arithmetic                # write an offline task as jsonl
-    rlpost export RUN_DIR [--step N] --out DIR                  # checkpoint -> Hugging Face folder
-    rlpost doctor [--config-docs]                               # check the install / print key docs
+rlpost train +recipe=quickstart trainer.total_steps=20     # Hydra overrides after the verb
+rlpost data arithmetic --out data/arithmetic                # write an offline task as jsonl
+rlpost export RUN_DIR [--step N] --out DIR                  # checkpoint -> Hugging Face folder
+rlpost doctor [--config-docs]                               # check the install / print key docs
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import sys
 
 def cmd_train(overrides: list[str]) -> int:
     from rlpost.config import ConfigError, load_config
-
     from rlpost.rewards import get_reward_fn
 
     try:
@@ -61,13 +60,19 @@ def cmd_data(argv: list[str]) -> int:
 
 def cmd_export(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="rlpost export", description="Write a run's checkpoint as a Hugging Face model folder "
-        "(with LoRA: the adapter merged into the base model).")
+        prog="rlpost export",
+        description="Write a run's checkpoint as a Hugging Face model folder "
+        "(with LoRA: the adapter merged into the base model).",
+    )
     parser.add_argument("run_dir", help="the run folder (run.dir), with config.yaml and checkpoints/")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete one)")
     parser.add_argument("--out", required=True, help="folder to write (new or empty)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                        help="dtype of the saved weights (default: the run's model.dtype)")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="dtype of the saved weights (default: the run's model.dtype)",
+    )
     args = parser.parse_args(argv)
     from rlpost.config import ConfigError
     from rlpost.controller.checkpoint import export
@@ -91,8 +96,19 @@ def cmd_doctor(argv: list[str]) -> int:
         return 0
     import importlib
 
-    for name in ("torch", "transformers", "ray", "hydra", "omegaconf", "peft", "datasets", "vllm",
-                 "flash_attn", "wandb", "tensorboard"):
+    for name in (
+        "torch",
+        "transformers",
+        "ray",
+        "hydra",
+        "omegaconf",
+        "peft",
+        "datasets",
+        "vllm",
+        "flash_attn",
+        "wandb",
+        "tensorboard",
+    ):
         try:
             module = importlib.import_module(name)
             print(f"{name:14s} {getattr(module, '__version__', '?')}")

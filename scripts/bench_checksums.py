@@ -8,6 +8,7 @@ the same bytes (one read at memory speed). Prints one line each.
 
     python3 scripts/bench_checksums.py      # the F stage of scripts/gpu_session.sh runs it
 """
+
 import sys
 import time
 from pathlib import Path
@@ -17,17 +18,26 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlpost.weightsync import cuda_checksums  # noqa: E402
-from rlpost.weightsync.manifest import (  # noqa: E402
-    ReadBack, _row_sums, bucket_checksums, checksums, layout, pack, unpack)
+from rlpost.weightsync.manifest import ReadBack, _row_sums, bucket_checksums, checksums, layout, pack, unpack  # noqa: E402
 
 dev = torch.device("cuda")
 h, i, kv = 896, 4864, 128
 ts = []
 for _ in range(24):
-    ts += [torch.randn(h, h, device=dev).bfloat16(), torch.randn(h, device=dev).bfloat16(), torch.randn(kv, h, device=dev).bfloat16(),
-           torch.randn(kv, device=dev).bfloat16(), torch.randn(kv, h, device=dev).bfloat16(), torch.randn(kv, device=dev).bfloat16(),
-           torch.randn(h, h, device=dev).bfloat16(), torch.randn(i, h, device=dev).bfloat16(), torch.randn(i, h, device=dev).bfloat16(),
-           torch.randn(h, i, device=dev).bfloat16(), torch.randn(h, device=dev).bfloat16(), torch.randn(h, device=dev).bfloat16()]
+    ts += [
+        torch.randn(h, h, device=dev).bfloat16(),
+        torch.randn(h, device=dev).bfloat16(),
+        torch.randn(kv, h, device=dev).bfloat16(),
+        torch.randn(kv, device=dev).bfloat16(),
+        torch.randn(kv, h, device=dev).bfloat16(),
+        torch.randn(kv, device=dev).bfloat16(),
+        torch.randn(h, h, device=dev).bfloat16(),
+        torch.randn(i, h, device=dev).bfloat16(),
+        torch.randn(i, h, device=dev).bfloat16(),
+        torch.randn(h, i, device=dev).bfloat16(),
+        torch.randn(h, device=dev).bfloat16(),
+        torch.randn(h, device=dev).bfloat16(),
+    ]
 nbytes = sum(t.numel() * 2 for t in ts)
 
 
@@ -54,7 +64,11 @@ numels = [t.numel() for t in ts]
 print("bucket_checksums (kernel)", tm(lambda: bucket_checksums(flat, numels)))
 print("checksums (a one-off ReadBack per call)", tm(lambda: checksums(ts)))
 big = [t for t in ts if t.numel() * 2 % 1024 == 0]
-print("in-place row sums of aligned", len(big), tm(lambda: torch.cat([_row_sums(t.view(-1).view(torch.uint8)) for t in big])))
+print(
+    "in-place row sums of aligned",
+    len(big),
+    tm(lambda: torch.cat([_row_sums(t.view(-1).view(torch.uint8)) for t in big])),
+)
 x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=dev)
 print("plain copy same bytes", tm(lambda: x.copy_(flat[: x.numel()])))
 rb = ReadBack(ts)

@@ -34,11 +34,23 @@ def make_model(args):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if args.tiny:
-        shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=128, vocab_size=1000)
+        shape = dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=1000,
+        )
     else:  # Qwen2.5-0.5B
-        shape = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                     intermediate_size=4864, vocab_size=151936)
+        shape = dict(
+            hidden_size=896,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            intermediate_size=4864,
+            vocab_size=151936,
+        )
     cfg = Qwen2Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(cfg).to(device=args.device, dtype=getattr(torch, args.dtype))
@@ -52,8 +64,14 @@ def make_batch(args, vocab: int) -> Batch:
     responses = [torch.randint(3, vocab, (n - args.prompt_len,), generator=g).tolist() for n in lengths]
     prompt_ids, prompt_mask = left_pad(prompts, 0)
     response_ids, response_mask = right_pad(responses, 0)
-    return Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-                  "response_ids": response_ids, "response_mask": response_mask})
+    return Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+        }
+    )
 
 
 def run(model, micro_batches: list[Batch], packed: bool, sync) -> tuple[float, list[torch.Tensor]]:
@@ -119,19 +137,29 @@ def main() -> int:
             if r:
                 times.append(seconds)
         median = sorted(times)[len(times) // 2]
-        results[name] = {"attn_implementation": attn, "seconds_median": median, "seconds_all": times,
-                         "tokens_per_s": real_tokens / median,
-                         "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
-                         "logprobs": logps}
-    diff = max(float((a.float() - b.float()).abs().max()) for a, b in
-               zip(results["padded"].pop("logprobs"), results["packed"].pop("logprobs")))
+        results[name] = {
+            "attn_implementation": attn,
+            "seconds_median": median,
+            "seconds_all": times,
+            "tokens_per_s": real_tokens / median,
+            "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
+            "logprobs": logps,
+        }
+    diff = max(
+        float((a.float() - b.float()).abs().max())
+        for a, b in zip(results["padded"].pop("logprobs"), results["packed"].pop("logprobs"))
+    )
     report = {
         "command": " ".join(sys.argv),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
         "torch": torch.__version__,
         "params": sum(p.numel() for p in model.parameters()),
-        "dtype": args.dtype, "num_seqs": args.num_seqs, "lengths": [args.min_len, args.max_len],
-        "real_tokens": real_tokens, "micro_batches": len(micro), "max_tokens": args.max_tokens,
+        "dtype": args.dtype,
+        "num_seqs": args.num_seqs,
+        "lengths": [args.min_len, args.max_len],
+        "real_tokens": real_tokens,
+        "micro_batches": len(micro),
+        "max_tokens": args.max_tokens,
         "padding_fraction": padding_fraction(lengths, [plan]),
         "packed_over_padded_tokens_per_s": results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"],
         "max_abs_logprob_diff": diff,

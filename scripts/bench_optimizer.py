@@ -27,8 +27,20 @@ from rlpost.trainer.optim import LayerwiseAdamW  # noqa: E402
 
 
 def layer_shapes(hidden: int, inter: int, kv: int) -> list[tuple[int, ...]]:
-    return [(hidden, hidden), (hidden,), (kv, hidden), (kv,), (kv, hidden), (kv,), (hidden, hidden),
-            (inter, hidden), (inter, hidden), (hidden, inter), (hidden,), (hidden,)]
+    return [
+        (hidden, hidden),
+        (hidden,),
+        (kv, hidden),
+        (kv,),
+        (kv, hidden),
+        (kv,),
+        (hidden, hidden),
+        (inter, hidden),
+        (inter, hidden),
+        (hidden, inter),
+        (hidden,),
+        (hidden,),
+    ]
 
 
 def make_units(args, device) -> list[list[torch.nn.Parameter]]:
@@ -98,14 +110,17 @@ def main() -> int:
     p.add_argument("--out", default="")
     args = p.parse_args()
     hyper = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
-    report: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
-                    "torch": torch.__version__, "host_cores": os.cpu_count()}
+    report: dict = {
+        "command": " ".join(sys.argv),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "host_cores": os.cpu_count(),
+    }
 
     units = make_units(args, "cuda")
     numel = sum(p.numel() for u in units for p in u)
     unit_state_bytes = max(sum(p.numel() for p in u) for u in units) * 8
-    report.update(params=numel, layers=args.layers, state_bytes=numel * 8,
-                  unit_state_gb=unit_state_bytes / 2**30)
+    report.update(params=numel, layers=args.layers, state_bytes=numel * 8, unit_state_gb=unit_state_bytes / 2**30)
 
     # layerwise: states pinned on the host, streamed through the GPU. Its extra GPU memory is the
     # device slots it keeps for the whole run plus the step's temporaries: both are counted,
@@ -118,9 +133,13 @@ def main() -> int:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     times = timed(opt.step, args.steps, True)
-    report["layerwise"] = {"step_s_median": sorted(times)[len(times) // 2], "step_s_all": times,
-                           "extra_peak_gb": (torch.cuda.max_memory_allocated() - base) / 2**30,
-                           "slots_gb": slots / 2**30, "prefetch_layers": args.prefetch}
+    report["layerwise"] = {
+        "step_s_median": sorted(times)[len(times) // 2],
+        "step_s_all": times,
+        "extra_peak_gb": (torch.cuda.max_memory_allocated() - base) / 2**30,
+        "slots_gb": slots / 2**30,
+        "prefetch_layers": args.prefetch,
+    }
     del opt
     torch.cuda.empty_cache()
 
@@ -132,9 +151,12 @@ def main() -> int:
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     times = timed(opt.step, args.steps, True)
-    report["none"] = {"step_s_median": sorted(times)[len(times) // 2], "step_s_all": times,
-                      "extra_peak_gb": (torch.cuda.max_memory_allocated() - before) / 2**30,
-                      "resident_state_gb": numel * 8 / 2**30}
+    report["none"] = {
+        "step_s_median": sorted(times)[len(times) // 2],
+        "step_s_all": times,
+        "extra_peak_gb": (torch.cuda.max_memory_allocated() - before) / 2**30,
+        "resident_state_gb": numel * 8 / 2**30,
+    }
     del opt
     torch.cuda.empty_cache()
 
@@ -153,8 +175,11 @@ def main() -> int:
     opt = torch.optim.AdamW(cpu_params, foreach=True, **hyper)
     opt.step()
     times = timed(opt.step, args.cpu_steps, False)
-    report["cpu"] = {"step_s_median": sorted(times)[len(times) // 2], "step_s_all": times,
-                     "threads": torch.get_num_threads()}
+    report["cpu"] = {
+        "step_s_median": sorted(times)[len(times) // 2],
+        "step_s_all": times,
+        "threads": torch.get_num_threads(),
+    }
 
     lw = report["layerwise"]
     report["goals"] = {

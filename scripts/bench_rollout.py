@@ -36,10 +36,17 @@ from rlpost.rollout.vllm_engine import VLLMRolloutEngine  # noqa: E402
 
 
 def engine_kwargs(args) -> dict:
-    kw = dict(model=args.model, dtype=args.dtype, seed=0, skip_tokenizer_init=True,
-              logprobs_mode="processed_logprobs", max_model_len=args.prompt_len + args.max_tokens,
-              enforce_eager=args.eager, max_num_seqs=args.max_num_seqs,
-              gpu_memory_utilization=args.gpu_memory_utilization)  # of host memory on the CPU backend
+    kw = dict(
+        model=args.model,
+        dtype=args.dtype,
+        seed=0,
+        skip_tokenizer_init=True,
+        logprobs_mode="processed_logprobs",
+        max_model_len=args.prompt_len + args.max_tokens,
+        enforce_eager=args.eager,
+        max_num_seqs=args.max_num_seqs,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )  # of host memory on the CPU backend
     return kw
 
 
@@ -56,8 +63,11 @@ def random_adapter(model_path: str, rank: int, folder: str) -> str:
     lora = LoraConfig(rank=rank, alpha=2.0 * rank)
     peft_model = apply_lora(model, lora)
     g = torch.Generator().manual_seed(0)
-    named = [(adapter_key(n), torch.randn(p.shape, generator=g) * 0.01)
-             for n, p in peft_model.named_parameters() if is_lora_name(n)]
+    named = [
+        (adapter_key(n), torch.randn(p.shape, generator=g) * 0.01)
+        for n, p in peft_model.named_parameters()
+        if is_lora_name(n)
+    ]
     return str(save_adapter(named, lora, folder, base_model_name_or_path=model_path))
 
 
@@ -82,21 +92,32 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
+    from transformers import AutoConfig
     from vllm import LLM
     from vllm import SamplingParams as VSamplingParams
     from vllm.inputs import TokensPrompt
 
-    from transformers import AutoConfig
-
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, min(5000, vocab), (args.prompt_len,), generator=g).tolist()
-               for _ in range(args.prompts)]
+    prompts = [
+        torch.randint(3, min(5000, vocab), (args.prompt_len,), generator=g).tolist() for _ in range(args.prompts)
+    ]
     params = SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, seed=0)
     # exactly what rlpost's engine asks vLLM for
-    vparams = [VSamplingParams(n=args.n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=args.max_tokens,
-                               logprobs=0, stop_token_ids=[1], detokenize=False, seed=params.seed + i * args.n)
-               for i in range(len(prompts))]
+    vparams = [
+        VSamplingParams(
+            n=args.n,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            max_tokens=args.max_tokens,
+            logprobs=0,
+            stop_token_ids=[1],
+            detokenize=False,
+            seed=params.seed + i * args.n,
+        )
+        for i in range(len(prompts))
+    ]
     tprompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     t = time.perf_counter()
@@ -106,10 +127,19 @@ def main() -> None:
     start = {"raw": start_raw}
     if not args.skip_rlpost:
         t = time.perf_counter()
-        ours = VLLMRolloutEngine(args.model, args.dtype, "cuda" if torch.cuda.is_available() else "cpu", 0, 1,
-                                 seed=0, max_model_len=args.prompt_len + args.max_tokens,
-                                 gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.eager,
-                                 max_num_seqs=args.max_num_seqs, sleep_mode=False)
+        ours = VLLMRolloutEngine(
+            args.model,
+            args.dtype,
+            "cuda" if torch.cuda.is_available() else "cpu",
+            0,
+            1,
+            seed=0,
+            max_model_len=args.prompt_len + args.max_tokens,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enforce_eager=args.eager,
+            max_num_seqs=args.max_num_seqs,
+            sleep_mode=False,
+        )
         start["rlpost"] = time.perf_counter() - t
         engines["rlpost"] = lambda: int(ours.generate(prompts, params)["response_mask"].sum())
     if args.lora_rank:
@@ -121,8 +151,9 @@ def main() -> None:
         lora_llm = LLM(**engine_kwargs(args), enable_lora=True, max_lora_rank=max_rank, max_loras=1)
         start["adapter"] = time.perf_counter() - t
         request = LoRARequest("bench", 1, adapter)
-        engines["adapter"] = lambda: count_tokens(lora_llm.generate(tprompts, vparams, use_tqdm=False,
-                                                                    lora_request=request))
+        engines["adapter"] = lambda: count_tokens(
+            lora_llm.generate(tprompts, vparams, use_tqdm=False, lora_request=request)
+        )
     for fn in engines.values():  # warm-up (first-call compilation, allocator)
         fn()
     rates: dict[str, list[float]] = {k: [] for k in engines}

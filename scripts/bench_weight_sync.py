@@ -48,8 +48,11 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
     dtype = getattr(torch, args.dtype)
     group = SyncGroup("127.0.0.1", port, rank, 2, device, 600, transport if cuda else "broadcast")
     g = torch.Generator(device=device).manual_seed(0)
-    tensors = [torch.randn(s.shape, generator=g, device=device).to(dtype) for s in manifest] if rank == 0 else \
-        [torch.empty(s.shape, dtype=dtype, device=device) for s in manifest]
+    tensors = (
+        [torch.randn(s.shape, generator=g, device=device).to(dtype) for s in manifest]
+        if rank == 0
+        else [torch.empty(s.shape, dtype=dtype, device=device) for s in manifest]
+    )
     params = {s.name: t for s, t in zip(manifest, tensors)}
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
 
@@ -84,8 +87,13 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
     def raw(bucket_mb: int = 0) -> float:
         """One broadcast of all the bytes, or (`bucket_mb`) one per bucket of rlpost's plan with
         nothing else: what bucketing alone costs."""
-        sizes = [nbytes // dtype.itemsize] if not bucket_mb else \
-            [sum(torch.Size(manifest[i].shape).numel() for i in b) for b in plan_buckets(manifest, bucket_mb << 20)]
+        sizes = (
+            [nbytes // dtype.itemsize]
+            if not bucket_mb
+            else [
+                sum(torch.Size(manifest[i].shape).numel() for i in b) for b in plan_buckets(manifest, bucket_mb << 20)
+            ]
+        )
         flats = [torch.empty(n, dtype=dtype, device=device) for n in sizes]
         if cuda:
             torch.cuda.synchronize()
@@ -136,8 +144,11 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
             name = f"{transport}_{'verified' if verify else 'unverified'}_rank{rank}"
             prof.export_chrome_trace(str(Path(args.profile, f"{name}.trace.json")))
             Path(args.profile, f"{name}.txt").write_text(
-                prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30) + "\n" +
-                prof.key_averages().table(sort_by=by, row_limit=15) + "\n")
+                prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+                + "\n"
+                + prof.key_averages().table(sort_by=by, row_limit=15)
+                + "\n"
+            )
     if rank == 1:  # every tensor arrived intact (the verified sync checked checksums too)
         g = torch.Generator(device=device).manual_seed(0)
         for s in manifest:
@@ -145,10 +156,17 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
             assert torch.equal(params[s.name], expect), s.name
     if rank == 0:
         med = {k: statistics.median(v) for k, v in runs.items()}
-        queue.put({"transport": transport, "bytes": nbytes, "tensors": len(manifest),
-                   "seconds_median": med, "seconds_runs": runs,
-                   "gb_per_s": {k: sync_mb(v, nbytes) for k, v in med.items() if v == v and k != "control"},
-                   "sender_phases_median": {k: statistics.median(v) for k, v in phases.items()}})
+        queue.put(
+            {
+                "transport": transport,
+                "bytes": nbytes,
+                "tensors": len(manifest),
+                "seconds_median": med,
+                "seconds_runs": runs,
+                "gb_per_s": {k: sync_mb(v, nbytes) for k, v in med.items() if v == v and k != "control"},
+                "sender_phases_median": {k: statistics.median(v) for k, v in phases.items()},
+            }
+        )
     else:
         queue.put({"receiver_phases_median": {k: statistics.median(v) for k, v in phases.items()}})
 
@@ -156,8 +174,7 @@ def worker(rank: int, args, port: int, transport: str, gpus: list[int], queue) -
 def run(args, transport: str, gpus: list[int]) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    mp.start_processes(worker, args=(args, free_port(), transport, gpus, queue), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(worker, args=(args, free_port(), transport, gpus, queue), nprocs=2, start_method="spawn")
     first, second = queue.get(timeout=10), queue.get(timeout=10)
     return {**first, **second}
 
@@ -172,8 +189,11 @@ def main() -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     n = torch.cuda.device_count()
-    result = {"command": "python3 " + " ".join(sys.argv),
-              "device": torch.cuda.get_device_name() if n else "cpu (gloo; no claim)", "gpus": n}
+    result = {
+        "command": "python3 " + " ".join(sys.argv),
+        "device": torch.cuda.get_device_name() if n else "cpu (gloo; no claim)",
+        "gpus": n,
+    }
     if n >= 2 or n == 0:
         r = run(args, "broadcast", [0, 1])
         raw = r["seconds_median"]["raw"]

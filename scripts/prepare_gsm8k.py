@@ -40,8 +40,11 @@ def convert_row(row: dict, where: str) -> dict:
 def read_split(src: str, split: str) -> list[dict]:
     folder = Path(src).expanduser()
     if folder.is_dir():
-        candidates = [folder / f"{split}.jsonl", folder / f"{split}.parquet",
-                      *sorted((folder / "main").glob(f"{split}-*.parquet"))]
+        candidates = [
+            folder / f"{split}.jsonl",
+            folder / f"{split}.parquet",
+            *sorted((folder / "main").glob(f"{split}-*.parquet")),
+        ]
         for path in candidates:
             if not path.is_file():
                 continue

@@ -31,11 +31,21 @@ def build(shape: str, out: str, dtype: str = "bfloat16", seed: int = 0) -> str:
 
     hidden, inter, layers, heads, kv, tied = SHAPES[shape]
     tok = build_char_tokenizer(151936)
-    config = Qwen2Config(vocab_size=151936, hidden_size=hidden, intermediate_size=inter,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
-                         max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=tied,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         bos_token_id=tok.eos_token_id, torch_dtype=dtype)
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=4096,
+        rope_theta=1e6,
+        tie_word_embeddings=tied,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+        torch_dtype=dtype,
+    )
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):

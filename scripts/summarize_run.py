@@ -13,8 +13,16 @@ import json
 import statistics
 from pathlib import Path
 
-PER_STEP = ("timing_s/step", "timing_s/gen", "timing_s/update", "timing_s/weight_sync",
-            "rollout/logprob_diff_max", "rollout/logprob_diff_mean", "rollout/staleness", "weight_sync/send_s")
+PER_STEP = (
+    "timing_s/step",
+    "timing_s/gen",
+    "timing_s/update",
+    "timing_s/weight_sync",
+    "rollout/logprob_diff_max",
+    "rollout/logprob_diff_mean",
+    "rollout/staleness",
+    "weight_sync/send_s",
+)
 
 
 def summarize(run_dir: str, skip: int) -> dict:
@@ -22,9 +30,15 @@ def summarize(run_dir: str, skip: int) -> dict:
     steps = [r for r in rows if r.get("step", 0) > 0 and "timing_s/step" in r]
     kept = steps[skip:]
     keys = sorted({k for r in kept for k, v in r.items() if isinstance(v, (int, float))})
-    out = {"run_dir": str(run_dir), "steps": len(steps), "summarized_steps": [r["step"] for r in kept],
-           "start": next((r for r in rows if r.get("step") == 0), {}),  # rollout memory, first validation
-           "mean": {}, "max": {}, "per_step": {}}
+    out = {
+        "run_dir": str(run_dir),
+        "steps": len(steps),
+        "summarized_steps": [r["step"] for r in kept],
+        "start": next((r for r in rows if r.get("step") == 0), {}),  # rollout memory, first validation
+        "mean": {},
+        "max": {},
+        "per_step": {},
+    }
     for k in keys:
         values = [r[k] for r in kept if k in r]
         out["mean"][k] = statistics.fmean(values)
@@ -32,9 +46,11 @@ def summarize(run_dir: str, skip: int) -> dict:
     for k in PER_STEP:
         out["per_step"][k] = [r.get(k) for r in steps]
     out["val_accuracy"] = [[r["step"], r["val/accuracy"]] for r in rows if "val/accuracy" in r]
-    out["start_model"] = {k[len("start/"):]: v for k, v in out["start"].items() if k.startswith("start/")}
-    out["phase_s"] = {k[len("timing_s/"):]: sum(r.get(k, 0.0) for r in rows)
-                      for k in sorted({k for r in rows for k in r if k.startswith("timing_s/")})}
+    out["start_model"] = {k[len("start/") :]: v for k, v in out["start"].items() if k.startswith("start/")}
+    out["phase_s"] = {
+        k[len("timing_s/") :]: sum(r.get(k, 0.0) for r in rows)
+        for k in sorted({k for r in rows for k in r if k.startswith("timing_s/")})
+    }
     return out
 
 

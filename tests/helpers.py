@@ -11,8 +11,9 @@ from rlpost.weightsync.sync import receive_weights, send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
 
 
-def tiny_model(seed: int = 0, hidden: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-               intermediate: int = 256):
+def tiny_model(
+    seed: int = 0, hidden: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2, intermediate: int = 256
+):
     """(a random Qwen2-style model, the character tokenizer). The default width 128 gives head_dim
     32, which vLLM's CPU attention needs; tied embeddings, q/k/v biases, as the tiny model."""
     from transformers import Qwen2ForCausalLM
@@ -21,8 +22,9 @@ def tiny_model(seed: int = 0, hidden: int = 128, layers: int = 2, heads: int = 4
 
     tok = build_char_tokenizer()
     torch.manual_seed(seed)
-    config = tiny_qwen2_config(len(tok), hidden, layers, heads, kv_heads, intermediate, 64, tok.pad_token_id,
-                               tok.eos_token_id)
+    config = tiny_qwen2_config(
+        len(tok), hidden, layers, heads, kv_heads, intermediate, 64, tok.pad_token_id, tok.eos_token_id
+    )
     return Qwen2ForCausalLM(config).eval(), tok
 
 
@@ -83,7 +85,7 @@ def reference_logprobs(model, batch, temperature: float = 1.0, top_k: int = 0, t
         response = batch["response_ids"][i][batch["response_mask"][i]]
         ids = torch.cat([prompt, response])[None]
         with torch.no_grad():
-            logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1:-1].float() / temperature
+            logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1].float() / temperature
         keep = torch.ones_like(logits, dtype=torch.bool)
         if top_k:
             keep &= logits >= logits.topk(top_k, dim=-1).values[:, -1:]
@@ -127,11 +129,14 @@ def check_sampling(engine, model, tok, params, prompts=PROMPTS, atol: float = 1e
 
 
 def run_ranks(fn, world: int, *args) -> None:
-    """`fn(rank, world, *args)` on every rank: world size 1 in this process, more as spawned
-    processes. Under mutmut's stats run (`MUTANT_UNDER_TEST=stats`) the functions the spawned
+    """`fn(rank, world, *args)` on every rank: world size 1 in this process (unless it holds a
+    process group already: an in-process vLLM engine starts one), more as spawned processes.
+    Under mutmut's stats run (`MUTANT_UNDER_TEST=stats`) the functions the spawned
     ranks ran are recorded as run by the calling test: mutmut records calls per process, and
     would otherwise never test its mutants there (scripts/mutation.py)."""
-    if world == 1:
+    import torch.distributed as dist
+
+    if world == 1 and not dist.is_initialized():
         threads = torch.get_num_threads()
         try:
             fn(0, 1, *args)

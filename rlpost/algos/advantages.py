@@ -53,8 +53,9 @@ def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor):
     return mean, std, counts[inverse].double()
 
 
-def grpo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True,
-                   eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantage(
+    rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
     mean, std, size = _group_stats(rewards, group_ids)
     adv = rewards.double() - mean
     if norm_by_std:
@@ -62,8 +63,9 @@ def grpo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: 
     return torch.where(size > 1, adv, torch.zeros_like(adv)).float()
 
 
-def rloo_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = False,
-                   eps: float = 1e-6) -> torch.Tensor:
+def rloo_advantage(
+    rewards: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
     mean, std, size = _group_stats(rewards, group_ids)
     adv = (rewards.double() - mean) * size / (size - 1).clamp(min=1)
     if norm_by_std:

@@ -35,8 +35,9 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum()
 
 
-def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str,
-              denominator: float | None = None, norm_length: int = 0) -> torch.Tensor:
+def aggregate(
+    loss: torch.Tensor, mask: torch.Tensor, mode: str, denominator: float | None = None, norm_length: int = 0
+) -> torch.Tensor:
     """Reduce a per-token `[B, R]` loss to a scalar.
 
     `denominator`: the number of tokens (token-mean) or sequences (seq-mean-token-mean) to divide
@@ -60,8 +61,14 @@ def aggregate(loss: torch.Tensor, mask: torch.Tensor, mode: str,
     raise ValueError(f"algo.loss_agg_mode={mode!r}; choose one of {LOSS_AGG_MODES}")
 
 
-def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-                  clip_low: float, clip_high: float, clip_c: float):
+def ppo_clip_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_c: float,
+):
     """Per-token PPO dual-clip loss `[B, R]`, the ratio `[B, R]` and where clipping was active.
 
     `advantages` is `[B, R]` (or `[B, 1]`, broadcast over tokens).
@@ -78,8 +85,9 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     return loss, ratio, clipped
 
 
-def truncated_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
-                         mode: str, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+def truncated_is_weights(
+    old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, mode: str, threshold: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """TIS weights `[B, R]` (no gradient) and where the cap was hit; `mode` token or sequence."""
     diff = ((old_logp - rollout_logp) * mask).detach()
     if mode == "token":

@@ -28,6 +28,7 @@ from rlpost.algos.losses import aggregate, kl_penalty, ppo_clip_loss, truncated_
 @dataclass
 class LossInputs:
     """One micro-batch, every per-token tensor `[b, R]` in the response layout."""
+
     logp: torch.Tensor  # current policy log-probs (carry the gradient)
     old_logp: torch.Tensor  # the policy that the ratio is taken against (no gradient)
     advantages: torch.Tensor  # [b, 1] (one per sequence) or [b, R]
@@ -43,6 +44,7 @@ class LossInputs:
 class LossOutputs:
     """The loss (a scalar with a graph) and metrics: `means` as (sum, count) pairs over the tokens
     of `loss_mask`, reduced over micro-batches and ranks by the caller; `maxes` and `mins`."""
+
     loss: torch.Tensor
     means: dict[str, tuple[float, float]] = field(default_factory=dict)
     maxes: dict[str, float] = field(default_factory=dict)
@@ -76,14 +78,15 @@ def _masked(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
 @register_policy_loss("ppo")
 def ppo_loss(x: LossInputs, algo) -> LossOutputs:
     mask = x.loss_mask
-    agg = partial(aggregate, mask=mask, mode=algo.loss_agg_mode, denominator=x.denominator,
-                  norm_length=x.norm_length)
-    pg, ratio, clipped = ppo_clip_loss(x.logp, x.old_logp, x.advantages, algo.clip_ratio_low,
-                                       algo.clip_ratio_high, algo.clip_ratio_c)
+    agg = partial(aggregate, mask=mask, mode=algo.loss_agg_mode, denominator=x.denominator, norm_length=x.norm_length)
+    pg, ratio, clipped = ppo_clip_loss(
+        x.logp, x.old_logp, x.advantages, algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c
+    )
     out = LossOutputs(loss=torch.zeros(()))
     if algo.rollout_is != "none":  # the sampler is not the policy scored here: reweight (TIS)
-        weights, truncated = truncated_is_weights(x.old_logp, x.rollout_logp, mask, algo.rollout_is,
-                                                  algo.rollout_is_threshold)
+        weights, truncated = truncated_is_weights(
+            x.old_logp, x.rollout_logp, mask, algo.rollout_is, algo.rollout_is_threshold
+        )
         pg = pg * weights
         out.means["rollout_corr/is_weight_mean"] = _masked(weights, mask)
         out.means["rollout_corr/truncated_frac"] = _masked(truncated.float(), mask)

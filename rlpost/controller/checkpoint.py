@@ -53,8 +53,7 @@ def find(run_dir: Path, resume: str) -> Path | None:
         return done[-1] if done else None
     folder = Path(resume).expanduser()
     if not (folder / "controller.pt").is_file():
-        raise FileNotFoundError(f"trainer.resume={resume}: {folder} is not a complete checkpoint "
-                                "(no controller.pt)")
+        raise FileNotFoundError(f"trainer.resume={resume}: {folder} is not a complete checkpoint (no controller.pt)")
     return folder
 
 
@@ -72,8 +71,9 @@ def run_config(run_dir: Path):
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: {run_dir} is not an rlpost run folder "
-                                "(`rlpost train` writes config.yaml into run.dir)")
+        raise FileNotFoundError(
+            f"{path} not found: {run_dir} is not an rlpost run folder (`rlpost train` writes config.yaml into run.dir)"
+        )
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path)))
 
 
@@ -83,13 +83,17 @@ def select(run_dir: Path, step: int | None = None) -> Path:
     steps = [int(_COMPLETE.match(p.name).group(1)) for p in done]
     if step is None:
         if not done:
-            raise FileNotFoundError(f"no complete checkpoint in {checkpoints_dir(run_dir)} (a folder "
-                                    "step_<N> with controller.pt); train with trainer.save_every=N")
+            raise FileNotFoundError(
+                f"no complete checkpoint in {checkpoints_dir(run_dir)} (a folder "
+                "step_<N> with controller.pt); train with trainer.save_every=N"
+            )
         return done[-1]
     folder = checkpoints_dir(run_dir) / f"step_{step}"
     if folder not in done:
-        raise FileNotFoundError(f"{folder} is not a complete checkpoint (no such folder, or no "
-                                f"controller.pt in it); complete ones: steps {steps or 'none'}")
+        raise FileNotFoundError(
+            f"{folder} is not a complete checkpoint (no such folder, or no "
+            f"controller.pt in it); complete ones: steps {steps or 'none'}"
+        )
     return folder
 
 
@@ -113,8 +117,9 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
     if cfg.model.lora.rank > 0:
         adapter = folder / "adapter"
         if not (adapter / "adapter_model.safetensors").is_file():
-            raise FileNotFoundError(f"{adapter / 'adapter_model.safetensors'} not found: a LoRA run's "
-                                    "checkpoint keeps its adapter there")
+            raise FileNotFoundError(
+                f"{adapter / 'adapter_model.safetensors'} not found: a LoRA run's checkpoint keeps its adapter there"
+            )
         log(f"merging {adapter} into {base}")
         export_merged(base, adapter, out_dir, dtype, trust)
     else:

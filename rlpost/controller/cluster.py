@@ -22,12 +22,21 @@ from rlpost.data.batch import Batch
 
 def actor_env(cfg: TrainConfig) -> dict[str, str]:
     threads = str(cfg.cluster.num_threads)
-    env = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONWARNINGS": "ignore"}
+    env = {
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONWARNINGS": "ignore",
+    }
     # the driver's NCCL and vLLM settings (e.g. NCCL_NVLS_ENABLE=0: NVLink multicast off, see
     # docs/multinode.md) and import path reach every actor
-    env.update({k: v for k, v in os.environ.items()
-                if k.startswith(("NCCL_", "VLLM_")) or k in ("HF_HUB_OFFLINE", "PYTHONPATH")})
+    env.update(
+        {
+            k: v
+            for k, v in os.environ.items()
+            if k.startswith(("NCCL_", "VLLM_")) or k in ("HF_HUB_OFFLINE", "PYTHONPATH")
+        }
+    )
     return env
 
 
@@ -39,8 +48,12 @@ def start_ray(cfg: TrainConfig) -> None:
         return
     # logical CPUs: enough for every bundle even on a 2-core machine (actors take turns)
     needed = cfg.trainer.world_size + cfg.rollout.num_workers
-    ray.init(num_cpus=max(os.cpu_count() or 1, needed), include_dashboard=False,
-             runtime_env={"env_vars": actor_env(cfg)}, log_to_driver=True)
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, needed),
+        include_dashboard=False,
+        runtime_env={"env_vars": actor_env(cfg)},
+        log_to_driver=True,
+    )
 
 
 @dataclass
@@ -56,11 +69,19 @@ class Placement:
         device = "GPU" if cfg.trainer.device == "cuda" else "CPU"
         bundle = {"CPU": 1, "GPU": 1} if device == "GPU" else {"CPU": 1}
         if cfg.cluster.placement == "colocate":
-            bundles, trainers, rollouts, share = [dict(bundle) for _ in range(ws)], list(range(ws)), \
-                [i % ws for i in range(nr)], 0.5
+            bundles, trainers, rollouts, share = (
+                [dict(bundle) for _ in range(ws)],
+                list(range(ws)),
+                [i % ws for i in range(nr)],
+                0.5,
+            )
         else:
-            bundles, trainers, rollouts, share = [dict(bundle) for _ in range(ws + nr)], list(range(ws)), \
-                list(range(ws, ws + nr)), 1.0
+            bundles, trainers, rollouts, share = (
+                [dict(bundle) for _ in range(ws + nr)],
+                list(range(ws)),
+                list(range(ws, ws + nr)),
+                1.0,
+            )
         pg = placement_group(bundles, strategy="PACK")
         ray.get(pg.ready(), timeout=300)
         return Placement(pg, trainers, rollouts, share)
@@ -72,14 +93,21 @@ class Placement:
             "num_cpus": self.share,
             "num_gpus": self.share if gpu else 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=bundle),
+                placement_group=self.pg, placement_group_bundle_index=bundle
+            ),
             "runtime_env": {"env_vars": actor_env(cfg)},
         }
 
     def address_of_bundle(self, bundle: int) -> tuple[str, int]:
         """(node ip, free port) on the node that holds `bundle`."""
-        return ray.get(_address.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=self.pg, placement_group_bundle_index=bundle), num_cpus=0).remote())
+        return ray.get(
+            _address.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self.pg, placement_group_bundle_index=bundle
+                ),
+                num_cpus=0,
+            ).remote()
+        )
 
     def remove(self) -> None:
         remove_placement_group(self.pg)
@@ -113,8 +141,7 @@ class WorkerGroup:
     """N actors of one role; `call` runs a method on all of them, `call_sharded` splits a batch
     by data-parallel rank first. Both gather the results in rank order."""
 
-    def __init__(self, cls, cfg: TrainConfig, placement: Placement, bundles: list[int], role: str,
-                 args_for_rank):
+    def __init__(self, cls, cfg: TrainConfig, placement: Placement, bundles: list[int], role: str, args_for_rank):
         remote_cls = ray.remote(cls)
         self.role = role
         self.workers = [

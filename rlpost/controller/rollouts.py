@@ -26,13 +26,15 @@ from rlpost.rollout.base import SamplingParams
 @dataclass
 class Pending:
     """A batch whose generation is under way: its prompts and the rollout actors' futures."""
+
     rows: list[PromptRow]
     refs: list
 
 
 class Rollouts:
-    def __init__(self, cfg: TrainConfig, group: WorkerGroup, loader: PromptLoader, pad_id: int, tokenizer,
-                 reward_fn, log=print):
+    def __init__(
+        self, cfg: TrainConfig, group: WorkerGroup, loader: PromptLoader, pad_id: int, tokenizer, reward_fn, log=print
+    ):
         self.cfg, self.group, self.loader, self.pad_id = cfg, group, loader, pad_id
         self.tokenizer, self.reward_fn, self.log = tokenizer, reward_fn, log
         self.overlap = cfg.cluster.placement == "split" and cfg.algo.max_staleness > 0
@@ -40,9 +42,12 @@ class Rollouts:
 
     def launch(self, rows: list[PromptRow], params: SamplingParams) -> list:
         k = len(self.group)
-        per = [rows[i * len(rows) // k:(i + 1) * len(rows) // k] for i in range(k)]
-        return [self.group.submit(i, "generate", [r.prompt_ids for r in part], replace(params, seed=params.seed + i))
-                for i, part in enumerate(per) if part]
+        per = [rows[i * len(rows) // k : (i + 1) * len(rows) // k] for i in range(k)]
+        return [
+            self.group.submit(i, "generate", [r.prompt_ids for r in part], replace(params, seed=params.seed + i))
+            for i, part in enumerate(per)
+            if part
+        ]
 
     def gather(self, refs: list, num_prompts: int, n: int) -> Batch:
         import ray
@@ -82,10 +87,12 @@ class Rollouts:
     def score(self, rows: list[PromptRow], batch: Batch, n: int):
         """(rewards [N], how many samples failed to score, the decoded responses)."""
         responses = self.tokenizer.batch_decode(
-            [ids[m].tolist() for ids, m in zip(batch["response_ids"], batch["response_mask"])],
-            skip_special_tokens=True)
-        samples = [RewardInput(rows[i // n].prompt_text, text, rows[i // n].ground_truth, rows[i // n].data_source)
-                   for i, text in enumerate(responses)]
+            [ids[m].tolist() for ids, m in zip(batch["response_ids"], batch["response_mask"])], skip_special_tokens=True
+        )
+        samples = [
+            RewardInput(rows[i // n].prompt_text, text, rows[i // n].ground_truth, rows[i // n].data_source)
+            for i, text in enumerate(responses)
+        ]
         result = score_samples(samples, self.reward_fn, self.cfg.reward.kwargs)
         if result.first_error:
             self.log(f"reward errors this step: {result.errors} (first: {result.first_error})")
@@ -98,8 +105,7 @@ class Rollouts:
         would have."""
         import ray
 
-        return {"loader": self.loader.state_dict(),
-                "pending": [(job.rows, ray.get(job.refs)) for job in self.pending]}
+        return {"loader": self.loader.state_dict(), "pending": [(job.rows, ray.get(job.refs)) for job in self.pending]}
 
     def load_state_dict(self, state: dict) -> None:
         import ray

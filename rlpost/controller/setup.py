@@ -21,8 +21,11 @@ def make_run_dir(cfg: TrainConfig) -> Path:
 def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """Train and validation sources; an offline task writes its rows as jsonl first."""
     if cfg.data.task == "arithmetic":
-        folder = Path(cfg.model.cache_dir).expanduser() / "data" / \
-            f"arithmetic-d{cfg.data.arithmetic_digits}-v{cfg.data.val_size}-f{ARITHMETIC_FORMAT}"
+        folder = (
+            Path(cfg.model.cache_dir).expanduser()
+            / "data"
+            / f"arithmetic-d{cfg.data.arithmetic_digits}-v{cfg.data.val_size}-f{ARITHMETIC_FORMAT}"
+        )
         train, val = arithmetic_split(cfg.data.arithmetic_digits, seed=0, num_val=cfg.data.val_size)
         if not (folder / "val.jsonl").is_file():
             write_jsonl(train, folder / "train.jsonl")
@@ -39,9 +42,11 @@ def check_reward_routing(rows: list[PromptRow], reward_fn: str) -> None:
     unknown = sorted({r.data_source for r in rows} - set(REWARDS))
     if unknown:
         what = "rows without a data_source" if unknown[0] == "" else f"data_source {unknown[0]!r}"
-        raise DataError(f"reward.fn=auto has no reward function for {what}; set reward.fn=NAME or "
-                        f"path/to/file.py:function, or data.default_data_source=NAME "
-                        f"(registered: {sorted(REWARDS)})")
+        raise DataError(
+            f"reward.fn=auto has no reward function for {what}; set reward.fn=NAME or "
+            f"path/to/file.py:function, or data.default_data_source=NAME "
+            f"(registered: {sorted(REWARDS)})"
+        )
 
 
 def load_data(cfg: TrainConfig, tokenizer, log=print) -> tuple[PromptLoader, list[PromptRow], int]:

@@ -21,8 +21,13 @@ def step_plan(batch: Batch, cfg: TrainConfig):
     """(tokens per row, plan[rank][mini][micro] = row indices): contiguous mini-batches of whole
     prompt groups, each balanced over the trainer ranks by tokens (rlpost.data.microbatch)."""
     lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
-    plan = plan_step(lengths, cfg.trainer.world_size, cfg.data.train_batch_size // mini_batch_size(cfg),
-                     cfg.trainer.max_tokens_per_microbatch, cfg.trainer.micro_batch_size)
+    plan = plan_step(
+        lengths,
+        cfg.trainer.world_size,
+        cfg.data.train_batch_size // mini_batch_size(cfg),
+        cfg.trainer.max_tokens_per_microbatch,
+        cfg.trainer.micro_batch_size,
+    )
     return lengths, plan
 
 
@@ -34,8 +39,15 @@ def advantages(batch: Batch, cfg: TrainConfig) -> torch.Tensor:
 def sampling_params(cfg: TrainConfig, seed: int, n: int | None = None, greedy: bool = False) -> SamplingParams:
     """The rollout settings of `cfg` (`n` samples per prompt, default `rollout.n`)."""
     r = cfg.rollout
-    return SamplingParams(n=r.n if n is None else n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                          max_tokens=r.max_response_length, greedy=greedy, seed=seed)
+    return SamplingParams(
+        n=r.n if n is None else n,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_tokens=r.max_response_length,
+        greedy=greedy,
+        seed=seed,
+    )
 
 
 def batch_metrics(batch: Batch, rewards: torch.Tensor, reward_errors: int, n: int) -> dict[str, float]:
@@ -81,9 +93,12 @@ def check_rollout_serves_adapter(batch: Batch, staleness: int, separation: float
     rollout, policy, base = (batch[k][mask].double() for k in ("rollout_logprobs", "old_logprobs", "ref_logprobs"))
     to_policy = (rollout - policy).abs().mean().item() if mask.any() else 0.0
     to_base = (rollout - base).abs().mean().item() if mask.any() else 0.0
-    out = {"lora/rollout_vs_policy": to_policy, "lora/rollout_vs_base": to_base,
-           "lora/policy_vs_base": (policy - base).abs().mean().item() if mask.any() else 0.0,
-           "lora/adapter_check": 0.0}
+    out = {
+        "lora/rollout_vs_policy": to_policy,
+        "lora/rollout_vs_base": to_base,
+        "lora/policy_vs_base": (policy - base).abs().mean().item() if mask.any() else 0.0,
+        "lora/adapter_check": 0.0,
+    }
     version = int(batch["weight_version"].min().item())
     if version < 1 + staleness or max(to_policy, to_base) <= separation * min(to_policy, to_base):
         return out  # not conclusive
@@ -92,6 +107,7 @@ def check_rollout_serves_adapter(batch: Batch, staleness: int, separation: float
             f"the rollouts' log-probs (batch of weight version {version}) match the base model without "
             f"the adapter (mean |diff| {to_base:.3g}) better than the trained policy ({to_policy:.3g}): "
             "the adapter does not reach generation (merged weights without it, or an adapter the "
-            "engine does not apply; verl #7014, #7495)")
+            "engine does not apply; verl #7014, #7495)"
+        )
     out["lora/adapter_check"] = 1.0
     return out

@@ -50,15 +50,15 @@ def check_colocated_memory(cfg: TrainConfig, reports: list[dict[str, float]], ma
                 f"rollout.gpu_memory_utilization={cfg.rollout.gpu_memory_utilization} asks vLLM for "
                 f"{wanted / gib:.1f} GiB of the {total / gib:.1f} GiB GPU of trainer rank {rank}, but the trainer "
                 f"keeps {resident / gib:.1f} GiB there between phases (+{margin_gib:.0f} GiB margin): set "
-                f"rollout.gpu_memory_utilization<={math.floor(max(room, 0) / total * 100) / 100:.2f}, or free trainer memory with "
-                f"trainer.param_offload=true or trainer.optim.offload=layerwise")
+                f"rollout.gpu_memory_utilization<={math.floor(max(room, 0) / total * 100) / 100:.2f}, or free trainer "
+                f"memory with trainer.param_offload=true or trainer.optim.offload=layerwise"
+            )
 
 
 class WeightSync:
     """The sync groups between a trainer group and a rollout group, and the syncs themselves."""
 
-    def __init__(self, cfg: TrainConfig, placement: Placement, trainers: WorkerGroup, rollouts: WorkerGroup,
-                 log=print):
+    def __init__(self, cfg: TrainConfig, placement: Placement, trainers: WorkerGroup, rollouts: WorkerGroup, log=print):
         self.cfg, self.trainers, self.rollouts, self.log = cfg, trainers, rollouts, log
         self.primed = False  # False until a sync brought the whole model (base) over
         self.last_kinds: list[str] = []
@@ -69,8 +69,10 @@ class WeightSync:
             host, port = placement.address_of_bundle(placement.trainer_bundles[rank])
             world, transport = 1 + len(receivers), sync_transport(cfg)
             calls.append(trainers.submit(rank, "init_weight_sync", host, port, world, transport))
-            calls += [rollouts.submit(r, "init_weight_sync", host, port, 1 + j, world, transport)
-                      for j, r in enumerate(receivers)]
+            calls += [
+                rollouts.submit(r, "init_weight_sync", host, port, 1 + j, world, transport)
+                for j, r in enumerate(receivers)
+            ]
         ray.get(calls)
 
     def sync(self, version: int) -> dict[str, float]:
@@ -86,14 +88,15 @@ class WeightSync:
             recv = self.rollouts.call_async("receive_weights", version, kind)
             sent = self.trainers.call_async("push_weights", version, kind=kind)
             stats = get_all(recv + sent, first=recv)  # a receiver's error names the tensor
-            recv_stats = stats[:len(recv)]
-            send_stats = next(s for s in stats[len(recv):] if s)
+            recv_stats = stats[: len(recv)]
+            send_stats = next(s for s in stats[len(recv) :] if s)
             out["weight_sync/bytes"] += send_stats.pop("weight_sync/bytes")
             out[f"weight_sync/{kind}_bytes"] = float(recv_stats[0]["weight_sync/recv_bytes"])
             out["weight_sync/send_s"] += send_stats.pop("weight_sync/send_s")
             out["weight_sync/recv_s"] += max(s["weight_sync/recv_s"] for s in recv_stats)
-            out["weight_sync/recv_verify_s"] = (out.get("weight_sync/recv_verify_s", 0.0)
-                                                + max(s["weight_sync/recv_verify_s"] for s in recv_stats))
+            out["weight_sync/recv_verify_s"] = out.get("weight_sync/recv_verify_s", 0.0) + max(
+                s["weight_sync/recv_verify_s"] for s in recv_stats
+            )
             readback += [s["weight_sync/readback_tensors"] for s in recv_stats]
             for key, value in send_stats.items():  # e.g. perf/sync_peak_gb
                 out[key] = max(out.get(key, value), value)
@@ -101,10 +104,15 @@ class WeightSync:
             if versions != [version] * len(versions):  # every rollout took this sync
                 raise RuntimeError(f"rollout weight versions {versions} after the {kind} sync v{version}")
         if self.cfg.model.lora.rank > 0 and kinds != self.last_kinds:  # say what travels, when it changes
-            self.log(f"weight sync v{version}: " + " + ".join(
-                f"{k} ({out[f'weight_sync/{k}_bytes'] / 2**20:.2f} MiB)" for k in kinds))
+            self.log(
+                f"weight sync v{version}: "
+                + " + ".join(f"{k} ({out[f'weight_sync/{k}_bytes'] / 2**20:.2f} MiB)" for k in kinds)
+            )
         self.primed, self.last_kinds = True, kinds
-        return {**out, "weight_sync/version": float(version),
-                "weight_sync/adapter_only": float(kinds == ["adapter"]),
-                "weight_sync/readback_tensors": min(readback),
-                "timing_s/weight_sync": time.perf_counter() - start}
+        return {
+            **out,
+            "weight_sync/version": float(version),
+            "weight_sync/adapter_only": float(kinds == ["adapter"]),
+            "weight_sync/readback_tensors": min(readback),
+            "timing_s/weight_sync": time.perf_counter() - start,
+        }

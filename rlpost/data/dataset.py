@@ -75,11 +75,11 @@ def check_row(row: dict, where: str) -> dict:
     if isinstance(prompt, list):
         for j, m in enumerate(prompt):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise DataError(f"{where}: field 'prompt' message {j} must be "
-                                "{'role': str, 'content': str}")
+                raise DataError(f"{where}: field 'prompt' message {j} must be {{'role': str, 'content': str}}")
     elif not isinstance(prompt, str):
-        raise DataError(f"{where}: field 'prompt' must be a string or a list of chat messages, "
-                        f"got {type(prompt).__name__}")
+        raise DataError(
+            f"{where}: field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}"
+        )
     gt = row["ground_truth"]
     if isinstance(gt, bool) or not isinstance(gt, (str, int, float)):
         raise DataError(f"{where}: field 'ground_truth' must be a string or number, got {type(gt).__name__}")
@@ -101,8 +101,7 @@ class LoadResult:
     dropped_too_long: int
 
 
-def load_prompts(sources: list[str], tokenizer, max_prompt_length: int,
-                 default_data_source: str = "") -> LoadResult:
+def load_prompts(sources: list[str], tokenizer, max_prompt_length: int, default_data_source: str = "") -> LoadResult:
     """Read, check and tokenize every row of `sources`; drop (and count) over-long prompts."""
     rows, dropped = [], 0
     for source in sources:

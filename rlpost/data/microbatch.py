@@ -14,8 +14,7 @@ A plan is a list, per rank, of micro-batches, each a list of row indices into th
 from __future__ import annotations
 
 
-def plan_shards(lengths: list[int], world_size: int, max_tokens: int = 0,
-                max_rows: int = 0) -> list[list[list[int]]]:
+def plan_shards(lengths: list[int], world_size: int, max_tokens: int = 0, max_rows: int = 0) -> list[list[list[int]]]:
     if len(lengths) < world_size:
         raise ValueError(f"{len(lengths)} rows cannot feed {world_size} data-parallel ranks")
     ranks: list[list[int]] = [[] for _ in range(world_size)]
@@ -34,8 +33,10 @@ def plan_shards(lengths: list[int], world_size: int, max_tokens: int = 0,
         while len(plan) < target:
             big = max(range(len(plan)), key=lambda k: (len(plan[k]) > 1, sum(lengths[i] for i in plan[k])))
             if len(plan[big]) < 2:
-                raise ValueError(f"cannot give every rank {target} micro-batches: a rank has only "
-                                 f"{sum(len(m) for m in plan)} rows; lower the token budget or the world size")
+                raise ValueError(
+                    f"cannot give every rank {target} micro-batches: a rank has only "
+                    f"{sum(len(m) for m in plan)} rows; lower the token budget or the world size"
+                )
             rows = plan.pop(big)
             half = len(rows) // 2
             plan[big:big] = [rows[:half], rows[half:]]
@@ -65,8 +66,9 @@ def padding_fraction(lengths: list[int], plan: list[list[list[int]]]) -> float:
     return 1.0 - real / padded if padded else 0.0
 
 
-def plan_step(lengths: list[int], world_size: int, num_mini_batches: int, max_tokens: int = 0,
-              max_rows: int = 0) -> list[list[list[list[int]]]]:
+def plan_step(
+    lengths: list[int], world_size: int, num_mini_batches: int, max_tokens: int = 0, max_rows: int = 0
+) -> list[list[list[list[int]]]]:
     """Plan a whole step: rows are cut into `num_mini_batches` contiguous mini-batches (one
     optimizer step each; prompt groups stay whole), each planned by `plan_shards`.
     Returns plan[rank][mini][micro] = row indices of the full batch."""
@@ -76,7 +78,7 @@ def plan_step(lengths: list[int], world_size: int, num_mini_batches: int, max_to
     plan: list[list[list[list[int]]]] = [[] for _ in range(world_size)]
     for m in range(num_mini_batches):
         offset = m * size
-        for rank, micro in enumerate(plan_shards(lengths[offset:offset + size], world_size, max_tokens, max_rows)):
+        for rank, micro in enumerate(plan_shards(lengths[offset : offset + size], world_size, max_tokens, max_rows)):
             plan[rank].append([[offset + i for i in mb] for mb in micro])
     return plan
 

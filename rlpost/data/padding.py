@@ -17,9 +17,9 @@ one position earlier, which always lies inside the same sequence (a prompt has >
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import dataclass
+
+import torch
 
 from rlpost.data.batch import Batch
 
@@ -33,13 +33,12 @@ def left_pad(rows: list[list[int]], pad_id: int, width: int | None = None):
         if len(r) > width:
             raise ValueError(f"row {i} has {len(r)} tokens, more than the width {width}")
         if r:
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = True
+            ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r) :] = True
     return ids, mask
 
 
-def right_pad(rows: list[list[float]] | list[list[int]], pad, width: int | None = None,
-              dtype=torch.long):
+def right_pad(rows: list[list[float]] | list[list[int]], pad, width: int | None = None, dtype=torch.long):
     """Lists -> (values [B, W] right-padded with `pad`, mask [B, W] bool)."""
     width = max([len(r) for r in rows] + [0]) if width is None else width
     out = torch.full((len(rows), width), pad, dtype=dtype)
@@ -194,7 +193,7 @@ def trim_padding(batch: Batch) -> Batch:
     out = {}
     for k, v in batch.tensors.items():
         if k.startswith("prompt_") and v.dim() == 2 and v.shape[1] == P:
-            out[k] = v[:, P - keep_p:]
+            out[k] = v[:, P - keep_p :]
         elif v.dim() == 2 and v.shape[1] == R:
             out[k] = v[:, :keep_r]
         else:

@@ -11,8 +11,15 @@ import math
 from pathlib import Path
 
 TRACKERS = ("console", "jsonl", "tensorboard", "wandb")  # the values of logger.backends
-CONSOLE_KEYS = ("reward/mean", "val/accuracy", "actor/pg_loss", "actor/kl", "actor/grad_norm",
-                "response_length/mean", "timing_s/step")
+CONSOLE_KEYS = (
+    "reward/mean",
+    "val/accuracy",
+    "actor/pg_loss",
+    "actor/kl",
+    "actor/grad_norm",
+    "response_length/mean",
+    "timing_s/step",
+)
 
 
 class JsonlTracker:
@@ -39,7 +46,7 @@ class SampleLog:
         if not self.per_step:
             return
         self.file = self.file or open(self.path, "a")
-        for prompt, response, reward in list(zip(prompts, responses, rewards))[:self.per_step]:
+        for prompt, response, reward in list(zip(prompts, responses, rewards))[: self.per_step]:
             self.file.write(json.dumps({"step": step, "prompt": prompt, "response": response, "reward": reward}) + "\n")
         self.file.flush()
 
@@ -86,8 +93,9 @@ class WandbTracker:
     def __init__(self, run_dir: Path, project: str, mode: str, config: dict):
         import wandb
 
-        self.run = wandb.init(project=project, dir=str(run_dir), mode=mode, config=config,
-                              name=run_dir.name, reinit="finish_previous")
+        self.run = wandb.init(
+            project=project, dir=str(run_dir), mode=mode, config=config, name=run_dir.name, reinit="finish_previous"
+        )
 
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(metrics, step=step)
@@ -97,8 +105,15 @@ class WandbTracker:
 
 
 class Trackers:
-    def __init__(self, backends: list[str], run_dir: Path, project: str = "rlpost",
-                 wandb_mode: str = "offline", config: dict | None = None, write=print):
+    def __init__(
+        self,
+        backends: list[str],
+        run_dir: Path,
+        project: str = "rlpost",
+        wandb_mode: str = "offline",
+        config: dict | None = None,
+        write=print,
+    ):
         self.trackers = []
         for name in backends:
             if name == "console":

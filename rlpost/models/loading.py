@@ -2,8 +2,9 @@
 
 `model.path=tiny` resolves to a folder in `model.cache_dir` holding a Qwen2-style model and a
 character tokenizer, built and warm-started on the offline arithmetic task the first time and
-reused afterwards, with the start model's held-out greedy accuracy and pass@k (`start_eval.json`). The folder is written under a temporary name and renamed when complete, so an
-interrupted build is never mistaken for a finished one.
+reused afterwards, with the start model's held-out greedy accuracy and pass@k (`start_eval.json`).
+The folder is written under a temporary name and renamed when complete, so an interrupted build is
+never mistaken for a finished one.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def load_causal_lm(path: str, dtype: str, attn_implementation: str = "sdpa",
-                   trust_remote_code: bool = False):
+def load_causal_lm(path: str, dtype: str, attn_implementation: str = "sdpa", trust_remote_code: bool = False):
     from transformers import AutoModelForCausalLM
 
     if attn_implementation == "rlpost_varlen":
@@ -30,7 +30,9 @@ def load_causal_lm(path: str, dtype: str, attn_implementation: str = "sdpa",
 
         varlen.register()
     return AutoModelForCausalLM.from_pretrained(
-        path, dtype=DTYPES[dtype], attn_implementation=attn_implementation,
+        path,
+        dtype=DTYPES[dtype],
+        attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
 
@@ -48,8 +50,13 @@ def tiny_model_dir(model_cfg, data_cfg) -> Path:
     """Cache folder of the tiny model for these settings (content-addressed)."""
     from rlpost.data.tasks import ARITHMETIC_FORMAT
 
-    spec = {"tiny": asdict(model_cfg.tiny), "digits": data_cfg.arithmetic_digits,
-            "val_size": data_cfg.val_size, "format": 2, "task_format": ARITHMETIC_FORMAT}
+    spec = {
+        "tiny": asdict(model_cfg.tiny),
+        "digits": data_cfg.arithmetic_digits,
+        "val_size": data_cfg.val_size,
+        "format": 2,
+        "task_format": ARITHMETIC_FORMAT,
+    }
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return Path(model_cfg.cache_dir).expanduser() / f"tiny-qwen2-{digest}"
 
@@ -67,7 +74,8 @@ def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print) -> Pa
             import multiprocessing
 
             child = multiprocessing.get_context("spawn").Process(
-                target=build_tiny_model, args=(model_cfg, data_cfg, final, device))
+                target=build_tiny_model, args=(model_cfg, data_cfg, final, device)
+            )
             child.start()
             child.join()
             if child.exitcode != 0:
@@ -91,22 +99,45 @@ def build_tiny_model(model_cfg, data_cfg, final: Path, device: str = "cpu", log=
     start = time.time()
     torch.manual_seed(t.seed)
     tokenizer = build_char_tokenizer()
-    config = tiny_qwen2_config(len(tokenizer), t.hidden_size, t.num_layers, t.num_heads,
-                               t.num_kv_heads, t.intermediate_size, t.max_position,
-                               tokenizer.pad_token_id, tokenizer.eos_token_id)
+    config = tiny_qwen2_config(
+        len(tokenizer),
+        t.hidden_size,
+        t.num_layers,
+        t.num_heads,
+        t.num_kv_heads,
+        t.intermediate_size,
+        t.max_position,
+        tokenizer.pad_token_id,
+        tokenizer.eos_token_id,
+    )
     model = Qwen2ForCausalLM(config).to(device)
     train_rows, val_rows = arithmetic_split(data_cfg.arithmetic_digits, seed=0, num_val=data_cfg.val_size)
     threads = torch.get_num_threads()
     torch.set_num_threads(t.warmup_threads)
     try:
-        warm_up(model, tokenizer, train_rows, t.warmup_steps, t.warmup_batch_size, t.warmup_lr, t.seed,
-                label=lambda row, rng: carry_slip(row, rng, t.warmup_carry_slip), log=log)
+        warm_up(
+            model,
+            tokenizer,
+            train_rows,
+            t.warmup_steps,
+            t.warmup_batch_size,
+            t.warmup_lr,
+            t.seed,
+            label=lambda row, rng: carry_slip(row, rng, t.warmup_carry_slip),
+            log=log,
+        )
         warmup_s = time.time() - start
         report = evaluate_start(model, tokenizer, val_rows, t.eval_samples, data_cfg.arithmetic_digits + 2, t.seed)
     finally:
         torch.set_num_threads(threads)
-    report.update({"warmup_s": round(warmup_s, 1), "eval_s": round(time.time() - start - warmup_s, 1), "device": device,
-                   "parameters": sum(p.numel() for p in model.parameters())})
+    report.update(
+        {
+            "warmup_s": round(warmup_s, 1),
+            "eval_s": round(time.time() - start - warmup_s, 1),
+            "device": device,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
+    )
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     model.to("cpu").save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
@@ -134,9 +165,12 @@ def evaluate_start(model, tokenizer, rows: list[dict], samples: int, max_tokens:
     sampled = sample_answers(model, tokenizer, prompts, samples, max_tokens, greedy=False, seed=seed)
     correct = [[right(text, row) for text in texts] for texts, row in zip(sampled, rows)]
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
-    return {"problems": len(rows), "samples": samples,
-            "greedy_accuracy": sum(right(g[0], row) for g, row in zip(greedy, rows)) / len(rows),
-            **pass_at_ks(correct, ks)}
+    return {
+        "problems": len(rows),
+        "samples": samples,
+        "greedy_accuracy": sum(right(g[0], row) for g, row in zip(greedy, rows)) / len(rows),
+        **pass_at_ks(correct, ks),
+    }
 
 
 def start_eval(model_path: str) -> dict:
@@ -148,8 +182,10 @@ def start_eval(model_path: str) -> dict:
 def describe_start(folder: Path) -> str:
     e = start_eval(str(folder))
     passes = ", ".join(f"{k} {v:.3f}" for k, v in e.items() if k.startswith("pass@"))
-    return (f"start model, held-out ({e['problems']} problems, {e['samples']} samples each): greedy accuracy "
-            f"{e['greedy_accuracy']:.3f}; {passes}")
+    return (
+        f"start model, held-out ({e['problems']} problems, {e['samples']} samples each): greedy accuracy "
+        f"{e['greedy_accuracy']:.3f}; {passes}"
+    )
 
 
 def resolve_model_path(model_cfg, data_cfg, device: str = "cpu", log=print) -> str:

@@ -34,17 +34,24 @@ def apply_lora(model, lora_cfg):
     if lora_cfg.rank <= 0:
         raise ValueError(f"model.lora.rank must be > 0 to apply LoRA, got {lora_cfg.rank}")
     targets = list(lora_cfg.target_modules)  # checked by the config (model.lora.target_modules)
-    config = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha,
-                        target_modules="all-linear" if targets == ["all-linear"] else targets,
-                        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=lora_cfg.rank,
+        lora_alpha=lora_cfg.alpha,
+        target_modules="all-linear" if targets == ["all-linear"] else targets,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)
     # An adapter on a head tied to the embeddings would merge into both; the base model names the
     # shared weight once (as the embedding), so merged_weights could not express it.
     embedding = peft_model.get_input_embeddings().weight
     for name, module in peft_model.named_modules():
         if isinstance(module, BaseTunerLayer) and module.get_base_layer().weight is embedding:
-            raise ValueError(f"LoRA on {base_name(name)!r}, whose weight is tied to the input "
-                             "embeddings, is not supported; leave it out of model.lora.target_modules")
+            raise ValueError(
+                f"LoRA on {base_name(name)!r}, whose weight is tied to the input "
+                "embeddings, is not supported; leave it out of model.lora.target_modules"
+            )
     return peft_model
 
 
@@ -73,21 +80,26 @@ def adapter_named_parameters(model) -> list[tuple[str, torch.nn.Parameter]]:
     `named_parameters` order (the order `adapter_weights` yields). Parameters may be sharded:
     `p.shape` is the full shape."""
     adapter = model.active_adapter
-    return [(adapter_key(n, adapter), p) for n, p in model.named_parameters()
-            if f".lora_A.{adapter}." in n or f".lora_B.{adapter}." in n]
+    return [
+        (adapter_key(n, adapter), p)
+        for n, p in model.named_parameters()
+        if f".lora_A.{adapter}." in n or f".lora_B.{adapter}." in n
+    ]
 
 
 def adapter_key(peft_name: str, adapter: str = "default") -> str:
     """The `get_peft_model_state_dict` key of an adapter parameter (no adapter-name infix):
     `...q_proj.lora_A.default.weight` -> `...q_proj.lora_A.weight`."""
     parts = peft_name.split(".")
-    return ".".join(p for i, p in enumerate(parts)
-                    if not (i > 0 and parts[i - 1] in ("lora_A", "lora_B") and p == adapter))
+    return ".".join(
+        p for i, p in enumerate(parts) if not (i > 0 and parts[i - 1] in ("lora_A", "lora_B") and p == adapter)
+    )
 
 
 # ------------------------------------------------------------------------------- files on disk
-def save_adapter(named_tensors: Iterable[tuple[str, torch.Tensor]], lora_cfg, folder,
-                 base_model_name_or_path: str | None = None) -> Path:
+def save_adapter(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], lora_cfg, folder, base_model_name_or_path: str | None = None
+) -> Path:
     """Write a peft adapter folder: adapter_model.safetensors (the `adapter_weights` names) and
     adapter_config.json (r, lora_alpha, explicit target module names, CAUSAL_LM), readable by
     `peft.PeftModel.from_pretrained(base, folder)` and vLLM's LoRA loader. Rank 0 only."""
@@ -97,12 +109,19 @@ def save_adapter(named_tensors: Iterable[tuple[str, torch.Tensor]], lora_cfg, fo
     tensors = {name: t.detach().cpu().contiguous() for name, t in named_tensors}
     bad = [name for name in tensors if not _ADAPTER_KEY.match(name)]
     if bad or not tensors:
-        raise ValueError(f"not peft adapter keys (`base_model.model.<module>.lora_A.weight`): "
-                         f"{bad[:3] or 'no tensors'}")
+        raise ValueError(
+            f"not peft adapter keys (`base_model.model.<module>.lora_A.weight`): {bad[:3] or 'no tensors'}"
+        )
     modules = sorted({name.split(".")[-3] for name in tensors})  # ...q_proj.lora_A.weight -> q_proj
-    config = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, target_modules=modules,
-                        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
-                        base_model_name_or_path=base_model_name_or_path)
+    config = LoraConfig(
+        r=lora_cfg.rank,
+        lora_alpha=lora_cfg.alpha,
+        target_modules=modules,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_model_name_or_path,
+    )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
@@ -110,8 +129,9 @@ def save_adapter(named_tensors: Iterable[tuple[str, torch.Tensor]], lora_cfg, fo
     return folder
 
 
-def export_merged(base_model_path: str, adapter_folder, out_dir, dtype: str = "float32",
-                  trust_remote_code: bool = False) -> Path:
+def export_merged(
+    base_model_path: str, adapter_folder, out_dir, dtype: str = "float32", trust_remote_code: bool = False
+) -> Path:
     """Base model + adapter folder -> a plain transformers model folder (weights merged in float32,
     saved in `dtype`) with the base model's tokenizer."""
     from peft import PeftModel

@@ -18,11 +18,7 @@ from typing import Callable
 import torch
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
-CHARS = (
-    "0123456789+-*/=()., ?!:;'\"\n#$%<>_"
-    + "abcdefghijklmnopqrstuvwxyz"
-    + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-)
+CHARS = "0123456789+-*/=()., ?!:;'\"\n#$%<>_" + "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 # Messages are rendered as plain text so the character vocabulary covers the template itself.
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -49,9 +45,17 @@ def build_char_tokenizer(vocab_size: int | None = None):
     return tokenizer
 
 
-def tiny_qwen2_config(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int,
-                      num_kv_heads: int, intermediate_size: int, max_position: int,
-                      pad_token_id: int, eos_token_id: int):
+def tiny_qwen2_config(
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    max_position: int,
+    pad_token_id: int,
+    eos_token_id: int,
+):
     from transformers import Qwen2Config
 
     return Qwen2Config(
@@ -82,10 +86,10 @@ def sft_batch(tokenizer, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, 
     ids = torch.full((len(rows), width), tokenizer.pad_token_id)
     lab = torch.full((len(rows), width), -100)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (s, l) in enumerate(zip(seqs, labels)):
-        ids[i, : len(s)] = torch.tensor(s)
-        lab[i, : len(l)] = torch.tensor(l)
-        mask[i, : len(s)] = 1
+    for i, (seq, label) in enumerate(zip(seqs, labels)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        lab[i, : len(label)] = torch.tensor(label)
+        mask[i, : len(seq)] = 1
     return ids, mask, lab
 
 
@@ -95,8 +99,17 @@ def cosine(step: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def warm_up(model, tokenizer, rows: list[dict], steps: int, batch_size: int, lr: float, seed: int,
-            label: Callable[[dict, random.Random], dict] = lambda row, rng: row, log=print) -> None:
+def warm_up(
+    model,
+    tokenizer,
+    rows: list[dict],
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    label: Callable[[dict, random.Random], dict] = lambda row, rng: row,
+    log=print,
+) -> None:
     """Supervised warm-up: next-token loss on the answer tokens of `label(row)` for random rows,
     AdamW, a linear learning-rate ramp over the first 5% of the steps, then cosine decay to 0.
     The whole schedule runs, so the model ends where the schedule settles it, not part-way
@@ -105,13 +118,14 @@ def warm_up(model, tokenizer, rows: list[dict], steps: int, batch_size: int, lr:
     device = next(model.parameters()).device
     ramp = max(steps // 20, 1)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / ramp) * cosine(s, steps, 0.0))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / ramp) * cosine(s, steps, 0.0))
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     model.train()
     start = time.time()
     for step in range(steps):
-        ids, mask, labels = (t.to(device) for t in sft_batch(tokenizer, [label(r, rng) for r in rng.sample(rows, batch_size)]))
+        ids, mask, labels = (
+            t.to(device) for t in sft_batch(tokenizer, [label(r, rng) for r in rng.sample(rows, batch_size)])
+        )
         with autocast:
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -125,8 +139,9 @@ def warm_up(model, tokenizer, rows: list[dict], steps: int, batch_size: int, lr:
 
 
 @torch.no_grad()
-def sample_answers(model, tokenizer, prompts: list[str], n: int, max_tokens: int, greedy: bool,
-                   seed: int = 0, batch_size: int = 2048) -> list[list[str]]:
+def sample_answers(
+    model, tokenizer, prompts: list[str], n: int, max_tokens: int, greedy: bool, seed: int = 0, batch_size: int = 2048
+) -> list[list[str]]:
     """`n` completions of each prompt (greedy: one), decoded; sampling at temperature 1."""
     from rlpost.data.padding import left_pad
 
@@ -135,11 +150,19 @@ def sample_answers(model, tokenizer, prompts: list[str], n: int, max_tokens: int
     rows = [tokenizer(p, add_special_tokens=False).input_ids for p in prompts for _ in range(n)]
     texts: list[str] = []
     for i in range(0, len(rows), batch_size):
-        ids, mask = left_pad(rows[i:i + batch_size], tokenizer.pad_token_id)
-        sampling = ({"do_sample": False, "temperature": None, "top_p": None, "top_k": None} if greedy else
-                    {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0})
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.long().to(device),
-                             max_new_tokens=max_tokens, pad_token_id=tokenizer.pad_token_id,
-                             eos_token_id=tokenizer.eos_token_id, **sampling)
-        texts += tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
-    return [texts[j * n:(j + 1) * n] for j in range(len(prompts))]
+        ids, mask = left_pad(rows[i : i + batch_size], tokenizer.pad_token_id)
+        sampling = (
+            {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+            if greedy
+            else {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+        )
+        out = model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.long().to(device),
+            max_new_tokens=max_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            **sampling,
+        )
+        texts += tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+    return [texts[j * n : (j + 1) * n] for j in range(len(prompts))]

@@ -7,6 +7,7 @@ A function that raises, or returns something that is not a finite number, scores
 sample; the controller counts it in `reward/errors` and logs the first message of each step.
 """
 
+from rlpost.rewards import builtin  # noqa: F401  (registers the built-in scorers)
 from rlpost.rewards.base import (
     REWARDS,
     RewardFn,
@@ -16,7 +17,5 @@ from rlpost.rewards.base import (
     register_reward,
     score_samples,
 )
-from rlpost.rewards import builtin  # noqa: F401  (registers the built-in scorers)
 
-__all__ = ["REWARDS", "RewardFn", "RewardInput", "RewardResult", "get_reward_fn",
-           "register_reward", "score_samples"]
+__all__ = ["REWARDS", "RewardFn", "RewardInput", "RewardResult", "get_reward_fn", "register_reward", "score_samples"]

@@ -60,8 +60,10 @@ def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:
     if ".py:" in spec:
         return load_user_fn(spec)
     if spec not in REWARDS:
-        raise KeyError(f"reward.fn={spec!r} is not a registered reward; choose one of "
-                       f"{sorted(REWARDS)}, 'auto', or 'path/to/file.py:function'")
+        raise KeyError(
+            f"reward.fn={spec!r} is not a registered reward; choose one of "
+            f"{sorted(REWARDS)}, 'auto', or 'path/to/file.py:function'"
+        )
     return REWARDS[spec]
 
 
@@ -73,8 +75,9 @@ class RewardResult:
     error_rows: list[int] = field(default_factory=list)
 
 
-def score_samples(samples: list[RewardInput], fn: Callable[[RewardInput], float] | None,
-                  kwargs: dict[str, Any] | None = None) -> RewardResult:
+def score_samples(
+    samples: list[RewardInput], fn: Callable[[RewardInput], float] | None, kwargs: dict[str, Any] | None = None
+) -> RewardResult:
     """Score every sample; a failing sample scores 0 and is counted, never fatal.
 
     `kwargs` (`reward.kwargs`) go to an explicitly chosen `fn`, not to `auto`-routed scorers."""
@@ -84,8 +87,7 @@ def score_samples(samples: list[RewardInput], fn: Callable[[RewardInput], float]
         scorer = fn if fn is not None else REWARDS.get(sample.data_source)
         try:
             if scorer is None:
-                raise KeyError(f"no reward function registered for data_source "
-                               f"{sample.data_source!r}; set reward.fn")
+                raise KeyError(f"no reward function registered for data_source {sample.data_source!r}; set reward.fn")
             value = float(scorer(sample, **(kwargs if fn is not None else {})))
             if not math.isfinite(value):
                 raise ValueError(f"reward is {value}")

@@ -24,9 +24,18 @@ from rlpost.weightsync.manifest import Manifest, manifest_of
 
 
 class HFRolloutEngine:
-    def __init__(self, model_path: str, dtype: str, device: str, pad_id: int, eos_id: int,
-                 batch_size: int, attn_implementation: str = "sdpa", trust_remote_code: bool = False,
-                 lora=None):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        device: str,
+        pad_id: int,
+        eos_id: int,
+        batch_size: int,
+        attn_implementation: str = "sdpa",
+        trust_remote_code: bool = False,
+        lora=None,
+    ):
         self.device = torch.device(device)
         model = load_causal_lm(model_path, dtype, attn_implementation, trust_remote_code)
         self.adapter_params: dict[str, torch.nn.Parameter] | None = None
@@ -49,8 +58,9 @@ class HFRolloutEngine:
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
         torch.manual_seed(params.seed)
         rows = [p for p in prompts for _ in range(params.n)]
-        chunks = [self._generate_chunk(rows[i : i + self.batch_size], params)
-                  for i in range(0, len(rows), self.batch_size)]
+        chunks = [
+            self._generate_chunk(rows[i : i + self.batch_size], params) for i in range(0, len(rows), self.batch_size)
+        ]
         return concat_generations(chunks, self.pad_id)
 
     def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> Batch:
@@ -59,12 +69,21 @@ class HFRolloutEngine:
         if params.greedy:
             sampling = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
         else:
-            sampling = {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p,
-                        "top_k": params.top_k}  # 0 = off
+            sampling = {
+                "do_sample": True,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k,
+            }  # 0 = off
         out = self.model.generate(
-            input_ids=prompt_ids.to(self.device), attention_mask=prompt_mask.long().to(self.device),
-            max_new_tokens=params.max_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
-            return_dict_in_generate=True, output_scores=True, **sampling,
+            input_ids=prompt_ids.to(self.device),
+            attention_mask=prompt_mask.long().to(self.device),
+            max_new_tokens=params.max_tokens,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+            **sampling,
         )
         response_ids = generated_responses(out.sequences, prompt_ids.shape[1]).cpu()
         # the scores each token was sampled from: logits / T, -inf outside top-k / the nucleus
@@ -72,15 +91,17 @@ class HFRolloutEngine:
         scores = torch.stack(out.scores, dim=1).float().cpu()
         logprobs = token_logprobs(scores, response_ids)
         response_mask = response_mask_from_eos(response_ids, self.eos_id)
-        return Batch({
-            "prompt_ids": prompt_ids,
-            "prompt_mask": prompt_mask,
-            "response_ids": torch.where(response_mask, response_ids, self.pad_id),
-            "response_mask": response_mask,
-            "loss_mask": response_mask.clone(),  # single-turn: every response token is the model's
-            "rollout_logprobs": logprobs * response_mask,
-            "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
-        })
+        return Batch(
+            {
+                "prompt_ids": prompt_ids,
+                "prompt_mask": prompt_mask,
+                "response_ids": torch.where(response_mask, response_ids, self.pad_id),
+                "response_mask": response_mask,
+                "loss_mask": response_mask.clone(),  # single-turn: every response token is the model's
+                "rollout_logprobs": logprobs * response_mask,
+                "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
+            }
+        )
 
     def weight_manifest(self) -> Manifest:
         return manifest_of(self.params.items())

@@ -36,8 +36,13 @@ from rlpost.weightsync.manifest import Manifest, TensorSpec
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
 
 # HF projections that vLLM fuses into one parameter, and their order inside it
-FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 def expected_manifest(model_path: str, dtype: str, trust_remote_code: bool = False) -> Manifest:
@@ -115,13 +120,26 @@ def fused_view(params: dict[str, torch.Tensor], manifest: dict[str, TensorSpec],
             start += manifest[".".join(parts[:-2] + [k, parts[-1]])].shape[0]
     if start + spec.shape[0] > held.shape[0]:
         return None
-    return held[start:start + spec.shape[0]]  # vocab rows past the checkpoint's are vLLM padding
+    return held[start : start + spec.shape[0]]  # vocab rows past the checkpoint's are vLLM padding
 
 
 class VLLMRolloutEngine:
-    def __init__(self, model_path: str, dtype: str, device: str, pad_id: int, eos_id: int, seed: int,
-                 max_model_len: int, gpu_memory_utilization: float, enforce_eager: bool,
-                 max_num_seqs: int, sleep_mode: bool, trust_remote_code: bool = False, lora=None):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        device: str,
+        pad_id: int,
+        eos_id: int,
+        seed: int,
+        max_model_len: int,
+        gpu_memory_utilization: float,
+        enforce_eager: bool,
+        max_num_seqs: int,
+        sleep_mode: bool,
+        trust_remote_code: bool = False,
+        lora=None,
+    ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process
         if device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes half the RAM
@@ -145,10 +163,18 @@ class VLLMRolloutEngine:
         if lora is not None:
             self._adapter_manifest = expected_adapter_manifest(model_path, lora, trust_remote_code)
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora.rank), max_loras=1)
-        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, skip_tokenizer_init=True,
-                       logprobs_mode="processed_logprobs", max_model_len=max_model_len,
-                       enforce_eager=enforce_eager, max_num_seqs=max_num_seqs,
-                       trust_remote_code=trust_remote_code, **kwargs)
+        self.llm = LLM(
+            model=model_path,
+            dtype=dtype,
+            seed=seed,
+            skip_tokenizer_init=True,
+            logprobs_mode="processed_logprobs",
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            max_num_seqs=max_num_seqs,
+            trust_remote_code=trust_remote_code,
+            **kwargs,
+        )
         # modules vLLM wrapped for LoRA: their base weights load as `<module>.base_layer.<leaf>`
         self._held: dict[str, torch.Tensor] | None = None  # vLLM's parameters, looked up once per sync
         self._lora_wrapped = {n.split(".base_layer.")[0] for n in self._parameters() if ".base_layer." in n}
@@ -159,14 +185,26 @@ class VLLMRolloutEngine:
         from vllm.inputs import TokensPrompt
 
         self.wake_up()
-        per_prompt = [VSamplingParams(
-            n=params.n, temperature=0.0 if params.greedy else params.temperature,
-            top_p=1.0 if params.greedy else params.top_p, top_k=0 if params.greedy else params.top_k,
-            max_tokens=params.max_tokens, logprobs=0, stop_token_ids=[self.eos_id], detokenize=False,
-            seed=params.seed + i * params.n)  # vLLM seeds sample j of a prompt with seed + j
-            for i in range(len(prompts))]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], per_prompt,
-                                    use_tqdm=False, lora_request=self.lora_request)
+        per_prompt = [
+            VSamplingParams(
+                n=params.n,
+                temperature=0.0 if params.greedy else params.temperature,
+                top_p=1.0 if params.greedy else params.top_p,
+                top_k=0 if params.greedy else params.top_k,
+                max_tokens=params.max_tokens,
+                logprobs=0,
+                stop_token_ids=[self.eos_id],
+                detokenize=False,
+                seed=params.seed + i * params.n,
+            )  # vLLM seeds sample j of a prompt with seed + j
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            per_prompt,
+            use_tqdm=False,
+            lora_request=self.lora_request,
+        )
         rows, responses, logprobs = [], [], []
         for prompt, out in zip(prompts, outputs):
             for c in sorted(out.outputs, key=lambda c: c.index):
@@ -176,15 +214,17 @@ class VLLMRolloutEngine:
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         response_ids, response_mask = right_pad(responses, self.pad_id)
         rollout_logprobs, _ = right_pad(logprobs, 0.0, dtype=torch.float32)
-        return Batch({
-            "prompt_ids": prompt_ids,
-            "prompt_mask": prompt_mask,
-            "response_ids": response_ids,
-            "response_mask": response_mask,  # every generated token, the stop token included
-            "loss_mask": response_mask.clone(),  # single-turn: every response token is the model's
-            "rollout_logprobs": rollout_logprobs,
-            "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
-        })
+        return Batch(
+            {
+                "prompt_ids": prompt_ids,
+                "prompt_mask": prompt_mask,
+                "response_ids": response_ids,
+                "response_mask": response_mask,  # every generated token, the stop token included
+                "loss_mask": response_mask.clone(),  # single-turn: every response token is the model's
+                "rollout_logprobs": rollout_logprobs,
+                "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
+            }
+        )
 
     # ------------------------------------------------------------------------------- weights
     def weight_manifest(self) -> Manifest:
@@ -281,4 +321,3 @@ class VLLMRolloutEngine:
 def _named_parameters(worker) -> dict[str, torch.Tensor]:
     """Runs inside vLLM's worker (in this process): its model's parameters by name."""
     return dict(worker.model_runner.get_model().named_parameters())
-

@@ -27,19 +27,36 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
         from rlpost.rollout.vllm_engine import VLLMRolloutEngine
 
         return VLLMRolloutEngine(
-            model_path, cfg.model.dtype, cfg.trainer.device, pad_id, eos_id, seed=cfg.run.seed + rank,
+            model_path,
+            cfg.model.dtype,
+            cfg.trainer.device,
+            pad_id,
+            eos_id,
+            seed=cfg.run.seed + rank,
             max_model_len=cfg.data.max_prompt_length + r.max_response_length,
-            gpu_memory_utilization=r.gpu_memory_utilization, enforce_eager=r.enforce_eager,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            enforce_eager=r.enforce_eager,
             max_num_seqs=r.max_num_seqs,
             sleep_mode=cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda",
-            trust_remote_code=cfg.model.trust_remote_code, lora=lora)
+            trust_remote_code=cfg.model.trust_remote_code,
+            lora=lora,
+        )
     if r.backend == "hf":
         from rlpost.rollout.hf import HFRolloutEngine
 
         # the varlen kernel serves packed training batches; generation with a KV cache uses sdpa
         attn = "sdpa" if cfg.model.attn_implementation == "rlpost_varlen" else cfg.model.attn_implementation
-        return HFRolloutEngine(model_path, cfg.model.dtype, cfg.trainer.device, pad_id, eos_id,
-                               cfg.rollout.batch_size, attn, cfg.model.trust_remote_code, lora=lora)
+        return HFRolloutEngine(
+            model_path,
+            cfg.model.dtype,
+            cfg.trainer.device,
+            pad_id,
+            eos_id,
+            cfg.rollout.batch_size,
+            attn,
+            cfg.model.trust_remote_code,
+            lora=lora,
+        )
     raise ValueError(f"rollout.backend={r.backend!r} is unknown; choose hf or vllm")
 
 
@@ -57,8 +74,9 @@ class RolloutWorker:
         return self.engine.weight_version
 
     def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, transport: str) -> None:
-        self.sync_group = SyncGroup(host, port, rank, world_size, self.cfg.trainer.device,
-                                    self.cfg.weight_sync.timeout_s, transport)
+        self.sync_group = SyncGroup(
+            host, port, rank, world_size, self.cfg.trainer.device, self.cfg.weight_sync.timeout_s, transport
+        )
 
     def memory(self) -> dict[str, float]:
         """GPU memory this actor's device has in use (GiB; the whole device, all processes) and
@@ -67,9 +85,11 @@ class RolloutWorker:
         if self.cfg.trainer.device != "cuda":
             return {}
         free, total = torch.cuda.mem_get_info()
-        return {"rollout/gpu_used_gb": (total - free) / 2**30,
-                "rollout/torch_allocated_gb": torch.cuda.memory_allocated() / 2**30,
-                "rollout/gpu_total_gb": total / 2**30}
+        return {
+            "rollout/gpu_used_gb": (total - free) / 2**30,
+            "rollout/torch_allocated_gb": torch.cuda.memory_allocated() / 2**30,
+            "rollout/gpu_total_gb": total / 2**30,
+        }
 
     def sleep(self) -> None:
         """Colocate placement: give the device to the trainer until the next sync or generate."""
@@ -83,9 +103,11 @@ class RolloutWorker:
         allowed = set(sync_kinds(self.cfg, first=True))
         kind = kind or sync_kinds(self.cfg, first=True)[0]
         if kind not in allowed:
-            problem = (f"weight sync v{version}: a {kind!r} sync reached a rollout that takes "
-                       f"{sorted(allowed)} (model.lora.rank={self.cfg.model.lora.rank}, "
-                       f"mode={self.cfg.model.lora.mode})")
+            problem = (
+                f"weight sync v{version}: a {kind!r} sync reached a rollout that takes "
+                f"{sorted(allowed)} (model.lora.rank={self.cfg.model.lora.rank}, "
+                f"mode={self.cfg.model.lora.mode})"
+            )
             try:  # refuse inside the protocol (an empty manifest), so the sender stops too
                 receive_weights(self.sync_group, [], version, lambda tensors: None, lambda name: None)
             except WeightSyncError:
@@ -99,10 +121,14 @@ class RolloutWorker:
         with stacks_if_stuck(self.cfg.weight_sync.timeout_s / 2):
             stats = receive_weights(self.sync_group, expected, version, load, loaded)
         e.weight_version = version
-        return {"weight_sync/recv_s": stats.seconds, "weight_sync/recv_bytes": float(stats.bytes),
-                "weight_sync/recv_header_s": stats.header_s, "weight_sync/recv_verify_s": stats.verify_s,
-                "weight_sync/readback_tensors": float(stats.readback),
-                "weight_sync/recv_tensors": float(stats.tensors)}
+        return {
+            "weight_sync/recv_s": stats.seconds,
+            "weight_sync/recv_bytes": float(stats.bytes),
+            "weight_sync/recv_header_s": stats.header_s,
+            "weight_sync/recv_verify_s": stats.verify_s,
+            "weight_sync/readback_tensors": float(stats.readback),
+            "weight_sync/recv_tensors": float(stats.tensors),
+        }
 
     def loaded_tensors(self, kind: str | None = None) -> dict[str, torch.Tensor | None]:
         """What the engine holds under each name of a sync `kind`'s manifest (None where it keeps

@@ -37,8 +37,9 @@ from rlpost.weightsync.transport import SyncGroup, stacks_if_stuck
 
 
 class ActorWorker:
-    def __init__(self, cfg: TrainConfig, model_path: str, rank: int, world_size: int,
-                 master_addr: str, master_port: int):
+    def __init__(
+        self, cfg: TrainConfig, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int
+    ):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.engine = e = FSDPEngine(cfg, model_path, rank, world_size, master_addr, master_port)
         self.model, self.device, self.lora = e.model, e.device, e.lora
@@ -106,12 +107,20 @@ class ActorWorker:
         """Forward, the algorithm's loss, backward on one micro-batch; returns max |ratio - 1|."""
         logp, entropy = self._logprobs(self.model, mb, with_entropy=True)  # packs on the CPU first
         dev = self.device
-        out = self.loss_fn(LossInputs(
-            logp=logp, old_logp=mb["old_logprobs"].to(dev), advantages=mb["advantages"].to(dev).float()[:, None],
-            loss_mask=mb["loss_mask"].to(dev).float(), denominator=denom,
-            norm_length=self.cfg.rollout.max_response_length, entropy=entropy,
-            ref_logp=mb["ref_logprobs"].to(dev) if "ref_logprobs" in mb else None,
-            rollout_logp=mb["rollout_logprobs"].to(dev)), self.cfg.algo)
+        out = self.loss_fn(
+            LossInputs(
+                logp=logp,
+                old_logp=mb["old_logprobs"].to(dev),
+                advantages=mb["advantages"].to(dev).float()[:, None],
+                loss_mask=mb["loss_mask"].to(dev).float(),
+                denominator=denom,
+                norm_length=self.cfg.rollout.max_response_length,
+                entropy=entropy,
+                ref_logp=mb["ref_logprobs"].to(dev) if "ref_logprobs" in mb else None,
+                rollout_logp=mb["rollout_logprobs"].to(dev),
+            ),
+            self.cfg.algo,
+        )
         (out.loss * self.world_size).backward()
         stats.merge(out)
         return max(out.maxes["actor/ppo_ratio_max"] - 1, 1 - out.mins["actor/ppo_ratio_min"], 0.0)
@@ -119,6 +128,7 @@ class ActorWorker:
     # ---------------------------------------------------------------------------- weight sync
     def _manifests(self) -> dict:
         """The manifest of each sync kind this run sends."""
+
         def meta(named, dtype):
             return [spec_of(n, torch.empty(p.shape, dtype=dtype, device="meta")) for n, p in named]
 
@@ -138,24 +148,29 @@ class ActorWorker:
     def init_weight_sync(self, host: str, port: int, world_size: int, transport: str) -> None:
         """Called on the ranks that send (rank 0; with the ipc transport every rank that shares
         its GPU with a rollout actor)."""
-        self.sync_group = SyncGroup(host, port, 0, world_size, str(self.device),
-                                    self.cfg.weight_sync.timeout_s, transport)
+        self.sync_group = SyncGroup(
+            host, port, 0, world_size, str(self.device), self.cfg.weight_sync.timeout_s, transport
+        )
 
     def _export(self, kind: str):
         """The full tensors of one sync `kind`, in its manifest's order (a generator of
         collectives: every rank runs it to the end)."""
         if kind not in self.manifests:
-            raise ValueError(f"weight sync kind {kind!r} does not fit this run (model.lora.rank="
-                             f"{self.cfg.model.lora.rank}, mode={self.cfg.model.lora.mode}): it sends "
-                             f"{sorted(self.manifests)}")
+            raise ValueError(
+                f"weight sync kind {kind!r} does not fit this run (model.lora.rank="
+                f"{self.cfg.model.lora.rank}, mode={self.cfg.model.lora.mode}): it sends "
+                f"{sorted(self.manifests)}"
+            )
         dtype = self.engine.compute_dtype
         if kind == "full":
             # `.to(device)`: with `optim.offload=cpu` FSDP keeps the shards on the host for good
             return (full_tensor(p.detach().to(self.device)).to(dtype) for _, p in self.model.named_parameters())
         # merged: W + scale B A computed out of place per parameter; the shards are never written
-        named = {"merged": lambda: merged_weights(self.model, dtype),
-                 "base": lambda: base_weights(self.model, dtype),
-                 "adapter": lambda: adapter_weights(self.model, ADAPTER_DTYPE)}[kind]()
+        named = {
+            "merged": lambda: merged_weights(self.model, dtype),
+            "base": lambda: base_weights(self.model, dtype),
+            "adapter": lambda: adapter_weights(self.model, ADAPTER_DTYPE),
+        }[kind]()
         return (t for _, t in named)
 
     def push_weights(self, version: int, keep_on_gpu: bool = False, kind: str | None = None) -> dict[str, float]:
@@ -176,10 +191,15 @@ class ActorWorker:
             if cuda:
                 torch.cuda.reset_peak_memory_stats(self.device)
                 before = torch.cuda.memory_allocated(self.device)
-            stats = send_weights(self.sync_group, self.manifests[kind], tensors, version,
-                                 ws.bucket_mb * 2**20, ws.verify)
-        out = {"weight_sync/bytes": float(stats.bytes), "weight_sync/send_s": stats.seconds,
-               "weight_sync/send_header_s": stats.header_s, "weight_sync/send_verify_s": stats.verify_s}
+            stats = send_weights(
+                self.sync_group, self.manifests[kind], tensors, version, ws.bucket_mb * 2**20, ws.verify
+            )
+        out = {
+            "weight_sync/bytes": float(stats.bytes),
+            "weight_sync/send_s": stats.seconds,
+            "weight_sync/send_header_s": stats.header_s,
+            "weight_sync/send_verify_s": stats.verify_s,
+        }
         if cuda:  # what the export needs beyond the trainer's own memory (gathers, buckets)
             out["perf/sync_peak_gb"] = (torch.cuda.max_memory_allocated(self.device) - before) / 2**30
         return out
@@ -204,9 +224,12 @@ class ActorWorker:
     def load_checkpoint(self, folder: str) -> None:
         has_adapter = (Path(folder) / "adapter").is_dir()
         if has_adapter != (self.lora is not None):
-            raise ValueError(f"checkpoint {folder} was saved " + ("with" if has_adapter else "without")
-                             + f" LoRA, but this run has model.lora.rank={self.cfg.model.lora.rank}: "
-                             "resume with the settings of the run that saved it")
+            raise ValueError(
+                f"checkpoint {folder} was saved "
+                + ("with" if has_adapter else "without")
+                + f" LoRA, but this run has model.lora.rank={self.cfg.model.lora.rank}: "
+                "resume with the settings of the run that saved it"
+            )
         self.engine.load_checkpoint(folder)
 
     # ------------------------------------------------------------------------ colocate memory

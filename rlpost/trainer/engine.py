@@ -32,8 +32,9 @@ from rlpost.trainer.stats import Stats
 
 
 class FSDPEngine:
-    def __init__(self, cfg: TrainConfig, model_path: str, rank: int, world_size: int,
-                 master_addr: str, master_port: int):
+    def __init__(
+        self, cfg: TrainConfig, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int
+    ):
         torch.set_num_threads(cfg.cluster.num_threads)
         self.cfg, self.rank, self.world_size, self.model_path = cfg, rank, world_size, model_path
         if cfg.trainer.device == "cuda":
@@ -41,8 +42,9 @@ class FSDPEngine:
         else:
             self.device, backend = torch.device("cpu"), "gloo"
         if not dist.is_initialized():
-            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
-                                    rank=rank, world_size=world_size)
+            dist.init_process_group(
+                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
+            )
         torch.manual_seed(cfg.run.seed)
         self.compute_dtype = DTYPES[cfg.model.dtype]
         self.lora = cfg.model.lora if cfg.model.lora.rank > 0 else None
@@ -54,7 +56,8 @@ class FSDPEngine:
         self.model.train()
         self.optimizer = build_optimizer(self.model, o)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, partial(lr_factor, o, total_optimizer_steps(cfg)))
+            self.optimizer, partial(lr_factor, o, total_optimizer_steps(cfg))
+        )
         self.frozen: list[torch.nn.Module] = []  # other models of the role (a reference) offloaded alike
 
     def load_model(self):
@@ -137,9 +140,14 @@ class FSDPEngine:
         state, _ = self._state_dict()
         dcp.save(state, checkpoint_id=os.path.join(folder, "trainer"))
         layerwise = isinstance(self.optimizer, LayerwiseAdamW)
-        torch.save({"rng": torch.get_rng_state(), "scheduler": self.scheduler.state_dict(),
-                    "optimizer": self.optimizer.state_dict() if layerwise else None},
-                   Path(folder) / f"trainer_rank{self.rank}.pt")
+        torch.save(
+            {
+                "rng": torch.get_rng_state(),
+                "scheduler": self.scheduler.state_dict(),
+                "optimizer": self.optimizer.state_dict() if layerwise else None,
+            },
+            Path(folder) / f"trainer_rank{self.rank}.pt",
+        )
 
     def load_checkpoint(self, folder: str) -> None:
         import torch.distributed.checkpoint as dcp
@@ -150,13 +158,20 @@ class FSDPEngine:
         if options.ignore_frozen_params:  # the frozen base stays as loaded from model.path
             options = dataclasses.replace(options, strict=False)
         layerwise = isinstance(self.optimizer, LayerwiseAdamW)
-        result = set_state_dict(self.model, [] if layerwise else self.optimizer, model_state_dict=state["model"],
-                                optim_state_dict={} if layerwise else state["optimizer"], options=options)
+        result = set_state_dict(
+            self.model,
+            [] if layerwise else self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict={} if layerwise else state["optimizer"],
+            options=options,
+        )
         trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
         missing = [k for k in result.missing_keys if k in trainable]
         if missing or result.unexpected_keys:
-            raise ValueError(f"checkpoint {folder}: trainable parameters {missing[:3]} not in it, or keys "
-                             f"{result.unexpected_keys[:3]} the model does not have")
+            raise ValueError(
+                f"checkpoint {folder}: trainable parameters {missing[:3]} not in it, or keys "
+                f"{result.unexpected_keys[:3]} the model does not have"
+            )
         extra = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
         torch.set_rng_state(extra["rng"])
         self.scheduler.load_state_dict(extra["scheduler"])
@@ -172,11 +187,17 @@ class FSDPEngine:
             return {}
         free, total = torch.cuda.mem_get_info(self.device)
         on_gpu_states = self.cfg.trainer.optim.offload == "none"
-        local = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-                    for p in self.model.parameters() if p.requires_grad)
+        local = sum(
+            p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+            for p in self.model.parameters()
+            if p.requires_grad
+        )
         states = 2 * 4 * local if on_gpu_states else 0  # float32 exp_avg + exp_avg_sq
-        return {"total": float(total), "free": float(free),
-                "resident": float(torch.cuda.memory_allocated(self.device) + states)}
+        return {
+            "total": float(total),
+            "free": float(free),
+            "resident": float(torch.cuda.memory_allocated(self.device) + states),
+        }
 
     def release_memory(self) -> None:
         """Colocate placement: hand the allocator's cached blocks back to the driver so that the

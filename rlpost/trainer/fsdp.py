@@ -24,8 +24,7 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
-def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype,
-                cpu_offload: bool = False):
+def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype, cpu_offload: bool = False):
     """Move to `device` and shard with FSDP2 over the default process group (parameters and
     gradients kept on the CPU between uses with `cpu_offload`)."""
     model = model.to(device)

@@ -24,8 +24,7 @@ from rlpost.data.padding import (
 )
 
 
-def response_logprobs(model, batch: Batch, temperature: float = 1.0, packed: bool = True,
-                      with_entropy: bool = False):
+def response_logprobs(model, batch: Batch, temperature: float = 1.0, packed: bool = True, with_entropy: bool = False):
     """(log-probs [B, R], entropy [B, R] or None) of `batch`'s responses under `model`.
 
     Logits are divided by `temperature` first: the log-probs of the distribution the rollout
@@ -34,17 +33,29 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, packed: boo
     if packed:
         p = pack(batch)
         cu = p.cu_seqlens.to(device)
-        logits = model(input_ids=p.input_ids.to(device), position_ids=p.position_ids.to(device),
-                       use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=p.max_seqlen,
-                       max_length_k=p.max_seqlen).logits[0].float() / temperature  # [T, V]
+        logits = (
+            model(
+                input_ids=p.input_ids.to(device),
+                position_ids=p.position_ids.to(device),
+                use_cache=False,
+                cu_seq_lens_q=cu,
+                cu_seq_lens_k=cu,
+                max_length_q=p.max_seqlen,
+                max_length_k=p.max_seqlen,
+            )
+            .logits[0]
+            .float()
+            / temperature
+        )  # [T, V]
         logp = unpack_tokens(shifted_token_logprobs(logits, p.input_ids[0].to(device)), p)
         entropy = unpack_tokens(shifted(entropy_from_logits(logits)), p) if with_entropy else None
         return logp, entropy
     width = batch["response_ids"].shape[1]
     batch = trim_padding(batch).to(device)  # padded to this micro-batch's own longest rows
     input_ids, attention_mask, position_ids = model_inputs(batch)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=False).logits
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).logits
     logits = response_logits(logits, batch["prompt_ids"].shape[1]).float() / temperature  # [B, R', V]
     mask = batch["response_mask"]
     pad = (0, width - mask.shape[1])  # back to the caller's width R

@@ -28,9 +28,15 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 class LayerwiseAdamW(torch.optim.Optimizer):
-    def __init__(self, units: list[list[torch.nn.Parameter]], lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, prefetch_layers: int = 1):
+    def __init__(
+        self,
+        units: list[list[torch.nn.Parameter]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        prefetch_layers: int = 1,
+    ):
         params = [p for unit in units for p in unit]
         if len({id(p) for p in params}) != len(params):
             raise ValueError("a parameter appears in two units")
@@ -43,13 +49,13 @@ class LayerwiseAdamW(torch.optim.Optimizer):
         # states in the parameters' dtype, as torch's AdamW keeps them
         self.dtype = local(params[0]).dtype
         if any(local(p).dtype != self.dtype for p in params):
-            raise ValueError(f"LayerwiseAdamW needs one parameter dtype; found "
-                             f"{sorted({str(local(p).dtype) for p in params})}")
+            raise ValueError(
+                f"LayerwiseAdamW needs one parameter dtype; found {sorted({str(local(p).dtype) for p in params})}"
+            )
         # host states: [exp_avg | exp_avg_sq] per unit, pinned when a GPU reads them
         self.host = [torch.zeros(2 * n, dtype=self.dtype, pin_memory=cuda) for n in self.numels]
         slots = min(self.prefetch + 1, len(self.units))
-        self.slots = [torch.empty(2 * max(self.numels), dtype=self.dtype, device=self.device)
-                      for _ in range(slots)]
+        self.slots = [torch.empty(2 * max(self.numels), dtype=self.dtype, device=self.device) for _ in range(slots)]
         self.steps = 0  # host-side step counter (all groups step together)
         if cuda:
             self.h2d, self.compute, self.d2h = (torch.cuda.Stream(self.device) for _ in range(3))
@@ -109,18 +115,23 @@ class LayerwiseAdamW(torch.optim.Optimizer):
             n = w.numel()
             if p.grad is not None:
                 g = self._group_of[id(p)]
-                self._adamw(w.view(-1), local(p.grad).view(-1), exp_avg_all[offset:offset + n],
-                            exp_avg_sq_all[offset:offset + n], g)
+                self._adamw(
+                    w.view(-1),
+                    local(p.grad).view(-1),
+                    exp_avg_all[offset : offset + n],
+                    exp_avg_sq_all[offset : offset + n],
+                    g,
+                )
             offset += n
 
     def _adamw(self, param, grad, exp_avg, exp_avg_sq, group) -> None:
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         t = self.steps
-        step_size = lr / (1 - beta1 ** t)
-        bias_correction2_sqrt = (1 - beta2 ** t) ** 0.5
+        step_size = lr / (1 - beta1**t)
+        bias_correction2_sqrt = (1 - beta2**t) ** 0.5
         for start in range(0, param.numel(), _CHUNK):
-            p, g = param[start:start + _CHUNK], grad[start:start + _CHUNK]
-            m, v = exp_avg[start:start + _CHUNK], exp_avg_sq[start:start + _CHUNK]
+            p, g = param[start : start + _CHUNK], grad[start : start + _CHUNK]
+            m, v = exp_avg[start : start + _CHUNK], exp_avg_sq[start : start + _CHUNK]
             if wd:
                 p.mul_(1 - lr * wd)
             m.lerp_(g, 1 - beta1)
@@ -131,8 +142,11 @@ class LayerwiseAdamW(torch.optim.Optimizer):
     # ------------------------------------------------------------------------------ checkpoint
     def state_dict(self):
         """This rank's host states (local shards) and the step count."""
-        return {"steps": self.steps, "host": [h.clone() for h in self.host],
-                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]}
+        return {
+            "steps": self.steps,
+            "host": [h.clone() for h in self.host],
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
+        }
 
     def load_state_dict(self, state):
         if [h.numel() for h in state["host"]] != [h.numel() for h in self.host]:

@@ -89,6 +89,7 @@ class Checksums:
         into a new int64 vector; no host synchronisation."""
         out = torch.zeros(self.n, dtype=torch.int64, device=base.device)
         if self.n_blocks:
-            _kernel()[(self.n_blocks,)](base, self.offsets, self.sizes, self.blocks, self.n_blocks, out,
-                                        ROWS=_ROWS, WORDS=_WORDS, num_warps=4)
+            _kernel()[(self.n_blocks,)](
+                base, self.offsets, self.sizes, self.blocks, self.n_blocks, out, ROWS=_ROWS, WORDS=_WORDS, num_warps=4
+            )
         return out

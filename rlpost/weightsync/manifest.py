@@ -65,8 +65,7 @@ def compare_manifests(expected: Manifest, received: Manifest) -> str | None:
     for s in received:
         e = exp[s.name]
         if (e.shape, e.dtype) != (s.shape, s.dtype):
-            return (f"tensor {s.name!r}: sent shape {list(s.shape)} {s.dtype}, "
-                    f"receiver has {list(e.shape)} {e.dtype}")
+            return f"tensor {s.name!r}: sent shape {list(s.shape)} {s.dtype}, receiver has {list(e.shape)} {e.dtype}"
     return None
 
 
@@ -117,8 +116,12 @@ def pack(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """One flat bucket (one dtype) on `device`: each tensor followed by the zeros that round it to
     whole rows. A lone contiguous tensor already there that fills whole rows is used as it is."""
     first = tensors[0]
-    if (len(tensors) == 1 and first.device == device and first.is_contiguous()
-            and padded(first.numel(), first.element_size()) == first.numel()):
+    if (
+        len(tensors) == 1
+        and first.device == device
+        and first.is_contiguous()
+        and padded(first.numel(), first.element_size()) == first.numel()
+    ):
         return first.detach().view(-1)
     pads = _pads(device, first.dtype)
     per_row = len(pads)
@@ -168,7 +171,7 @@ def staged(buffer: torch.Tensor, shapes: list[tuple[int, ...]], dtype: torch.dty
     places = layout(shapes, dtype.itemsize)
     numels = [torch.Size(s).numel() for s in shapes]
     size = places[-1][2] + padded(numels[-1], dtype.itemsize) if places else 0
-    flat = buffer[:size * dtype.itemsize].view(dtype)
+    flat = buffer[: size * dtype.itemsize].view(dtype)
     tails = [torch.arange(at + n, at + padded(n, dtype.itemsize)) for n, (_, _, at) in zip(numels, places)]
     tails = [t for t in tails if t.numel()]
     return flat, unpack(flat, places), torch.cat(tails).to(buffer.device) if tails else None
@@ -223,8 +226,8 @@ def checksums_of_rows(rows: torch.Tensor, rows_each: tuple[int, ...]) -> torch.T
     # both prefix sums, each from 0, side by side; one-dimensional scans (a scan along the last
     # dimension of a [2, n] tensor runs on a handful of threads)
     prefix = torch.zeros(2 * (n + 1), dtype=torch.int64, device=rows.device)
-    torch.cumsum(rows * _row_numbers(rows.device, n), 0, out=prefix[1:n + 1])
-    torch.cumsum(rows, 0, dtype=torch.int64, out=prefix[n + 2:])
+    torch.cumsum(rows * _row_numbers(rows.device, n), 0, out=prefix[1 : n + 1])
+    torch.cumsum(rows, 0, dtype=torch.int64, out=prefix[n + 2 :])
     index, starts = _bounds(rows.device, rows_each)
     ends, begins = prefix[index].view(2, 2, -1)  # each: [weighted, plain] at the tensors' ends / starts
     weighted, plain = ends - begins
@@ -277,6 +280,7 @@ def checksum(tensor: torch.Tensor) -> int:
 class _Group:
     """Tensors of a `ReadBack` copied together into the staging buffer at `views` (or one large
     tensor read where it is: `dtype` None), giving rows [first, first + rows)."""
+
     members: list[int]
     first: int
     rows: int
@@ -327,8 +331,9 @@ class ReadBack:
         self.rows = row
         self.kernel = self.anchor = None
         if self.in_place:
-            self.kernel = cuda_checksums.Checksums([numels[i] * self.specs[i][1].itemsize for i in self.in_place],
-                                                   self.device)
+            self.kernel = cuda_checksums.Checksums(
+                [numels[i] * self.specs[i][1].itemsize for i in self.in_place], self.device
+            )
             self.anchor = torch.zeros(4, dtype=torch.int32, device=self.device)  # the kernel's base
         mixed = self.in_place and self.rest
         self.in_place_index = torch.tensor(self.in_place, device=self.device) if mixed else None
@@ -342,8 +347,7 @@ class ReadBack:
     def matches(self, tensors: list[torch.Tensor]) -> bool:
         if len(tensors) != len(self.specs):
             return False
-        if not all(t.dtype == d and t.shape == s and t.device == self.device
-                   for t, (s, d) in zip(tensors, self.specs)):
+        if not all(t.dtype == d and t.shape == s and t.device == self.device for t, (s, d) in zip(tensors, self.specs)):
             return False
         return not self.in_place or all(cuda_checksums.direct(t) == d for t, d in zip(tensors, self.direct))
 
@@ -360,11 +364,11 @@ class ReadBack:
         rows = torch.empty(self.rows, dtype=torch.int32, device=self.device)
         with torch.no_grad():
             for g in self.groups:
-                out = rows[g.first:g.first + g.rows]
+                out = rows[g.first : g.first + g.rows]
                 if g.dtype is None:
                     _row_sums(pack([tensors[g.members[0]]], self.device).view(torch.uint8), out=out)
                     continue
-                used = self.staging[:g.rows * ROW_BYTES]
+                used = self.staging[: g.rows * ROW_BYTES]
                 if g.pads is not None:
                     used.view(g.dtype).index_fill_(0, g.pads, 0)
                 torch._foreach_copy_(g.views, [tensors[i] for i in g.members])

@@ -56,6 +56,7 @@ class SyncStats:
 class _Plan:
     """What a manifest and a bucket size decide, worked out once and reused by every sync that
     sends the same manifest (the per-sync work is then the data, not Python over 300 tensors)."""
+
     manifest: Manifest
     buckets: list[list[int]]
     wire: bytes  # (manifest, buckets) pickled: what the header carries
@@ -100,13 +101,17 @@ class _Plan:
         if self._lone(b):
             return pack(parts, device)
         if device not in self.staging:
-            nbytes = max((self.sizes[i] * self.dtypes[i].itemsize for i in range(len(self.buckets))
-                          if not self._lone(i)), default=0)
+            nbytes = max(
+                (self.sizes[i] * self.dtypes[i].itemsize for i in range(len(self.buckets)) if not self._lone(i)),
+                default=0,
+            )
             buffers = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
             self.staging[device] = [
-                None if self._lone(i) else
-                staged(buffers[i % 2], [self.manifest[j].shape for j in bucket], self.dtypes[i])
-                for i, bucket in enumerate(self.buckets)]
+                None
+                if self._lone(i)
+                else staged(buffers[i % 2], [self.manifest[j].shape for j in bucket], self.dtypes[i])
+                for i, bucket in enumerate(self.buckets)
+            ]
         flat, views, pads = self.staging[device][b]
         with torch.no_grad():
             if pads is not None:
@@ -156,8 +161,9 @@ def _received_plan(wire: bytes) -> _Plan:
 _LOWEST = -(2**63)  # neutral in a MAX all-reduce
 
 
-def _verdict(group: SyncGroup, refused: int, short: int, sent: torch.Tensor | None,
-             mine: torch.Tensor | None, n: int) -> list[int]:
+def _verdict(
+    group: SyncGroup, refused: int, short: int, sent: torch.Tensor | None, mine: torch.Tensor | None, n: int
+) -> list[int]:
     """The closing all-reduce. Each rank gives [rank that refused the header, rank whose engine
     loaded less, the sender's checksums, its own checksums, their bitwise complements] (the last
     three only for a verified sync of `n` tensors, `_LOWEST` where a rank has nothing to say);
@@ -167,22 +173,28 @@ def _verdict(group: SyncGroup, refused: int, short: int, sent: torch.Tensor | No
     values[0].fill_(refused)
     values[1].fill_(short)
     if sent is not None:
-        values[2:2 + n].copy_(sent)
+        values[2 : 2 + n].copy_(sent)
     if mine is not None:
-        values[2 + n:2 + 2 * n].copy_(mine)
-        torch.bitwise_not(values[2 + n:2 + 2 * n], out=values[2 + 2 * n:])
+        values[2 + n : 2 + 2 * n].copy_(mine)
+        torch.bitwise_not(values[2 + n : 2 + 2 * n], out=values[2 + 2 * n :])
     group.all_reduce_max_(values)
     return values.tolist()
 
 
 def _differs(values: list[int], n: int) -> int | None:
     """The first tensor whose highest and lowest checksum over all ranks differ, if any."""
-    high, low = values[2 + n:2 + 2 * n], values[2 + 2 * n:]
-    return next((i for i, (h, l) in enumerate(zip(high, low)) if h != ~l), None)
+    high, low = values[2 + n : 2 + 2 * n], values[2 + 2 * n :]
+    return next((i for i, (hi, lo) in enumerate(zip(high, low)) if hi != ~lo), None)
 
 
-def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.Tensor],
-                 version: int, bucket_bytes: int, verify: bool = True) -> SyncStats:
+def send_weights(
+    group: SyncGroup,
+    manifest: Manifest,
+    tensors: Iterator[torch.Tensor],
+    version: int,
+    bucket_bytes: int,
+    verify: bool = True,
+) -> SyncStats:
     """Send `tensors` (in manifest order, full unsharded values) to every receiver. A tensor may be
     sent from its own memory while the next ones are packed: it must not be written before this
     returns (the trainer's exports are fresh tensors)."""
@@ -198,8 +210,10 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
         dtype = plan.dtypes[b]
         for i, t, (shape, _, _) in zip(bucket, parts, plan.places[b]):
             if t.shape != shape or t.dtype != dtype:
-                raise WeightSyncError(f"tensor {manifest[i].name!r} is {list(t.shape)} {t.dtype}, its "
-                                      f"manifest says {list(shape)} {manifest[i].dtype}")
+                raise WeightSyncError(
+                    f"tensor {manifest[i].name!r} is {list(t.shape)} {t.dtype}, its "
+                    f"manifest says {list(shape)} {manifest[i].dtype}"
+                )
         flat = plan.pack(b, parts, group.device)
         if in_flight is not None:  # one transfer at a time, as receivers post them
             in_flight.wait()
@@ -214,23 +228,33 @@ def send_weights(group: SyncGroup, manifest: Manifest, tensors: Iterator[torch.T
     mine = torch.cat(sums) if sums else None
     values = _verdict(group, 0, 0, mine, mine, n)
     if values[0]:
-        raise WeightSyncError(f"weight sync v{version}: rollout rank {values[0]} refused the header "
-                              "(its error names the tensor or the version)")
+        raise WeightSyncError(
+            f"weight sync v{version}: rollout rank {values[0]} refused the header "
+            "(its error names the tensor or the version)"
+        )
     if values[1]:
-        raise WeightSyncError(f"weight sync v{version}: the engine of rollout rank {values[1]} loaded "
-                              "fewer tensors than were sent (its error says how many)")
+        raise WeightSyncError(
+            f"weight sync v{version}: the engine of rollout rank {values[1]} loaded "
+            "fewer tensors than were sent (its error says how many)"
+        )
     wrong = _differs(values, n)
     if wrong is not None:
-        raise WeightSyncError(f"weight sync v{version}: a rollout rank loaded tensor "
-                              f"{manifest[wrong].name!r} with a checksum that differs from the sent one "
-                              "(that rank's error names every such tensor)")
+        raise WeightSyncError(
+            f"weight sync v{version}: a rollout rank loaded tensor "
+            f"{manifest[wrong].name!r} with a checksum that differs from the sent one "
+            "(that rank's error names every such tensor)"
+        )
     end = time.perf_counter()
     return SyncStats(version, sent, end - start, len(manifest), header_s=header_s, verify_s=end - sent_at)
 
 
-def receive_weights(group: SyncGroup, expected: Manifest, version: int,
-                    load: Callable[[Iterator[tuple[str, torch.Tensor]]], None],
-                    loaded: Callable[[str], torch.Tensor | None]) -> SyncStats:
+def receive_weights(
+    group: SyncGroup,
+    expected: Manifest,
+    version: int,
+    load: Callable[[Iterator[tuple[str, torch.Tensor]]], None],
+    loaded: Callable[[str], torch.Tensor | None],
+) -> SyncStats:
     """Receive one sync. `load(named_tensors)` consumes an iterator of (name, tensor) that
     receives bucket by bucket as it is read (an engine can stream it into its own loader; only
     one bucket is in memory at a time). `loaded(name)` returns the tensor the engine now holds
@@ -266,8 +290,11 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
     if not problem:  # a refusing receiver loads nothing, but takes part in every transfer
         load(tensors)
     left = sum(1 for _ in tensors)  # drain what an engine left, so the sender does not stall
-    skipped = (f"weight sync v{version}: the engine loaded {len(manifest) - left} of "
-               f"{len(manifest)} tensors") if left and not problem else None
+    skipped = (
+        (f"weight sync v{version}: the engine loaded {len(manifest) - left} of {len(manifest)} tensors")
+        if left and not problem
+        else None
+    )
     readback = 0
     loaded_at = time.perf_counter()
     mine = None
@@ -290,14 +317,18 @@ def receive_weights(group: SyncGroup, expected: Manifest, version: int,
         raise WeightSyncError(skipped)
     differs = _differs(values, n)
     if differs is not None and mine is not None:  # all agree with the sender unless some differ
-        sent = values[2:2 + n]
+        sent = values[2 : 2 + n]
         wrong = [s.name for s, got, want in zip(manifest, mine.tolist(), sent) if got != want]
         if wrong:
-            raise WeightSyncError(f"weight sync v{version}: checksum of loaded tensor {wrong[0]!r} "
-                                  f"differs from the sender's ({len(wrong)} tensors differ)")
+            raise WeightSyncError(
+                f"weight sync v{version}: checksum of loaded tensor {wrong[0]!r} "
+                f"differs from the sender's ({len(wrong)} tensors differ)"
+            )
     if values[0] or values[1] or differs is not None:
-        raise WeightSyncError(f"weight sync v{version} failed on rollout rank "
-                              f"{values[0] or values[1] or 'another'} (its error says why); this rank "
-                              f"loaded every tensor{' intact' if mine is not None else ''}")
+        raise WeightSyncError(
+            f"weight sync v{version} failed on rollout rank "
+            f"{values[0] or values[1] or 'another'} (its error says why); this rank "
+            f"loaded every tensor{' intact' if mine is not None else ''}"
+        )
     end = time.perf_counter()
     return SyncStats(version, received, end - start, len(manifest), readback, header_s, end - loaded_at)

@@ -43,8 +43,16 @@ _MESSAGE_BYTES = 1 << 16  # control messages up to this size take one broadcast
 
 
 class SyncGroup:
-    def __init__(self, host: str, port: int, rank: int, world_size: int, device: str, timeout_s: int,
-                 transport: str = "broadcast"):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        world_size: int,
+        device: str,
+        timeout_s: int,
+        transport: str = "broadcast",
+    ):
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.transport = rank, world_size, transport
         self.device = torch.device(device)
@@ -119,7 +127,7 @@ class SyncGroup:
             message = bytearray(_MESSAGE_BYTES + 8)
             message[:8] = len(data).to_bytes(8, "little")
             head = data[:_MESSAGE_BYTES]
-            message[8:8 + len(head)] = head
+            message[8 : 8 + len(head)] = head
             self.broadcast(torch.frombuffer(message, dtype=torch.uint8).to(self.control), src)
             if len(data) > _MESSAGE_BYTES:
                 rest = torch.frombuffer(bytearray(data[_MESSAGE_BYTES:]), dtype=torch.uint8)
@@ -128,7 +136,7 @@ class SyncGroup:
         message = torch.empty(_MESSAGE_BYTES + 8, dtype=torch.uint8, device=self.control)
         message = self.broadcast(message, src).cpu().numpy().tobytes()
         size = int.from_bytes(message[:8], "little")
-        data = message[8:8 + min(size, _MESSAGE_BYTES)]
+        data = message[8 : 8 + min(size, _MESSAGE_BYTES)]
         if size > _MESSAGE_BYTES:
             rest = torch.empty(size - _MESSAGE_BYTES, dtype=torch.uint8, device=self.control)
             data += self.broadcast(rest, src).cpu().numpy().tobytes()

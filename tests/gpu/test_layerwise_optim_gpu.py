@@ -14,8 +14,7 @@ pytestmark = pytest.mark.gpu
 def test_streamed_step_matches_torch_adamw(dtype, prefetch):
     g = torch.Generator(device="cuda").manual_seed(0)
     shapes = [[(256, 128), (128,)], [(512, 256)], [(64, 64), (64,), (33,)], [(1000,)]]
-    ours = [[torch.nn.Parameter(torch.randn(s, device="cuda", generator=g).to(dtype)) for s in unit]
-            for unit in shapes]
+    ours = [[torch.nn.Parameter(torch.randn(s, device="cuda", generator=g).to(dtype)) for s in unit] for unit in shapes]
     ref = [torch.nn.Parameter(p.detach().clone()) for unit in ours for p in unit]
     hyper = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     opt = LayerwiseAdamW(ours, prefetch_layers=prefetch, **hyper)

@@ -18,8 +18,9 @@ def _ipc_pair(rank, port, out):
 
     torch.cuda.set_device(0)
     g = torch.Generator(device="cuda").manual_seed(0)
-    named = [(f"t{i}", torch.randn(1000 + 37 * i, 64, device="cuda", generator=g).to(torch.bfloat16))
-             for i in range(12)]
+    named = [
+        (f"t{i}", torch.randn(1000 + 37 * i, 64, device="cuda", generator=g).to(torch.bfloat16)) for i in range(12)
+    ]
     group = SyncGroup("127.0.0.1", port, rank, 2, "cuda:0", 60, "ipc")
     if rank == 0:
         for version in (1, 2):  # twice: the sender reuses freed bucket memory for the second round
@@ -55,8 +56,15 @@ def _offload_pair(rank, model_dir, ports, keep, out):
     from rlpost.weightsync.manifest import checksum
 
     torch.cuda.set_device(0)
-    cfg = load_config(["+recipe=quickstart", "trainer.device=cuda", "trainer.world_size=1",
-                       "trainer.param_offload=true", "algo.kl_coef=0"])
+    cfg = load_config(
+        [
+            "+recipe=quickstart",
+            "trainer.device=cuda",
+            "trainer.world_size=1",
+            "trainer.param_offload=true",
+            "algo.kl_coef=0",
+        ]
+    )
     if rank == 0:
         from rlpost.trainer.actor import ActorWorker
 
@@ -70,8 +78,12 @@ def _offload_pair(rank, model_dir, ports, keep, out):
         where = {p.device.type for p in trainer.model.parameters()}
         assert where == ({"cuda"} if keep else {"cpu"}), where
         # checksums, not tensors: tensors put on a queue vanish with the process that shared them
-        out.put(("trainer", {n: checksum(full_tensor(p.detach()).to(torch.float32))
-                             for n, p in trainer.model.named_parameters()}))
+        out.put(
+            (
+                "trainer",
+                {n: checksum(full_tensor(p.detach()).to(torch.float32)) for n, p in trainer.model.named_parameters()},
+            )
+        )
         trainer.shutdown()
     else:
         from rlpost.rollout.worker import RolloutWorker
@@ -90,8 +102,9 @@ def test_param_offload_sync_restores_devices(tmp_path, keep):
     save_tiny_model(tmp_path)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    mp.start_processes(_offload_pair, args=(str(tmp_path), (free_port(), free_port()), keep, out), nprocs=2,
-                       start_method="spawn")
+    mp.start_processes(
+        _offload_pair, args=(str(tmp_path), (free_port(), free_port()), keep, out), nprocs=2, start_method="spawn"
+    )
     got = dict([out.get(timeout=5), out.get(timeout=5)])
     trainer, rollout = got["trainer"], got["rollout"]
     assert trainer.keys() == rollout.keys()
@@ -105,8 +118,10 @@ def test_checksums_are_equal_on_cpu_and_cuda():
     from rlpost.weightsync.manifest import bucket_checksums, checksums, pack
 
     g = torch.Generator().manual_seed(0)
-    tensors = [torch.randn(n, generator=g).to(dtype) for n, dtype in
-               [(4096, torch.bfloat16), (33, torch.bfloat16), (5 << 20, torch.float32), (160, torch.float16)]]
+    tensors = [
+        torch.randn(n, generator=g).to(dtype)
+        for n, dtype in [(4096, torch.bfloat16), (33, torch.bfloat16), (5 << 20, torch.float32), (160, torch.float16)]
+    ]
     on_gpu = [t.cuda() for t in tensors]
     assert checksums(tensors) == checksums(on_gpu)
     flat = pack([tensors[0], tensors[0][:48]], torch.device("cpu"))
@@ -128,15 +143,18 @@ def test_read_back_in_place_equals_cpu_checksums_call_after_call():
 
     def tensors():
         fused = torch.randn(3 * 896, 896, generator=g).to(torch.bfloat16).cuda()
-        return [torch.randn(151936 * 8, generator=g).to(torch.bfloat16).cuda(),  # many programs
-                fused[:896], fused[896:1792],  # views at offsets, as vLLM's fused qkv hands back
-                torch.randn(904, generator=g).to(torch.bfloat16).cuda(),  # 1808 bytes: a partial row
-                torch.randn(8, generator=g).cuda(),  # 32 bytes
-                torch.randn(4000, generator=g).to(torch.bfloat16).cuda()[1:3073],  # misaligned: staged
-                torch.randn(9, 64, generator=g).cuda().t(),  # not contiguous: staged
-                torch.randn(7, generator=g).to(torch.bfloat16).cuda(),  # 14 bytes: staged
-                torch.randint(-2**31, 2**31 - 1, (2 << 20,), generator=g, dtype=torch.int32).cuda(),
-                torch.zeros(0, device="cuda")]
+        return [
+            torch.randn(151936 * 8, generator=g).to(torch.bfloat16).cuda(),  # many programs
+            fused[:896],
+            fused[896:1792],  # views at offsets, as vLLM's fused qkv hands back
+            torch.randn(904, generator=g).to(torch.bfloat16).cuda(),  # 1808 bytes: a partial row
+            torch.randn(8, generator=g).cuda(),  # 32 bytes
+            torch.randn(4000, generator=g).to(torch.bfloat16).cuda()[1:3073],  # misaligned: staged
+            torch.randn(9, 64, generator=g).cuda().t(),  # not contiguous: staged
+            torch.randn(7, generator=g).to(torch.bfloat16).cuda(),  # 14 bytes: staged
+            torch.randint(-(2**31), 2**31 - 1, (2 << 20,), generator=g, dtype=torch.int32).cuda(),
+            torch.zeros(0, device="cuda"),
+        ]
 
     first = tensors()
     reader = ReadBack(first)

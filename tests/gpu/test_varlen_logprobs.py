@@ -4,8 +4,8 @@ the same response log-probs as the padded sdpa path and the per-sequence referen
 import pytest
 import torch
 
-from rlpost.data.padding import left_pad, right_pad
 from rlpost.data.batch import Batch
+from rlpost.data.padding import left_pad, right_pad
 from rlpost.models import varlen
 from rlpost.trainer.logprobs import response_logprobs
 
@@ -19,12 +19,21 @@ def test_varlen_packed_matches_padded(dtype, atol):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=512, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=512, max_position_embeddings=512)
+    cfg = Qwen2Config(
+        vocab_size=512,
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        max_position_embeddings=512,
+    )
     model = Qwen2ForCausalLM(cfg).to("cuda", dtype).eval()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 512, (int(n),), generator=g).tolist() for n in torch.randint(1, 40, (12,), generator=g)]
-    responses = [torch.randint(3, 512, (int(n),), generator=g).tolist() for n in torch.randint(0, 60, (12,), generator=g)]
+    responses = [
+        torch.randint(3, 512, (int(n),), generator=g).tolist() for n in torch.randint(0, 60, (12,), generator=g)
+    ]
     pi, pm = left_pad(prompts, 0)
     ri, rm = right_pad(responses, 0)
     batch = Batch({"prompt_ids": pi, "prompt_mask": pm, "response_ids": ri, "response_mask": rm})

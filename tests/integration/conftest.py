@@ -6,11 +6,15 @@ def ray_session():
     """One Ray instance for every integration test (starting Ray costs seconds)."""
     import ray
 
-    from rlpost.controller.cluster import actor_env
     from rlpost.config import load_config
+    from rlpost.controller.cluster import actor_env
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": actor_env(load_config(["+recipe=quickstart"]))})
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": actor_env(load_config(["+recipe=quickstart"]))},
+    )
     yield
     ray.shutdown()
 
@@ -24,6 +28,15 @@ def tiny_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def base_overrides(tiny_cache):
     """Overrides for a small, fast run in `run_dir` (a function of the run folder)."""
-    return lambda run_dir: ["+recipe=quickstart", f"model.cache_dir={tiny_cache}", "model.tiny.warmup_steps=30",
-            f"run.dir={run_dir}", "data.train_batch_size=8", "rollout.n=4", "data.val_size=32",
-            "trainer.val_every=1", "logger.progress_bar=false", "trainer.optim.lr=1e-3"]
+    return lambda run_dir: [
+        "+recipe=quickstart",
+        f"model.cache_dir={tiny_cache}",
+        "model.tiny.warmup_steps=30",
+        f"run.dir={run_dir}",
+        "data.train_batch_size=8",
+        "rollout.n=4",
+        "data.val_size=32",
+        "trainer.val_every=1",
+        "logger.progress_bar=false",
+        "trainer.optim.lr=1e-3",
+    ]

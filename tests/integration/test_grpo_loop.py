@@ -9,11 +9,30 @@ from rlpost.controller.loop import train
 
 pytestmark = pytest.mark.integration
 
-REQUIRED = ["step", "reward/mean", "actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_ratio_max",
-            "actor/ppo_ratio_min", "actor/kl", "actor/entropy", "actor/grad_norm", "actor/first_ratio_dev",
-            "rollout/logprob_diff_max", "response_length/mean", "timing_s/gen", "timing_s/reward",
-            "timing_s/logprob", "timing_s/update", "timing_s/weight_sync", "timing_s/step",
-            "perf/tokens_per_s", "weight_sync/version", "weight_sync/bytes", "val/accuracy"]
+REQUIRED = [
+    "step",
+    "reward/mean",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/ppo_ratio_max",
+    "actor/ppo_ratio_min",
+    "actor/kl",
+    "actor/entropy",
+    "actor/grad_norm",
+    "actor/first_ratio_dev",
+    "rollout/logprob_diff_max",
+    "response_length/mean",
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/logprob",
+    "timing_s/update",
+    "timing_s/weight_sync",
+    "timing_s/step",
+    "perf/tokens_per_s",
+    "weight_sync/version",
+    "weight_sync/bytes",
+    "val/accuracy",
+]
 
 
 def read_metrics(run_dir):
@@ -22,10 +41,16 @@ def read_metrics(run_dir):
 
 def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overrides, tmp_path):
     run_dir = tmp_path / "run"
-    cfg = load_config(base_overrides(run_dir) + [
-        "trainer.total_steps=2", "trainer.save_every=1", "algo.kl_coef=0.01",
-        "algo.entropy_coef=0.01",  # a gradient even when no sample is rewarded
-        "logger.backends=[console,jsonl,tensorboard,wandb]"])
+    cfg = load_config(
+        base_overrides(run_dir)
+        + [
+            "trainer.total_steps=2",
+            "trainer.save_every=1",
+            "algo.kl_coef=0.01",
+            "algo.entropy_coef=0.01",  # a gradient even when no sample is rewarded
+            "logger.backends=[console,jsonl,tensorboard,wandb]",
+        ]
+    )
     train(cfg)
     rows = read_metrics(run_dir)
     assert rows[0]["step"] == 0 and "val/accuracy" in rows[0]  # validation before training
@@ -52,8 +77,7 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     assert ckpts == ["step_1", "step_2"]
 
     # resume: same run folder, one more step; continues from step 2 at weight version 2
-    cfg = load_config(base_overrides(run_dir) + [
-        "trainer.total_steps=3", "trainer.resume=auto", "algo.kl_coef=0.01"])
+    cfg = load_config(base_overrides(run_dir) + ["trainer.total_steps=3", "trainer.resume=auto", "algo.kl_coef=0.01"])
     train(cfg)
     resumed = [r for r in read_metrics(run_dir) if r["step"] == 3]
     assert len(resumed) == 1
@@ -63,9 +87,17 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
 
 def test_split_placement_with_layerwise_optimizer(ray_session, base_overrides, tmp_path):
     run_dir = tmp_path / "split"
-    cfg = load_config(base_overrides(run_dir) + [
-        "trainer.total_steps=2", "cluster.placement=split", "trainer.val_every=0",
-        "trainer.optim.offload=layerwise", "trainer.save_every=1", "trainer.max_tokens_per_microbatch=64"])
+    cfg = load_config(
+        base_overrides(run_dir)
+        + [
+            "trainer.total_steps=2",
+            "cluster.placement=split",
+            "trainer.val_every=0",
+            "trainer.optim.offload=layerwise",
+            "trainer.save_every=1",
+            "trainer.max_tokens_per_microbatch=64",
+        ]
+    )
     train(cfg)
     start, *rows = read_metrics(run_dir)
     # step 0: the start model's pass@k only (no validation)
@@ -81,8 +113,15 @@ def test_split_placement_with_layerwise_optimizer(ray_session, base_overrides, t
         assert 0 < r["rollout_corr/is_weight_mean"] <= 2.0 and 0 <= r["rollout_corr/truncated_frac"] <= 1
         assert r["actor/first_ratio_dev"] <= 1e-6  # several token-budget micro-batches per rank
     # the layerwise optimizer's host states are checkpointed per rank and restored on resume
-    cfg = load_config(base_overrides(run_dir) + [
-        "trainer.total_steps=3", "cluster.placement=split", "trainer.val_every=0",
-        "trainer.optim.offload=layerwise", "trainer.resume=auto"])
+    cfg = load_config(
+        base_overrides(run_dir)
+        + [
+            "trainer.total_steps=3",
+            "cluster.placement=split",
+            "trainer.val_every=0",
+            "trainer.optim.offload=layerwise",
+            "trainer.resume=auto",
+        ]
+    )
     train(cfg)
     assert [r["step"] for r in read_metrics(run_dir)] == [0, 1, 2, 3]

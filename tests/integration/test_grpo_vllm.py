@@ -14,9 +14,17 @@ pytestmark = pytest.mark.integration
 
 def test_grpo_steps_with_vllm_rollouts(ray_session, base_overrides, tmp_path):
     run_dir = tmp_path / "vllm"
-    cfg = load_config(base_overrides(run_dir) + [
-        "rollout.backend=vllm", "rollout.enforce_eager=true", "trainer.total_steps=3",
-        "trainer.val_every=3", "cluster.placement=split", "algo.max_staleness=1"])
+    cfg = load_config(
+        base_overrides(run_dir)
+        + [
+            "rollout.backend=vllm",
+            "rollout.enforce_eager=true",
+            "trainer.total_steps=3",
+            "trainer.val_every=3",
+            "cluster.placement=split",
+            "algo.max_staleness=1",
+        ]
+    )
     train(cfg)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]

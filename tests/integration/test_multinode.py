@@ -25,8 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _node_ids(group) -> list[str]:
     import ray
 
-    return ray.get([w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id())
-                    for w in group.workers])
+    return ray.get([w.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for w in group.workers])
 
 
 def _place(cfg, train_step: bool = False) -> dict:
@@ -55,10 +54,16 @@ def _child(overrides: list[str], run_root: str) -> dict:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     second = cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
-    common = ["trainer.world_size=2", "rollout.num_workers=2", "trainer.val_every=0",
-              f"cluster.address={cluster.address}"]
-    cfg = lambda name, placement: load_config(
-        overrides + common + [f"run.dir={run_root}/{name}", f"cluster.placement={placement}"])
+    common = [
+        "trainer.world_size=2",
+        "rollout.num_workers=2",
+        "trainer.val_every=0",
+        f"cluster.address={cluster.address}",
+    ]
+
+    def cfg(name, placement):
+        return load_config(overrides + common + [f"run.dir={run_root}/{name}", f"cluster.placement={placement}"])
+
     try:
         result = {"nodes": {"head": cluster.head_node.node_id, "second": second.node_id}}
         # the controller's own ray.init(address=...) connects to the cluster; it stays connected
@@ -79,18 +84,23 @@ def _child(overrides: list[str], run_root: str) -> dict:
 
 def test_placement_across_two_nodes(base_overrides, tiny_cache, tmp_path):
     ray_tmp = tempfile.mkdtemp(prefix="rlpost-mn-", dir="/tmp")  # short: Ray's socket paths live here
-    env = dict(os.environ, RAY_TMPDIR=ray_tmp,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        RAY_TMPDIR=ray_tmp,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
     args = json.dumps({"overrides": base_overrides(tmp_path / "unused"), "run_root": str(tmp_path)})
     try:
-        proc = subprocess.run([sys.executable, __file__, args], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, __file__, args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+        )
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"child failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n" \
-                                           f"{proc.stderr[-4000:]}"
-    r = json.loads(lines[-1][len("RESULT "):])
+    assert proc.returncode == 0 and lines, (
+        f"child failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    )
+    r = json.loads(lines[-1][len("RESULT ") :])
     both = set(r["nodes"].values())
     assert len(both) == 2
     assert r["connected_to"] == r["address"]  # cluster.address was used, not a local Ray

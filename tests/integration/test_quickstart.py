@@ -33,9 +33,23 @@ def run_quickstart(tmp_path: Path, *overrides: str, limit_s: int = 480):
     start = time.time()
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "rlpost.cli", "train", "+recipe=quickstart", f"run.dir={run_dir}",
-             f"model.cache_dir={tmp_path / 'cache'}", "logger.progress_bar=false", *overrides],
-            capture_output=True, text=True, env=env, timeout=limit_s, cwd=Path(__file__).resolve().parents[2])
+            [
+                sys.executable,
+                "-m",
+                "rlpost.cli",
+                "train",
+                "+recipe=quickstart",
+                f"run.dir={run_dir}",
+                f"model.cache_dir={tmp_path / 'cache'}",
+                "logger.progress_bar=false",
+                *overrides,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=limit_s,
+            cwd=Path(__file__).resolve().parents[2],
+        )
     except subprocess.TimeoutExpired as e:
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
         pytest.fail(f"the quickstart ran past {limit_s} s:\n{failure(stderr)}")
@@ -50,8 +64,10 @@ def test_quickstart_learns(tmp_path):
     steps = [r for r in rows if r["step"] > 0]
     start = rows[0]
     diff = max(r["rollout/logprob_diff_max"] for r in steps)
-    print(f"quickstart: {minutes:.1f} min, val/accuracy {val[0]:.3f} -> {val[-1]:.3f}, start pass@8 "
-          f"{start['start/pass@8']:.3f}, max rollout/logprob_diff_max {diff:.2e}")
+    print(
+        f"quickstart: {minutes:.1f} min, val/accuracy {val[0]:.3f} -> {val[-1]:.3f}, start pass@8 "
+        f"{start['start/pass@8']:.3f}, max rollout/logprob_diff_max {diff:.2e}"
+    )
     assert len(steps) == 100 and len(val) == 11
     # measured at build time on the same held-out rows (transformers' generate, not the rollout actor)
     assert abs(start["start/greedy_accuracy"] - val[0]) <= 2 / 256

@@ -17,8 +17,10 @@ from rlpost.controller.loop import train
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS, CRASH_AT = 6, 4  # checkpoints at steps 2, 4, 6; the crash loses step 3
-PROBLEMS = [f"{a}+{b}=" for a, b in [(12, 34), (7, 70), (99, 1), (45, 45), (18, 27), (60, 3), (21, 9),
-                                     (33, 44), (50, 50), (8, 19)]]
+PROBLEMS = [
+    f"{a}+{b}="
+    for a, b in [(12, 34), (7, 70), (99, 1), (45, 45), (18, 27), (60, 3), (21, 9), (33, 44), (50, 50), (8, 19)]
+]
 
 
 class Crash(RuntimeError):
@@ -26,8 +28,12 @@ class Crash(RuntimeError):
 
 
 def write_rows(path, prompts):
-    path.write_text("".join(json.dumps({"prompt": p, "ground_truth": str(eval(p[:-1])).zfill(3),
-                                        "data_source": "arithmetic"}) + "\n" for p in prompts))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": p, "ground_truth": str(eval(p[:-1])).zfill(3), "data_source": "arithmetic"}) + "\n"
+            for p in prompts
+        )
+    )
     return str(path)
 
 
@@ -36,11 +42,21 @@ def overrides(base_overrides, tmp_path, run_dir, placement, offload):
     train_file = write_rows(tmp_path / "train.jsonl", PROBLEMS)
     val_file = write_rows(tmp_path / "val.jsonl", PROBLEMS[:2])
     return base_overrides(run_dir) + [
-        "data.task=", f"data.train_files=[{train_file}]", f"data.val_files=[{val_file}]", "data.train_batch_size=4",
-        "rollout.n=2", f"trainer.total_steps={STEPS}", "trainer.save_every=2", "trainer.keep_checkpoints=5",
-        "trainer.val_every=0", f"cluster.placement={placement}", f"trainer.optim.offload={offload}",
-        "logger.samples_per_step=100", "trainer.optim.lr=3e-3",
-        "algo.entropy_coef=0.01"]  # a gradient although the barely warmed-up model earns no reward
+        "data.task=",
+        f"data.train_files=[{train_file}]",
+        f"data.val_files=[{val_file}]",
+        "data.train_batch_size=4",
+        "rollout.n=2",
+        f"trainer.total_steps={STEPS}",
+        "trainer.save_every=2",
+        "trainer.keep_checkpoints=5",
+        "trainer.val_every=0",
+        f"cluster.placement={placement}",
+        f"trainer.optim.offload={offload}",
+        "logger.samples_per_step=100",
+        "trainer.optim.lr=3e-3",
+        "algo.entropy_coef=0.01",
+    ]  # a gradient although the barely warmed-up model earns no reward
 
 
 ROWS = 4 * 2  # samples a step (all of them are logged)
@@ -85,7 +101,8 @@ def assert_equal(a, b, where=""):
 
 @pytest.mark.parametrize("placement, offload", [("colocate", "none"), ("split", "layerwise")])
 def test_a_killed_and_resumed_run_ends_bitwise_where_an_uninterrupted_one_ends(
-        ray_session, base_overrides, tmp_path, monkeypatch, placement, offload):
+    ray_session, base_overrides, tmp_path, monkeypatch, placement, offload
+):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     train(load_config(overrides(base_overrides, tmp_path, straight, placement, offload)))
 
@@ -110,12 +127,16 @@ def test_a_killed_and_resumed_run_ends_bitwise_where_an_uninterrupted_one_ends(
     prompts = [[p for p, _ in a[s]] for s in sorted(a)]
     assert len({tuple(p) for p in prompts}) == STEPS  # each step saw other prompts: the order matters
     assert prompts[0] + prompts[1] != prompts[2] + prompts[3]  # and each epoch is another shuffle
-    assert len(b) == STEPS and sum(1 for line in (killed / "samples.jsonl").open()) == (STEPS + 1) * ROWS  # step 3 ran twice
+    assert (
+        len(b) == STEPS and sum(1 for line in (killed / "samples.jsonl").open()) == (STEPS + 1) * ROWS
+    )  # step 3 ran twice
     final_a, final_b = (trainer_state(run / "checkpoints" / f"step_{STEPS}") for run in (straight, killed))
     assert_equal(final_a, final_b)
     start = trainer_state(straight / "checkpoints" / "step_2")
     moved = [k for k, v in final_a["dcp"]["model"].items() if not torch.equal(v, start["dcp"]["model"][k])]
     assert moved, "training did not change the weights: the comparison would prove nothing"
-    controller_a, controller_b = (torch.load(run / "checkpoints" / f"step_{STEPS}" / "controller.pt",
-                                             weights_only=False) for run in (straight, killed))
+    controller_a, controller_b = (
+        torch.load(run / "checkpoints" / f"step_{STEPS}" / "controller.pt", weights_only=False)
+        for run in (straight, killed)
+    )
     assert controller_a["loader"] == controller_b["loader"] and controller_a["version"] == controller_b["version"]

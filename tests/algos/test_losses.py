@@ -1,0 +1,124 @@
+import math
+
+import pytest
+import torch
+
+from rlpost.algos.losses import aggregate, entropy_from_logits, kl_penalty, ppo_clip_loss
+
+
+def test_ppo_clip_hand_computed():
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0, 5.0]]))
+    old = torch.zeros(1, 4)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    loss, ratio, clipped = ppo_clip_loss(logp, old, adv, 0.2, 0.2, 3.0)
+    assert torch.allclose(ratio, torch.tensor([[1.5, 0.5, 1.0, 5.0]]))
+    # A>0, r=1.5: max(-1.5, -1.2) = -1.2 (clipped); A>0, r=0.5: max(-0.5, -0.8) = -0.5
+    # A<0, r=1: 1; A<0, r=5: max(5, 1.2) = 5, dual clip caps it at 3
+    assert torch.allclose(loss, torch.tensor([[-1.2, -0.5, 1.0, 3.0]]))
+    assert clipped.tolist() == [[True, False, False, False]]
+
+
+def test_dual_clip_needs_c_above_one():
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        ppo_clip_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), 0.2, 0.2, 1.0)
+
+
+def test_kl_estimators_hand_computed():
+    logp, ref = torch.tensor([[0.0, -1.0]]), torch.tensor([[-1.0, 0.0]])
+    # d = logp - ref = [1, -1]
+    assert torch.allclose(kl_penalty(logp, ref, "k1"), torch.tensor([[1.0, -1.0]]))
+    assert torch.allclose(kl_penalty(logp, ref, "k2"), torch.tensor([[0.5, 0.5]]))
+    k3 = torch.tensor([[math.exp(-1) - 1 + 1, math.exp(1) - 1 - 1]])
+    assert torch.allclose(kl_penalty(logp, ref, "k3"), k3)
+    with pytest.raises(ValueError, match="k1"):
+        kl_penalty(logp, ref, "k4")
+
+
+def test_aggregation_modes():
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    assert aggregate(loss, mask, "token-mean").item() == pytest.approx(10 / 4)
+    # per sequence: mean(1,2,3) = 2, mean(4) = 4 -> 3
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
+    # a global denominator: micro-batches add up to the full-batch mean
+    halves = [aggregate(loss[i : i + 1], mask[i : i + 1], "token-mean", denominator=4) for i in range(2)]
+    assert sum(halves).item() == pytest.approx(10 / 4)
+    with pytest.raises(ValueError, match="token-mean"):
+        aggregate(loss, mask, "sum")
+
+
+def test_entropy_of_uniform_and_peaked():
+    uniform = torch.zeros(1, 1, 8)
+    assert entropy_from_logits(uniform).item() == pytest.approx(math.log(8), rel=1e-6)
+    peaked = torch.tensor([[[100.0, 0.0, 0.0]]])
+    assert entropy_from_logits(peaked).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_truncated_is_weights_by_token_and_by_sequence():
+    from rlpost.algos.losses import truncated_is_weights
+
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.6, 0.1]]))
+    rollout = torch.log(torch.tensor([[0.25, 0.4, 0.1], [0.3, 0.2, 0.7]]))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.float32)
+    w, cut = truncated_is_weights(old, rollout, mask, "token", 2.0)
+    # ratios 2, 0.5, 9 -> capped at 2; 1, 3 -> 2; the padded token has log-weight 0 -> 1
+    assert torch.allclose(w, torch.tensor([[2.0, 0.5, 2.0], [1.0, 2.0, 1.0]]), atol=1e-6)
+    assert cut.tolist() == [[False, False, True], [False, True, False]]
+    w, cut = truncated_is_weights(old, rollout, mask, "sequence", 5.0)
+    # sequence products: 2 * 0.5 * 9 = 9 -> 5; 1 * 3 = 3 (the padded token does not count)
+    assert torch.allclose(w, torch.tensor([[5.0] * 3, [3.0] * 3]), atol=1e-5)
+    assert cut.tolist() == [[True] * 3, [False] * 3]
+    assert not w.requires_grad
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_on_every_rank_add_up_to_the_mini_batch_loss(mode):
+    """The cross-rank normalisation: each rank's micro-batch losses, each divided by the global
+    count of the mini-batch (tokens, or sequences with a loss token), times world_size, then
+    averaged over ranks as FSDP averages gradients, give exactly the loss of the whole mini-batch."""
+    from types import SimpleNamespace
+
+    from rlpost.algos.policy_loss import LossInputs, ppo_loss
+
+    g = torch.Generator().manual_seed(0)
+    rows, width, world = 10, 6, 2
+    lengths = torch.randint(1, width + 1, (rows,), generator=g)
+    mask = torch.arange(width) < lengths[:, None]
+    loss_mask = mask & (torch.rand(rows, width, generator=g) > 0.2)
+    loss_mask[3] = False  # a row without a single loss token
+    logp = torch.randn(rows, width, generator=g) * mask
+    old, ref = logp + 0.3 * torch.randn(rows, width, generator=g), logp + 0.2 * torch.randn(rows, width, generator=g)
+    adv, entropy = torch.randn(rows, 1, generator=g), torch.rand(rows, width, generator=g)
+    algo = SimpleNamespace(
+        loss_agg_mode=mode,
+        clip_ratio_low=0.2,
+        clip_ratio_high=0.28,
+        clip_ratio_c=3.0,
+        rollout_is="none",
+        kl_coef=0.1,
+        kl_estimator="k3",
+        entropy_coef=0.01,
+    )
+
+    def loss(idx, denominator):
+        return ppo_loss(
+            LossInputs(
+                logp=logp[idx],
+                old_logp=old[idx],
+                advantages=adv[idx],
+                entropy=entropy[idx],
+                ref_logp=ref[idx],
+                loss_mask=loss_mask[idx].float(),
+                denominator=denominator,
+                norm_length=width,
+            ),
+            algo,
+        ).loss
+
+    count = loss_mask.sum() if mode == "token-mean" else (loss_mask.sum(-1) > 0).sum()
+    full = loss(torch.arange(rows), float(count))
+    ranks = [[torch.tensor([0, 5, 9]), torch.tensor([2])], [torch.tensor([1, 3]), torch.tensor([4, 6, 7, 8])]]
+    per_rank = [sum(loss(micro, float(count)) for micro in rank) * world for rank in ranks]
+    assert torch.allclose(sum(per_rank) / world, full, rtol=1e-6, atol=1e-7)
+    one_rank = sum(loss(micro, float(loss_mask[torch.cat(ranks[0])].sum())) for micro in ranks[0])
+    assert not torch.allclose(one_rank, full)  # a rank's own count would not do

@@ -1,0 +1,167 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlpost.config import RULES, ConfigError, compose, config_docs, iter_fields, load_config, rules, validate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_recipe_and_overrides_compose():
+    cfg = load_config(["+recipe=quickstart", "trainer.world_size=1", "rollout.n=4", "algo.kl_coef=0.01"])
+    assert cfg.trainer.world_size == 1 and cfg.rollout.n == 4 and cfg.algo.kl_coef == 0.01
+    assert cfg.data.task == "arithmetic"  # from configs/data/arithmetic.yaml
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.wrold_size=3"], "unknown config key 'trainer.wrold_size'; did you mean: trainer.world_size"),
+        (["+trainer.foo=1"], "unknown config key 'trainer.foo'"),
+        (["rollout.backend=foo"], "rollout.backend='foo' is not allowed; choose one of ['hf', 'vllm']"),
+        (["trainer.world_size=abc"], "trainer.world_size"),
+        (["+recipe=nope"], "options for recipe: ["),
+        (["model=nope"], "options for model: ['hf', 'tiny']"),
+        (["algo.loss_agg_mode=sum"], "algo.loss_agg_mode='sum' is not allowed"),
+        (["trainer.world_size=3"], "trainer.world_size=3 must divide"),
+        (["rollout.n=0"], "rollout.n=0 must be >= 1"),
+        (["trainer.optim.lr=-1"], "trainer.optim.lr=-1.0 must be >= 0"),
+        (["algo.ppo_mini_batch_size=5"], "algo.ppo_mini_batch_size=5 must divide data.train_batch_size"),
+        (["logger.backends=[console,foo]"], "logger.backends contains 'foo'"),
+        (["trainer.resume=/nonexistent/ckpt"], "trainer.resume='/nonexistent/ckpt'"),
+    ],
+)
+def test_bad_config_names_the_key(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(["+recipe=quickstart", *overrides])
+    assert message in str(info.value)
+
+
+def test_cli_exits_nonzero_before_starting_anything():
+    result = subprocess.run(
+        [sys.executable, "-m", "rlpost.cli", "train", "+recipe=quickstart", "trainer.wrold_size=1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "trainer.wrold_size" in result.stderr and "trainer.world_size" in result.stderr
+    assert "Started a local Ray" not in result.stderr + result.stdout
+
+
+def test_configuration_docs_are_generated_from_the_schema():
+    committed = (REPO / "docs" / "configuration.md").read_text()
+    assert committed == config_docs(), (
+        "docs/configuration.md is stale: run `rlpost doctor --config-docs > docs/configuration.md`"
+    )
+    assert "`trainer.world_size`" in committed and "`algo.kl_coef`" in committed
+
+
+def test_cli_bad_data_file_is_a_clean_error(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlpost.cli",
+            "train",
+            "+recipe=quickstart",
+            "data.task=",
+            f"data.train_files=[{tmp_path / 'missing.jsonl'}]",
+            f"run.dir={tmp_path / 'run'}",
+            f"model.cache_dir={tmp_path / 'cache'}",
+            "model.tiny.warmup_steps=1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert "missing.jsonl: no such file" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_bad_reward_fn_is_a_config_error():
+    result = subprocess.run(
+        [sys.executable, "-m", "rlpost.cli", "train", "+recipe=quickstart", "reward.fn=nope"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "reward.fn='nope' is not a registered reward" in result.stderr
+
+
+# ------------------------------------------------------------------- every rule, walked
+# a config that breaks each rule spanning keys (and no other): every rule must have one here
+VIOLATIONS = {
+    "mini_batch_divides_batch": [["algo.ppo_mini_batch_size=5"]],
+    "ranks_divide_mini_batch": [["trainer.world_size=3"]],
+    "rows_to_train_on": [["data.task=", "data.train_files=[]"]],
+    "resume_folder_exists": [["trainer.resume=/nonexistent/ckpt"]],
+    "cuda_is_there": [["trainer.device=cuda"]],
+    "vllm_is_installed": [["rollout.backend=vllm"]],
+    "one_parameter_offload": [["trainer.param_offload=true", "trainer.optim.offload=cpu"]],
+    "colocated_actor_per_rank": [["rollout.num_workers=3"]],
+    "adam_betas": [
+        ["trainer.optim.betas=[0.9,1.0]"],
+        ["trainer.optim.betas=[-0.1,0.9]"],
+        ["trainer.optim.betas=[0.9]"],
+    ],
+    "known_trackers": [["logger.backends=[console,foo]"]],
+    "lora_targets": [
+        ["model.lora.rank=4", "model.lora.target_modules=[]"],
+        ["model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"],
+    ],
+    "vllm_adapter_rank": [["model.lora.rank=600", "model.lora.mode=adapter", "rollout.backend=vllm"]],
+}
+
+
+def test_every_rule_has_a_violation_in_this_file():
+    assert set(VIOLATIONS) == {r.name for r in RULES}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_each_rule_fires_on_its_violation_and_names_its_key(rule, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # CUDA absent, vllm present,
+    monkeypatch.setattr(rules, "installed", lambda module: rule.name != "vllm_is_installed")  # unless checked
+    base = compose(["+recipe=quickstart"])
+    assert rule.check(base) is None
+    validate(base)
+    for overrides in VIOLATIONS[rule.name]:
+        cfg = compose(["+recipe=quickstart", *overrides])
+        problem = rule.check(cfg)
+        assert problem and rule.key in problem, f"{rule.name} did not fire on {overrides}"
+        with pytest.raises(ConfigError) as info:
+            validate(cfg)
+        assert str(info.value) == problem  # this rule, not another one, stops the run
+
+
+RANGED = [(k, f.metadata["range"], f.type) for k, f in iter_fields() if "range" in f.metadata]
+
+
+@pytest.mark.parametrize("key, bounds, kind", RANGED, ids=[k for k, _, _ in RANGED])
+def test_every_range_refuses_the_values_just_outside_it(key, bounds, kind):
+    step = 1 if kind in ("int", int) else 0.5
+    for op, limit in bounds.items():
+        outside = {"ge": limit - step, "gt": limit, "le": limit + step, "lt": limit}[op]
+        with pytest.raises(ConfigError, match=f"^{key}="):
+            load_config(["+recipe=quickstart", f"{key}={outside}"])
+        inside = {"ge": limit, "gt": limit + step, "le": limit, "lt": limit - step}[op]
+        try:  # the bound itself (>=, <=) or the next value in is allowed by this key
+            load_config(["+recipe=quickstart", f"{key}={inside}"])
+        except ConfigError as e:  # another rule may refuse it, never this range
+            assert not str(e).startswith(f"{key}="), str(e)
+
+
+CHOSEN = [k for k, f in iter_fields() if "choices" in f.metadata]
+
+
+@pytest.mark.parametrize("key", CHOSEN)
+def test_every_closed_set_refuses_a_value_outside_it(key):
+    with pytest.raises(ConfigError, match=f"^{key}='nope' is not allowed; choose one of"):
+        load_config(["+recipe=quickstart", f"{key}=nope"])

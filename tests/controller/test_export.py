@@ -1,0 +1,73 @@
+"""`rlpost export` of a full fine-tuning checkpoint (no LoRA: the weights come from the sharded
+DCP checkpoint) and its errors. A real ActorWorker (FSDP2, one gloo rank, no Ray) saves the
+checkpoint; the exported folder holds exactly its weights. (LoRA runs: tests/integration/test_lora_loop.py.)"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlpost.cli import main
+from rlpost.config import load_config, to_yaml
+from rlpost.weightsync.transport import free_port
+from tests.helpers import save_tiny_model  # noqa: E402
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    base = tmp_path / "base"
+    save_tiny_model(base, hidden=32, layers=2, intermediate=64)
+    run = tmp_path / "run"
+    cfg = load_config(
+        [
+            "+recipe=quickstart",
+            f"model.path={base}",
+            "trainer.world_size=1",
+            f"run.dir={run}",
+            "data.train_batch_size=8",
+        ]
+    )
+    run.mkdir()
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    return cfg, run, base
+
+
+def test_export_full_finetuning_checkpoint(run_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rlpost.trainer.actor import ActorWorker
+
+    cfg, run, base = run_dir
+    worker = ActorWorker(cfg, str(base), 0, 1, "127.0.0.1", free_port())
+    try:
+        with torch.no_grad():  # "training": every weight moves
+            for p in worker.model.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        trained = {
+            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for n, p in worker.model.named_parameters()
+        }
+        folder = run / "checkpoints" / "step_3"
+        folder.mkdir(parents=True)
+        worker.save_checkpoint(str(folder))
+        torch.save({"step": 3}, folder / "controller.pt")
+    finally:
+        worker.shutdown()
+    out = tmp_path / "hf"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert dict(model.named_parameters()).keys() == trained.keys()
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), trained[name]), name
+    assert (Path(out) / "tokenizer.json").is_file() or (Path(out) / "tokenizer_config.json").is_file()
+
+
+def test_export_errors_name_what_is_missing(run_dir, tmp_path, capsys):
+    _, run, _ = run_dir
+    assert main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert "config.yaml not found" in capsys.readouterr().err
+    assert main(["export", str(run), "--out", str(tmp_path / "o")]) == 2
+    assert "no complete checkpoint in" in capsys.readouterr().err
+    (run / "checkpoints" / "step_2").mkdir(parents=True)  # no controller.pt: incomplete
+    assert main(["export", str(run), "--step", "2", "--out", str(tmp_path / "o")]) == 2
+    assert "step_2 is not a complete checkpoint" in capsys.readouterr().err

@@ -1,0 +1,108 @@
+"""Pure decisions of the controller: who sends weights to whom, and whether vLLM fits."""
+
+import pytest
+
+from rlpost.config import ConfigError, load_config
+from rlpost.controller.weights import check_colocated_memory, sync_plan, sync_transport
+
+GIB = 2**30
+
+
+def cfg_with(*overrides):
+    cfg = load_config(["+recipe=quickstart", *overrides])
+    return cfg
+
+
+def test_sync_plan_broadcasts_from_rank0_unless_colocated_on_gpus():
+    cfg = cfg_with("rollout.num_workers=3", "cluster.placement=split")
+    assert sync_transport(cfg) == "broadcast" and sync_plan(cfg) == {0: [0, 1, 2]}
+    cfg = cfg_with("rollout.num_workers=2")  # colocate on the CPU: gloo broadcast
+    assert sync_plan(cfg) == {0: [0, 1]}
+    cfg.trainer.device = "cuda"  # colocate on GPUs: each rank feeds the actor on its GPU by IPC
+    assert sync_transport(cfg) == "ipc" and sync_plan(cfg) == {0: [0], 1: [1]}
+    cfg.trainer.world_size, cfg.rollout.num_workers = 4, 2
+    assert sync_plan(cfg) == {0: [0], 1: [1]}
+
+
+def test_colocate_needs_a_trainer_rank_per_rollout_actor():
+    with pytest.raises(ConfigError, match="rollout.num_workers=3 must be <= trainer.world_size=2"):
+        cfg_with("rollout.num_workers=3")
+
+
+def test_colocated_vllm_must_fit_beside_the_trainer():
+    cfg = cfg_with("rollout.gpu_memory_utilization=0.5")
+    cfg.rollout.backend = "vllm"
+    check_colocated_memory(cfg, [{"total": 80 * GIB, "free": 70 * GIB, "resident": 30 * GIB}])
+    with pytest.raises(ConfigError) as e:
+        check_colocated_memory(
+            cfg,
+            [
+                {"total": 80 * GIB, "free": 70 * GIB, "resident": 30 * GIB},
+                {"total": 80 * GIB, "free": 30 * GIB, "resident": 45 * GIB},
+            ],
+        )
+    msg = str(e.value)
+    assert "rollout.gpu_memory_utilization=0.5" in msg and "trainer rank 1" in msg
+    assert "rollout.gpu_memory_utilization<=0.42" in msg and "trainer.param_offload=true" in msg
+
+
+@pytest.mark.parametrize("estimator,norm", [("grpo", True), ("grpo", False), ("rloo", False)])
+def test_each_reward_reaches_its_own_rows_through_groups_advantages_and_shards(estimator, norm):
+    """rollout.n = 3, responses of unequal lengths, world size 2 with a token budget: the plan
+    gives the ranks different rows and micro-batches; every row's advantage is the one its own
+    group's rewards give, computed here from scratch."""
+    import torch
+
+    from rlpost.controller.step import advantages, group_ids, step_plan
+    from rlpost.data.batch import Batch
+    from rlpost.data.microbatch import shard_batch
+    from rlpost.data.padding import left_pad, right_pad
+
+    n, prompts = 3, 4
+    cfg = cfg_with(
+        f"rollout.n={n}",
+        f"data.train_batch_size={prompts}",
+        "trainer.world_size=2",
+        "trainer.max_tokens_per_microbatch=12",
+        "trainer.micro_batch_size=4",
+        f"algo.advantage={estimator}",
+        f"algo.norm_adv_by_std={str(norm).lower()}",
+    )
+    groups = group_ids(prompts, n)
+    assert groups.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    response_lengths = [1, 6, 2, 5, 3, 1, 4, 6, 2, 1, 1, 5]
+    prompt_ids, prompt_mask = left_pad([[5] * (2 + i % 3) for i in range(n * prompts)], 0)
+    response_ids, response_mask = right_pad([[7] * k for k in response_lengths], 0)
+    batch = Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+            "group_ids": groups,
+        }
+    )
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 2.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    batch["rewards"] = rewards
+    batch["advantages"] = advantages(batch, cfg)
+
+    expected = []
+    for i in range(n * prompts):
+        mine = rewards[(i // n) * n : (i // n + 1) * n].double()  # the rows of prompt i // n
+        others = torch.cat([mine[: i % n], mine[i % n + 1 :]])
+        if estimator == "rloo":
+            expected.append(rewards[i].item() - others.mean().item())
+        else:
+            a = rewards[i].item() - mine.mean().item()
+            expected.append(a / (mine.std().item() + 1e-6) if norm else a)
+
+    lengths, plan = step_plan(batch, cfg)
+    assert lengths == [p + r for p, r in zip(prompt_mask.sum(-1).tolist(), response_lengths)]
+    shards = shard_batch(batch, plan)
+    assert sorted(sum((s["row_index"].tolist() for s in shards), [])) == list(range(n * prompts))
+    assert len({tuple(s["row_index"].tolist()) for s in shards}) == 2  # the ranks got different rows
+    assert sum(len(m) > 1 for rank in plan for m in rank[0]) > 0  # and more than one row per micro-batch
+    for shard in shards:
+        for row, adv, resp in zip(shard["row_index"].tolist(), shard["advantages"].tolist(), shard["response_mask"]):
+            assert adv == pytest.approx(expected[row], abs=1e-5), f"row {row}"
+            assert int(resp.sum()) == response_lengths[row]  # the row's own tokens travel with it

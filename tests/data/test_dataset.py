@@ -1,0 +1,174 @@
+import json
+
+import pytest
+import torch
+
+from rlpost.data.batch import Batch
+from rlpost.data.dataset import DataError, PromptLoader, load_prompts, read_rows
+from rlpost.data.tasks import arithmetic_split, carry_slip
+from rlpost.models.tiny import build_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_jsonl_parquet_and_saved_dataset_load_alike(tmp_path, tokenizer):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [
+        {"prompt": "1+2=", "ground_truth": "3", "data_source": "arithmetic"},
+        {"prompt": [{"role": "user", "content": "2+2="}], "ground_truth": 4},
+    ]
+    jsonl = write(tmp_path / "a.jsonl", rows)
+    pq.write_table(pa.Table.from_pylist([rows[0]]), tmp_path / "a.parquet")
+    datasets.Dataset.from_list([rows[0]]).save_to_disk(str(tmp_path / "saved"))
+    loaded = load_prompts([jsonl], tokenizer, 64, default_data_source="gsm8k").rows
+    assert loaded[0].prompt_text == "1+2=" and loaded[0].prompt_ids == tokenizer("1+2=").input_ids
+    assert loaded[1].prompt_text == "user: 2+2=\nassistant: "  # chat template applied
+    assert loaded[1].ground_truth == "4" and loaded[1].data_source == "gsm8k"
+    assert read_rows(str(tmp_path / "a.parquet")) == [rows[0]]
+    assert read_rows(str(tmp_path / "saved")) == [rows[0]]
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"ground_truth": "1"}, "row 1: field 'prompt' is missing"),
+        ({"prompt": 5, "ground_truth": "1"}, "row 1: field 'prompt' must be a string"),
+        ({"prompt": [{"role": "user"}], "ground_truth": "1"}, "row 1: field 'prompt' message 0"),
+        ({"prompt": "x", "ground_truth": None}, "row 1: field 'ground_truth' is missing"),
+        ({"prompt": "x", "ground_truth": [1]}, "row 1: field 'ground_truth' must be a string or number"),
+        ({"prompt": "x", "ground_truth": "1", "data_source": 3}, "row 1: field 'data_source'"),
+    ],
+)
+def test_bad_rows_name_file_row_and_field(tmp_path, tokenizer, row, message):
+    path = write(tmp_path / "bad.jsonl", [{"prompt": "ok", "ground_truth": "1"}, row])
+    with pytest.raises(DataError, match=message) as info:
+        load_prompts([path], tokenizer, 64)
+    assert "bad.jsonl" in str(info.value)
+
+
+def test_invalid_json_and_missing_file(tmp_path, tokenizer):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"prompt": "a", "ground_truth": "1"}\n{oops\n')
+    with pytest.raises(DataError, match="broken.jsonl: row 1: not valid JSON"):
+        load_prompts([str(path)], tokenizer, 64)
+    with pytest.raises(DataError, match="no such file"):
+        load_prompts([str(tmp_path / "missing.jsonl")], tokenizer, 64)
+
+
+def test_long_prompts_are_dropped_and_counted(tmp_path, tokenizer):
+    path = write(
+        tmp_path / "a.jsonl",
+        [{"prompt": "1+1=", "ground_truth": "2"}, {"prompt": "123456789+1=", "ground_truth": "123456790"}],
+    )
+    result = load_prompts([path], tokenizer, max_prompt_length=5)
+    assert len(result.rows) == 1 and result.dropped_too_long == 1
+
+
+def test_loader_resumes_exactly():
+    rows = list(range(10))
+    a = PromptLoader(rows, batch_size=3, seed=1)
+    seen = [next(a) for _ in range(4)]  # crosses an epoch boundary (3 batches per epoch)
+    state = a.state_dict()
+    rest = [next(a) for _ in range(3)]
+    b = PromptLoader(rows, batch_size=3, seed=1)
+    b.load_state_dict(state)
+    assert [next(b) for _ in range(3)] == rest
+    assert len(set(sum(seen[:3], []))) == 9  # one epoch: no row twice
+    assert all(len(x) == 3 for x in seen + rest)
+    with pytest.raises(DataError, match="fewer than data.train_batch_size=20"):
+        PromptLoader(rows, batch_size=20, seed=0)
+
+
+def test_arithmetic_split_is_disjoint_and_stable():
+    train, val = arithmetic_split(2, seed=0, num_val=50)
+    assert len(train) + len(val) == 90 * 90
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in val}
+    assert arithmetic_split(2, seed=0, num_val=50)[1] == val
+    for row in val:  # fixed-width answers: digits + 1 characters, zero-padded
+        a, b = map(int, row["prompt"][:-1].split("+"))
+        assert row["ground_truth"] == f"{a + b:03d}"
+    assert arithmetic_split(1, seed=0, num_val=5)[1][0]["ground_truth"] in {f"{v:02d}" for v in range(19)}
+
+
+def test_carry_slip_forgets_the_carry_at_its_rate_and_only_where_one_carries():
+    import random
+
+    rows = {
+        "carry": {"prompt": "57+38=", "ground_truth": "095", "data_source": "arithmetic"},
+        "none": {"prompt": "52+31=", "ground_truth": "083", "data_source": "arithmetic"},
+    }
+    rng = random.Random(0)
+    answers = [carry_slip(rows["carry"], rng, 0.7)["ground_truth"] for _ in range(4000)]
+    assert set(answers) == {"095", "085"}
+    assert abs(answers.count("085") / 4000 - 0.7) < 0.03
+    assert all(carry_slip(rows["none"], rng, 1.0) == rows["none"] for _ in range(50))
+    assert all(carry_slip(rows["carry"], rng, 0.0) == rows["carry"] for _ in range(50))
+    # a sum over 100 keeps its width: 75+48 = 123 -> 113
+    assert carry_slip({**rows["carry"], "prompt": "75+48=", "ground_truth": "123"}, rng, 1.0)["ground_truth"] == "113"
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    from itertools import combinations
+
+    from rlpost.metrics.passk import pass_at_k, pass_at_ks
+
+    for n, c, k in [(8, 3, 1), (8, 3, 4), (6, 0, 2), (6, 6, 3), (5, 2, 5)]:
+        verdicts = [True] * c + [False] * (n - c)
+        subsets = list(combinations(verdicts, k))  # the chance a random k-subset holds a right one
+        assert abs(pass_at_k(n, c, k) - sum(any(s) for s in subsets) / len(subsets)) < 1e-12
+    assert pass_at_ks([[True, False], [False, False]], [1, 2]) == {"pass@1": 0.25, "pass@2": 0.5}
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+
+
+def test_batch_chunk_select_cat():
+    b = Batch({"x": torch.arange(6), "y": torch.arange(12).view(6, 2)})
+    parts = b.chunk(3)
+    assert [p["x"].tolist() for p in parts] == [[0, 1], [2, 3], [4, 5]]
+    assert torch.equal(Batch.cat(parts)["y"], b["y"])
+    assert b.select([5, 0])["x"].tolist() == [5, 0]
+    with pytest.raises(ValueError, match="evenly"):
+        b.chunk(4)
+    with pytest.raises(ValueError, match="disagree"):
+        Batch({"x": torch.zeros(2), "y": torch.zeros(3)})
+    with pytest.raises(KeyError, match="has no 'z'"):
+        b["z"]
+
+
+def test_auto_reward_routing_fails_early_naming_the_source():
+    from rlpost.controller.setup import check_reward_routing
+    from rlpost.data.dataset import PromptRow
+
+    ok = PromptRow([1], "1+1=", "2", "arithmetic")
+    check_reward_routing([ok], "auto")
+    check_reward_routing([PromptRow([1], "x", "2", "mystery")], "my.py:fn")  # explicit fn: no routing
+    with pytest.raises(DataError, match="data_source 'mystery'"):
+        check_reward_routing([ok, PromptRow([1], "x", "2", "mystery")], "auto")
+    with pytest.raises(DataError, match="rows without a data_source"):
+        check_reward_routing([PromptRow([1], "x", "2", "")], "auto")
+
+
+def test_each_epoch_is_a_new_shuffle_of_every_row_and_shuffle_false_keeps_the_order():
+    rows = list(range(12))
+    loader = PromptLoader(rows, batch_size=4, seed=7)
+    epochs = [sum((next(loader) for _ in range(3)), []) for _ in range(4)]
+    assert all(sorted(e) == rows for e in epochs)  # every row once per epoch
+    assert len({tuple(e) for e in epochs}) == 4  # reshuffled between epochs
+    assert epochs[0] != rows  # and shuffled at all
+    again = PromptLoader(rows, batch_size=4, seed=7)  # the seed decides the orders
+    assert [sum((next(again) for _ in range(3)), []) for _ in range(4)] == epochs
+    other = PromptLoader(rows, batch_size=4, seed=8)
+    assert sum((next(other) for _ in range(3)), []) != epochs[0]
+    plain = PromptLoader(rows, batch_size=4, seed=7, shuffle=False)
+    assert [sum((next(plain) for _ in range(3)), []) for _ in range(2)] == [rows, rows]

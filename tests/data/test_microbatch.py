@@ -1,0 +1,66 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlpost.data.batch import Batch
+from rlpost.data.microbatch import padding_fraction, plan_shards, plan_step, shard_batch, split_shard
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=2, max_size=64),
+    world=st.integers(1, 4),
+    budget=st.sampled_from([0, 64, 256, 1000]),
+    rows=st.sampled_from([0, 1, 3, 8]),
+)
+def test_plan_covers_every_row_once_with_equal_micro_batch_counts(lengths, world, budget, rows):
+    if len(lengths) < world:
+        return
+    try:
+        plan = plan_shards(lengths, world, budget, rows)
+    except ValueError as e:  # only when a rank has fewer rows than the others have micro-batches
+        assert "micro-batches" in str(e)
+        return
+    seen = sorted(i for rank in plan for mb in rank for i in mb)
+    assert seen == list(range(len(lengths)))
+    assert len({len(rank) for rank in plan}) == 1  # FSDP: same number of micro-batches everywhere
+    for rank in plan:
+        for mb in rank:
+            assert mb, "no empty micro-batch"
+            if budget and len(mb) > 1 and not rows:
+                # over budget only when evening-out merged nothing: splitting only shrinks
+                assert sum(lengths[i] for i in mb) <= budget
+
+
+def test_ranks_are_balanced_by_tokens_not_rows():
+    lengths = [100, 60, 50, 10, 10, 10, 10, 10]
+    plan = plan_shards(lengths, 2)
+    tokens = [sum(lengths[i] for mb in rank for i in mb) for rank in plan]
+    rows = [sum(len(mb) for mb in rank) for rank in plan]
+    assert tokens == [130, 130] and rows == [4, 4]  # contiguous halves would be [230, 30]
+
+
+def test_token_budget_cuts_micro_batches():
+    plan = plan_shards([30, 30, 30, 30, 30, 30], 1, max_tokens=64)
+    assert [len(mb) for mb in plan[0]] == [2, 2, 2]
+    assert padding_fraction([10, 30], [[[0, 1]]]) == pytest.approx(1 - 40 / 60)
+
+
+def test_shard_and_split_round_trip():
+    n = 8
+    batch = Batch({"x": torch.arange(n) * 10, "len": torch.tensor([5, 1, 1, 1, 5, 1, 1, 1])})
+    plan = plan_step(batch["len"].tolist(), world_size=2, num_mini_batches=2, max_rows=2)
+    shards = shard_batch(batch, plan)
+    rows = torch.cat([s["row_index"] for s in shards])
+    assert sorted(rows.tolist()) == list(range(n))
+    for shard in shards:
+        minis = split_shard(shard)
+        assert len(minis) == 2
+        for m, mini in enumerate(minis):
+            for mb in mini:
+                # mini-batch m holds rows of the m-th contiguous half of the batch
+                assert all(m * 4 <= r < (m + 1) * 4 for r in mb["row_index"].tolist())
+                assert torch.equal(mb["x"], mb["row_index"] * 10)
+    with pytest.raises(ValueError, match="equal mini-batches"):
+        plan_step([1] * 7, 2, 2)

