@@ -8,6 +8,7 @@ records the weight version that generated it.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 
@@ -97,6 +98,18 @@ class Rollouts:
         if result.first_error:
             self.log(f"reward errors this step: {result.errors} (first: {result.first_error})")
         return torch.tensor(result.scores, dtype=torch.float32), result.errors, responses
+
+    def validate(self, rows: list[PromptRow], params: SamplingParams) -> dict[str, float]:
+        """Accuracy and mean reward of `params` (one sample each) on the validation rows."""
+        start = time.perf_counter()
+        scores, errors, _ = self.score(rows, self.generate(rows, params), params.n)
+        return {
+            "val/accuracy": (scores >= 1.0).float().mean().item(),
+            "val/reward_mean": scores.mean().item(),
+            "val/reward_errors": float(errors),
+            "val/size": float(len(scores)),
+            "timing_s/val": time.perf_counter() - start,
+        }
 
     # ------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

@@ -42,11 +42,13 @@ class SampleLog:
     def __init__(self, run_dir: Path, per_step: int):
         self.path, self.per_step, self.file = run_dir / "samples.jsonl", per_step, None
 
-    def write(self, step: int, prompts: list[str], responses: list[str], rewards: list[float]) -> None:
+    def write(self, step: int, rows: list, n: int, responses: list[str], rewards: list[float]) -> None:
+        """`rows`: the step's prompts (`prompt_text`), each sampled `n` times: response i is row i // n's."""
         if not self.per_step:
             return
         self.file = self.file or open(self.path, "a")
-        for prompt, response, reward in list(zip(prompts, responses, rewards))[: self.per_step]:
+        for i, (response, reward) in enumerate(list(zip(responses, rewards))[: self.per_step]):
+            prompt = rows[i // n].prompt_text
             self.file.write(json.dumps({"step": step, "prompt": prompt, "response": response, "reward": reward}) + "\n")
         self.file.flush()
 
