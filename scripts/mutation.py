@@ -26,8 +26,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 NOTES = REPO / "scripts" / "mutation_notes.json"
-STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no_tests", 33: "no_tests", 36: "timeout", 24: "timeout",
-          -24: "timeout", 152: "timeout", 255: "timeout", None: "not_checked"}
+STATUS = {
+    1: "killed",
+    3: "killed",
+    0: "survived",
+    5: "no_tests",
+    33: "no_tests",
+    36: "timeout",
+    24: "timeout",
+    -24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    None: "not_checked",
+}
 
 
 def results() -> dict[str, int | None]:
@@ -59,8 +70,13 @@ def main() -> None:
         shutil.rmtree(REPO / "mutants", ignore_errors=True)
     start = time.time()
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children),
-                           *args.names], cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *args.names],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.time() - start
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
@@ -75,20 +91,34 @@ def main() -> None:
             status = "equivalent"
         by_module[module][status] += 1
         if status in ("survived", "equivalent", "no_tests", "suspicious"):
-            survivors.append({"mutant": mutant, "module": module, "status": status, "note": notes.get(mutant, ""),
-                              "diff": show(mutant) if status != "no_tests" else ""})
+            survivors.append(
+                {
+                    "mutant": mutant,
+                    "module": module,
+                    "status": status,
+                    "note": notes.get(mutant, ""),
+                    "diff": show(mutant) if status != "no_tests" else "",
+                }
+            )
     modules = {}
     for module, counts in sorted(by_module.items()):
         tested = counts["killed"] + counts["survived"] + counts["timeout"]
-        modules[module] = {**{k: counts[k] for k in ("killed", "survived", "timeout", "equivalent", "no_tests")},
-                           "score": round((counts["killed"] + counts["timeout"]) / tested, 4) if tested else None}
-    out = {"command": "python scripts/mutation.py --out " + args.out + "".join(f" {n}" for n in args.names),
-           "tool": "mutmut " + subprocess.run([sys.executable, "-m", "mutmut", "--version"], capture_output=True,
-                                              text=True).stdout.strip(),
-           "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-           "wall_s": round(wall), "score_note": "score = (killed + timeout) / (killed + survived + timeout); "
-           "equivalent survivors (scripts/mutation_notes.json) and mutants no selected test calls are left out "
-           "and listed", "modules": modules, "survivors": survivors}
+        modules[module] = {
+            **{k: counts[k] for k in ("killed", "survived", "timeout", "equivalent", "no_tests")},
+            "score": round((counts["killed"] + counts["timeout"]) / tested, 4) if tested else None,
+        }
+    out = {
+        "command": "python scripts/mutation.py --out " + args.out + "".join(f" {n}" for n in args.names),
+        "tool": "mutmut "
+        + subprocess.run([sys.executable, "-m", "mutmut", "--version"], capture_output=True, text=True).stdout.strip(),
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "wall_s": round(wall),
+        "score_note": "score = (killed + timeout) / (killed + survived + timeout); "
+        "equivalent survivors (scripts/mutation_notes.json) and mutants no selected test calls are left out "
+        "and listed",
+        "modules": modules,
+        "survivors": survivors,
+    }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     for module, m in modules.items():
         print(f"{module:40s} {m}")

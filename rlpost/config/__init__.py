@@ -29,6 +29,7 @@ from rlpost.config.schema import (
     TrainConfig,
     TrainerConfig,
     WeightSyncConfig,
+    colocated_on_cuda,
     iter_fields,
     mini_batch_size,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "TrainerConfig",
     "WeightSyncConfig",
     "closest_keys",
+    "colocated_on_cuda",
     "compose",
     "config_dict",
     "config_docs",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost.config import TrainConfig, config_dict
+from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
 from rlpost.controller.rollouts import Rollouts
@@ -30,7 +30,7 @@ from rlpost.controller.step import (
     step_plan,
     timed,
 )
-from rlpost.controller.weights import WeightSync, check_colocated_memory, colocated_on_cuda
+from rlpost.controller.weights import WeightSync, check_colocated_memory
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import shard_batch
 from rlpost.metrics.trackers import SampleLog, Trackers

@@ -11,14 +11,9 @@ from __future__ import annotations
 import math
 import time
 
-from rlpost.config import ConfigError, TrainConfig
+from rlpost.config import ConfigError, TrainConfig, colocated_on_cuda
 from rlpost.controller.cluster import Placement, WorkerGroup, get_all
 from rlpost.weightsync.kinds import sync_kinds
-
-
-def colocated_on_cuda(cfg: TrainConfig) -> bool:
-    """Trainer and rollouts share GPUs and take turns (vLLM sleeps while the trainer computes)."""
-    return cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda"
 
 
 def sync_transport(cfg: TrainConfig) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from rlpost.config import TrainConfig
+from rlpost.config import TrainConfig, colocated_on_cuda
 from rlpost.data.batch import Batch
 from rlpost.rollout.base import RolloutEngine, SamplingParams
 from rlpost.weightsync.kinds import sync_kinds
@@ -37,7 +37,7 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
             gpu_memory_utilization=r.gpu_memory_utilization,
             enforce_eager=r.enforce_eager,
             max_num_seqs=r.max_num_seqs,
-            sleep_mode=cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda",
+            sleep_mode=colocated_on_cuda(cfg),
             trust_remote_code=cfg.model.trust_remote_code,
             lora=lora,
         )

@@ -22,8 +22,15 @@ def batch_for(model, seed: int) -> Batch:
     responses = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(1, 5, (8,), generator=g)]
     prompt_ids, prompt_mask = left_pad(prompts, 0)
     response_ids, response_mask = right_pad(responses, 0)
-    batch = Batch({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": response_ids,
-                   "response_mask": response_mask, "loss_mask": response_mask.clone()})
+    batch = Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+            "loss_mask": response_mask.clone(),
+        }
+    )
     batch["rollout_logprobs"] = reference_logprobs(model, batch)
     batch["old_logprobs"] = batch["rollout_logprobs"].clone()
     batch["advantages"] = torch.randn(8, generator=g)
@@ -34,9 +41,12 @@ def state_of(worker) -> dict:
     from rlpost.trainer.fsdp import full_tensor
 
     optimizer = copy.deepcopy(worker.optimizer.state_dict())  # torch's holds the live state tensors
-    return {"params": {n: full_tensor(p.detach()).clone() for n, p in worker.model.named_parameters()},
-            "optimizer": optimizer["state"] if "state" in optimizer else optimizer,
-            "lr": worker.engine.scheduler.get_last_lr(), "rng": torch.get_rng_state()}
+    return {
+        "params": {n: full_tensor(p.detach()).clone() for n, p in worker.model.named_parameters()},
+        "optimizer": optimizer["state"] if "state" in optimizer else optimizer,
+        "lr": worker.engine.scheduler.get_last_lr(),
+        "rng": torch.get_rng_state(),
+    }
 
 
 def assert_same(a, b, where=""):
@@ -61,9 +71,19 @@ def test_save_train_on_equals_load_train_on(tmp_path, offload):
     from rlpost.trainer.actor import ActorWorker
 
     model, _ = save_tiny_model(tmp_path / "model")
-    cfg = load_config(["+recipe=quickstart", "trainer.world_size=1", f"trainer.optim.offload={offload}",
-                       "trainer.optim.lr=1e-2", "trainer.optim.warmup_steps=3", "data.train_batch_size=4",
-                       "rollout.n=2", "algo.kl_coef=0", "trainer.micro_batch_size=3"])
+    cfg = load_config(
+        [
+            "+recipe=quickstart",
+            "trainer.world_size=1",
+            f"trainer.optim.offload={offload}",
+            "trainer.optim.lr=1e-2",
+            "trainer.optim.warmup_steps=3",
+            "data.train_batch_size=4",
+            "rollout.n=2",
+            "algo.kl_coef=0",
+            "trainer.micro_batch_size=3",
+        ]
+    )
     shards = [shard_batch(b, step_plan(b, cfg)[1])[0] for b in (batch_for(model, 1), batch_for(model, 2))]
     folder = tmp_path / "ckpt"
     folder.mkdir()

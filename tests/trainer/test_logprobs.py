@@ -40,12 +40,16 @@ def ragged_batches(draw):
     width = max(max(len(r) for r in responses), draw(st.integers(0, R)))
     prompt_ids, prompt_mask = left_pad(prompts, PAD)
     response_ids, response_mask = right_pad(responses, PAD, width=width)
+    # the model's own tokens: holes where a tool or an environment wrote, anywhere in a response
+    holes = torch.tensor(draw(st.lists(st.booleans(), min_size=b * width, max_size=b * width)), dtype=torch.bool)
+    holes = holes.view(b, width)
     return Batch(
         {
             "prompt_ids": prompt_ids,
             "prompt_mask": prompt_mask,
             "response_ids": response_ids,
             "response_mask": response_mask,
+            "loss_mask": response_mask & ~holes,
         }
     )
 
@@ -134,3 +138,45 @@ def test_the_property_catches_the_5115_bug_class(model):
         torch.testing.assert_close(
             buggy_logprobs_5115(model, equal, 0.7), reference_logprobs(model, equal, 0.7), rtol=0, atol=1e-5
         )
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=ragged_batches(), size=st.integers(1, 5), world=st.integers(1, 3), budget=st.integers(0, 30))
+def test_a_loss_mask_with_holes_keeps_its_place_through_every_layout(batch, size, world, budget):
+    """Packing, trimming, splitting into ranks and micro-batches and concatenating again move a
+    loss mask with holes exactly as they move the response tokens it marks."""
+    from rlpost.data.microbatch import plan_step, shard_batch
+    from rlpost.data.padding import check_masks, concat_generations, trim_padding
+
+    check_masks(batch)
+    loss = batch["loss_mask"]
+    p = pack(batch)
+    assert torch.equal(unpack_tokens(pack_tokens(loss.float(), p), p).bool(), loss)
+    trimmed = trim_padding(batch)
+    assert torch.equal(trimmed["loss_mask"], loss[:, : trimmed["response_ids"].shape[1]])
+    assert not loss[:, trimmed["response_ids"].shape[1] :].any()
+    lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
+    try:
+        plan = plan_step(lengths, world, 1, budget, size)
+    except ValueError:  # too few rows for the ranks, or for the micro-batches the budget asks
+        plan = None
+    if plan is not None:
+        back = Batch.cat(shard_batch(batch, plan))
+        order = torch.argsort(back["row_index"])
+        assert torch.equal(back["loss_mask"][order], loss)
+        assert torch.equal(back["response_ids"][order], batch["response_ids"])
+    halves = [batch.select(slice(0, len(batch) // 2)), batch.select(slice(len(batch) // 2, None))]
+    again = concat_generations([trim_padding(h) for h in halves if len(h)], PAD)
+    assert torch.equal(again["loss_mask"], loss[:, : again["loss_mask"].shape[1]])
+
+
+def test_a_loss_mask_outside_the_response_is_refused():
+    from rlpost.data.padding import check_masks
+
+    mask = torch.tensor([[True, True, False]])
+    ok = Batch({"response_mask": mask, "loss_mask": torch.tensor([[False, True, False]])})
+    check_masks(ok)
+    with pytest.raises(ValueError, match="row 0: loss_mask marks tokens outside response_mask"):
+        check_masks(Batch({"response_mask": mask, "loss_mask": torch.tensor([[True, False, True]])}))
+    with pytest.raises(ValueError, match="prefix"):
+        check_masks(Batch({"response_mask": torch.tensor([[True, False, True]]), "loss_mask": mask}))
