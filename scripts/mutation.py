@@ -69,7 +69,7 @@ def main() -> None:
     if not args.keep:
         shutil.rmtree(REPO / "mutants", ignore_errors=True)
     start = time.time()
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "RLPOST_MUTATION": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *args.names],
         cwd=REPO,

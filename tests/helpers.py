@@ -234,3 +234,11 @@ def check_against_torch(tmp_path, world, weight_decay, dtype, device_type="cpu")
         else:  # within one ulp of the reference
             ulp = torch.finfo(dtype).eps * r.float().abs().clamp(min=2**-126)
             assert torch.all((ours[name].float() - r.float()).abs() <= ulp), name
+
+
+def examples(n: int) -> int:
+    """Hypothesis examples for a property test: `n`, or an eighth of it (at least 10) in the
+    mutation run (`RLPOST_MUTATION=1`, scripts/mutation.py), which runs the tests once per mutant."""
+    import os
+
+    return max(n // 8, 10) if os.environ.get("RLPOST_MUTATION") else n

@@ -62,7 +62,6 @@ class ActorWorker:
         with self.model.disable_adapter():  # LoRA: the frozen base is the reference
             return self._logprobs(self.model, mb, False)[0]
 
-    @torch.no_grad()
     def compute_logprobs(self, shard: Batch, base: bool = False) -> Batch:
         """`old_logprobs` (and `ref_logprobs` when a reference exists), [b, R] each, with the
         shard's `row_index`. Runs the micro-batches of the plan (see `rlpost.data.microbatch`),
@@ -71,7 +70,7 @@ class ActorWorker:
         loss: the controller checks with them that the rollouts serve the adapter."""
         with_ref = self.cfg.algo.kl_coef > 0 or (base and self.lora is not None)
         out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": [], "row_index": []}
-        with self.engine.resident():
+        with torch.no_grad(), self.engine.resident():
             for mini in split_shard(shard):
                 for mb in mini:
                     out["old_logprobs"].append(self._logprobs(self.model, mb, False)[0].cpu())

@@ -11,13 +11,10 @@ A plain class. Every method that runs collectives must be called on all ranks at
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 import time
 from contextlib import ExitStack, contextmanager
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,6 +23,7 @@ from rlpost.config import TrainConfig, mini_batch_size
 from rlpost.models.loading import DTYPES, load_causal_lm
 from rlpost.models.lora import apply_lora
 from rlpost.models.tiny import cosine
+from rlpost.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.trainer.fsdp import fsdp_units, full_tensor, params_on, shard_model
 from rlpost.trainer.optim import LayerwiseAdamW
 from rlpost.trainer.stats import Stats
@@ -117,66 +115,11 @@ class FSDPEngine:
         return norm
 
     # ----------------------------------------------------------------------------- checkpoints
-    def _state_dict(self):
-        """(model, optimizer, options) state dicts. With LoRA only the trainable parameters (the
-        adapter): the frozen base comes from `model.path` again on resume. The layerwise
-        optimizer keeps its host states in the per-rank file instead."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        options = StateDictOptions(ignore_frozen_params=self.lora is not None)
-        layerwise = isinstance(self.optimizer, LayerwiseAdamW)
-        model_sd, optim_sd = get_state_dict(self.model, [] if layerwise else self.optimizer, options=options)
-        if options.ignore_frozen_params:  # it keeps a frozen weight under its tied name (lm_head)
-            trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
-            model_sd = {k: v for k, v in model_sd.items() if k in trainable}
-        state = {"model": model_sd} if layerwise else {"model": model_sd, "optimizer": optim_sd}
-        return state, options
-
     def save_checkpoint(self, folder: str) -> None:
-        """`trainer/` (DCP: the trainable parameters and the optimizer state) and each rank's
-        `trainer_rank<r>.pt` (RNG, scheduler, the layerwise optimizer's host states)."""
-        import torch.distributed.checkpoint as dcp
-
-        state, _ = self._state_dict()
-        dcp.save(state, checkpoint_id=os.path.join(folder, "trainer"))
-        layerwise = isinstance(self.optimizer, LayerwiseAdamW)
-        torch.save(
-            {
-                "rng": torch.get_rng_state(),
-                "scheduler": self.scheduler.state_dict(),
-                "optimizer": self.optimizer.state_dict() if layerwise else None,
-            },
-            Path(folder) / f"trainer_rank{self.rank}.pt",
-        )
+        save_checkpoint(self, folder)
 
     def load_checkpoint(self, folder: str) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        state, options = self._state_dict()
-        dcp.load(state, checkpoint_id=os.path.join(folder, "trainer"))
-        if options.ignore_frozen_params:  # the frozen base stays as loaded from model.path
-            options = dataclasses.replace(options, strict=False)
-        layerwise = isinstance(self.optimizer, LayerwiseAdamW)
-        result = set_state_dict(
-            self.model,
-            [] if layerwise else self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict={} if layerwise else state["optimizer"],
-            options=options,
-        )
-        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
-        missing = [k for k in result.missing_keys if k in trainable]
-        if missing or result.unexpected_keys:
-            raise ValueError(
-                f"checkpoint {folder}: trainable parameters {missing[:3]} not in it, or keys "
-                f"{result.unexpected_keys[:3]} the model does not have"
-            )
-        extra = torch.load(Path(folder) / f"trainer_rank{self.rank}.pt", weights_only=False)
-        torch.set_rng_state(extra["rng"])
-        self.scheduler.load_state_dict(extra["scheduler"])
-        if layerwise:
-            self.optimizer.load_state_dict(extra["optimizer"])  # copied into the pinned buffers
+        load_checkpoint(self, folder)
 
     # -------------------------------------------------------------------------------- memory
     def memory_report(self) -> dict[str, float]:

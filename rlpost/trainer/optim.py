@@ -65,19 +65,19 @@ class LayerwiseAdamW(torch.optim.Optimizer):
         self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
 
     # ------------------------------------------------------------------------------------ step
-    @torch.no_grad()
     def step(self, closure=None):
         if closure is not None:
             raise ValueError("LayerwiseAdamW does not take a closure")
         self.steps += 1
-        if self.device.type == "cuda":
-            self._step_streams()
-        else:
-            for i, unit in enumerate(self.units):
-                slot = self.slots[0][: 2 * self.numels[i]]
-                slot.copy_(self.host[i])
-                self._update_unit(unit, slot)
-                self.host[i].copy_(slot)
+        with torch.no_grad():
+            if self.device.type == "cuda":
+                self._step_streams()
+            else:
+                for i, unit in enumerate(self.units):
+                    slot = self.slots[0][: 2 * self.numels[i]]
+                    slot.copy_(self.host[i])
+                    self._update_unit(unit, slot)
+                    self.host[i].copy_(slot)
 
     def _step_streams(self):
         n, slots = len(self.units), len(self.slots)

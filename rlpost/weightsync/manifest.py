@@ -52,23 +52,6 @@ def manifest_of(named_tensors) -> Manifest:
     return [spec_of(name, t) for name, t in named_tensors]
 
 
-def compare_manifests(expected: Manifest, received: Manifest) -> str | None:
-    """None if they agree, else a message naming the first tensor that differs."""
-    exp = {s.name: s for s in expected}
-    rec = {s.name: s for s in received}
-    missing = [n for n in exp if n not in rec]
-    extra = [n for n in rec if n not in exp]
-    if missing:
-        return f"tensor {missing[0]!r} is expected but not sent ({len(missing)} missing)"
-    if extra:
-        return f"tensor {extra[0]!r} is sent but the receiver has no such tensor ({len(extra)} unknown)"
-    for s in received:
-        e = exp[s.name]
-        if (e.shape, e.dtype) != (s.shape, s.dtype):
-            return f"tensor {s.name!r}: sent shape {list(s.shape)} {s.dtype}, receiver has {list(e.shape)} {e.dtype}"
-    return None
-
-
 def plan_buckets(manifest: Manifest, bucket_bytes: int) -> list[list[int]]:
     """Group consecutive tensors of one dtype into buckets of at most `bucket_bytes` (a larger
     tensor travels alone). The first and the last bucket take at most an eighth of that: nothing

@@ -30,7 +30,6 @@ from rlpost.weightsync.manifest import (
     WeightSyncError,
     bucket_checksums,
     checksums,
-    compare_manifests,
     layout,
     pack,
     padded,
@@ -39,6 +38,7 @@ from rlpost.weightsync.manifest import (
     unpack,
 )
 from rlpost.weightsync.transport import SyncGroup
+from rlpost.weightsync.verdict import compare_manifests, differs
 
 
 @dataclass
@@ -181,12 +181,6 @@ def _verdict(
     return values.tolist()
 
 
-def _differs(values: list[int], n: int) -> int | None:
-    """The first tensor whose highest and lowest checksum over all ranks differ, if any."""
-    high, low = values[2 + n : 2 + 2 * n], values[2 + 2 * n :]
-    return next((i for i, (hi, lo) in enumerate(zip(high, low)) if hi != ~lo), None)
-
-
 def send_weights(
     group: SyncGroup,
     manifest: Manifest,
@@ -237,7 +231,7 @@ def send_weights(
             f"weight sync v{version}: the engine of rollout rank {values[1]} loaded "
             "fewer tensors than were sent (its error says how many)"
         )
-    wrong = _differs(values, n)
+    wrong = differs(values, n)
     if wrong is not None:
         raise WeightSyncError(
             f"weight sync v{version}: a rollout rank loaded tensor "
@@ -315,8 +309,8 @@ def receive_weights(
         raise WeightSyncError(f"weight sync v{version} refused: {problem}")
     if skipped:
         raise WeightSyncError(skipped)
-    differs = _differs(values, n)
-    if differs is not None and mine is not None:  # all agree with the sender unless some differ
+    first_differing = differs(values, n)
+    if first_differing is not None and mine is not None:  # all agree with the sender unless some differ
         sent = values[2 : 2 + n]
         wrong = [s.name for s, got, want in zip(manifest, mine.tolist(), sent) if got != want]
         if wrong:
@@ -324,7 +318,7 @@ def receive_weights(
                 f"weight sync v{version}: checksum of loaded tensor {wrong[0]!r} "
                 f"differs from the sender's ({len(wrong)} tensors differ)"
             )
-    if values[0] or values[1] or differs is not None:
+    if values[0] or values[1] or first_differing is not None:
         raise WeightSyncError(
             f"weight sync v{version} failed on rollout rank "
             f"{values[0] or values[1] or 'another'} (its error says why); this rank "

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpost.algos.advantages import ADVANTAGES, get_advantage, grpo_advantage, rloo_advantage
+from tests.helpers import examples
 
 
 def test_grpo_hand_computed():
@@ -43,7 +44,7 @@ def test_registry_names_choices():
         get_advantage("nope")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.floats(-5, 5)), min_size=1, max_size=40))
 def test_grpo_groups_are_zero_mean(pairs):
     groups = torch.tensor([g for g, _ in pairs])

@@ -5,9 +5,10 @@ from hypothesis import strategies as st
 
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import padding_fraction, plan_shards, plan_step, shard_batch, split_shard
+from tests.helpers import examples
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 300), min_size=2, max_size=64),
     world=st.integers(1, 4),

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, pack, pack_tokens, right_pad, unpack_tokens
 from rlpost.trainer.logprobs import response_logprobs
-from tests.helpers import reference_logprobs, tiny_model
+from tests.helpers import examples, reference_logprobs, tiny_model
 
 VOCAB, EOS, PAD, P, R = 50, 1, 0, 12, 10
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_micro_batch_size_and_order_do_not_matter(model, batch, size, seed, pack
     torch.testing.assert_close(shuffled[torch.argsort(perm)], whole, rtol=0, atol=1e-5)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(batch=ragged_batches(), seed=st.integers(0, 2**16))
 def test_pack_then_unpack_is_identity(batch, seed):
     p = pack(batch)
@@ -116,7 +116,7 @@ def buggy_logprobs_5115(model, batch: Batch, temperature: float) -> torch.Tensor
 
 
 def test_the_property_catches_the_5115_bug_class(model):
-    @settings(max_examples=50, deadline=None, database=None, phases=[Phase.generate])  # no shrinking
+    @settings(max_examples=examples(50), deadline=None, database=None, phases=[Phase.generate])  # no shrinking
     @given(batch=ragged_batches())
     def alignment_holds(batch):
         with torch.no_grad():
@@ -140,7 +140,7 @@ def test_the_property_catches_the_5115_bug_class(model):
         )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(batch=ragged_batches(), size=st.integers(1, 5), world=st.integers(1, 3), budget=st.integers(0, 30))
 def test_a_loss_mask_with_holes_keeps_its_place_through_every_layout(batch, size, world, budget):
     """Packing, trimming, splitting into ranks and micro-batches and concatenating again move a

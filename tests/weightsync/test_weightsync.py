@@ -8,13 +8,13 @@ import torch
 from rlpost.weightsync.manifest import (
     WeightSyncError,
     checksum,
-    compare_manifests,
     manifest_of,
     plan_buckets,
     spec_of,
 )
 from rlpost.weightsync.sync import receive_weights, send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
+from rlpost.weightsync.verdict import compare_manifests
 
 
 def run_ranks(*fns):
@@ -343,3 +343,18 @@ def test_a_stuck_block_prints_every_thread_stack_and_a_quick_one_prints_nothing(
     assert out.stdout == "between\n"
     assert out.stderr.count("Timeout (") == 1 and "in stuck_sync" in out.stderr, out.stderr
     assert "quick_sync" not in out.stderr
+
+
+def test_differs_names_the_first_tensor_some_rank_holds_otherwise():
+    from rlpost.weightsync.verdict import differs
+
+    n = 3
+    sums = [11, -7, 2**40]
+    agree = [0, 0, *sums, *sums, *[~s for s in sums]]  # highest == lowest for every tensor
+    assert differs(agree, n) is None
+    for i in range(n):
+        low = list(sums)
+        low[i] -= 1  # one rank holds tensor i with another checksum
+        assert differs([0, 0, *sums, *sums, *[~s for s in low]], n) == i
+    two = [0, 0, *sums, sums[0], sums[1] + 5, sums[2] + 5, *[~s for s in sums]]
+    assert differs(two, n) == 1  # the first of them
