@@ -19,6 +19,9 @@
 # and the GPU path learning (one H100 with vLLM; a warm machine keeps the built model for K):
 #   bash scripts/gpu_session.sh J   # +recipe=gpu_quickstart: a 76M model built and warmed up on the GPU, GRPO via vLLM
 #   bash scripts/gpu_session.sh K   # the same with LoRA (rank 32, merged into every sync)
+# and after the old log-probs come from the update's own forward (one H100 with vLLM):
+#   bash scripts/gpu_session.sh L   # GPU tests; colocate GRPO (0.5B) with the separate log-prob pass, then without
+#   bash scripts/gpu_session.sh M   # +recipe=gpu_quickstart still learns (stopped after LIMIT seconds)
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -104,6 +107,14 @@ J)
   ;;
 K)
   learn gpu_quickstart_lora model.lora.rank=32 trainer.optim.lr=5e-4
+  ;;
+L)
+  step gpu_tests python3 -m pytest -q -p no:cacheprovider tests/gpu
+  grpo grpo_colocate_separate cluster.placement=colocate rollout.gpu_memory_utilization=0.4 algo.old_logprobs=separate
+  grpo grpo_colocate_fused cluster.placement=colocate rollout.gpu_memory_utilization=0.4
+  ;;
+M)
+  learn gpu_quickstart
   ;;
 I)
   step sync_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py

@@ -102,7 +102,7 @@ def main() -> None:
             )
     modules = {}
     for module, counts in sorted(by_module.items()):
-        tested = counts["killed"] + counts["survived"] + counts["timeout"]
+        tested = counts["killed"] + counts["survived"] + counts["timeout"] + counts["no_tests"]
         modules[module] = {
             **{k: counts[k] for k in ("killed", "survived", "timeout", "equivalent", "no_tests")},
             "score": round((counts["killed"] + counts["timeout"]) / tested, 4) if tested else None,
@@ -113,9 +113,8 @@ def main() -> None:
         + subprocess.run([sys.executable, "-m", "mutmut", "--version"], capture_output=True, text=True).stdout.strip(),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "wall_s": round(wall),
-        "score_note": "score = (killed + timeout) / (killed + survived + timeout); "
-        "equivalent survivors (scripts/mutation_notes.json) and mutants no selected test calls are left out "
-        "and listed",
+        "score_note": "score = (killed + timeout) / (killed + survived + timeout + no_tests); "
+        "equivalent survivors (scripts/mutation_notes.json) are left out and listed with their note",
         "modules": modules,
         "survivors": survivors,
     }

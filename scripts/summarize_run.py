@@ -16,6 +16,7 @@ from pathlib import Path
 PER_STEP = (
     "timing_s/step",
     "timing_s/gen",
+    "timing_s/logprob",
     "timing_s/update",
     "timing_s/weight_sync",
     "rollout/logprob_diff_max",

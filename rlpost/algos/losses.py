@@ -25,6 +25,8 @@ response tokens; padded positions never contribute.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -42,12 +44,12 @@ def aggregate(
 
     `denominator`: the number of tokens (token-mean) or sequences (seq-mean-token-mean) to divide
     by; by default those of this batch. Passing the global count makes micro-batches and ranks add
-    up to the exact full-batch mean.
+    up to the exact full-batch mean. A tensor stays on its device (no host sync).
     """
     mask = mask.to(loss.dtype)
     if mode == "token-mean":
         denom = mask.sum() if denominator is None else denominator
-        return masked_sum(loss, mask) / max(float(denom), 1.0)
+        return masked_sum(loss, mask) / _at_least_one(denom, loss)
     if mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
         if mode == "seq-mean-token-mean":
             per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
@@ -57,8 +59,14 @@ def aggregate(
             raise ValueError(f"loss aggregation {mode} needs norm_length >= 1 (the generation budget)")
         has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
         denom = has_tokens.sum() if denominator is None else denominator
-        return (per_seq * has_tokens).sum() / max(float(denom), 1.0)
+        return (per_seq * has_tokens).sum() / _at_least_one(denom, loss)
     raise ValueError(f"algo.loss_agg_mode={mode!r}; choose one of {LOSS_AGG_MODES}")
+
+
+def _at_least_one(count, like: torch.Tensor):
+    if isinstance(count, torch.Tensor):
+        return count.to(like.dtype).clamp(min=1.0)
+    return max(float(count), 1.0)
 
 
 def ppo_clip_loss(
@@ -96,9 +104,9 @@ def truncated_is_weights(
         log_w = diff.sum(-1, keepdim=True).expand_as(diff)
     else:
         raise ValueError(f"algo.rollout_is={mode!r}; choose none, token or sequence")
-    log_cap = torch.log(torch.tensor(threshold, dtype=log_w.dtype, device=log_w.device))
+    log_cap = math.log(threshold)
     truncated = log_w > log_cap
-    return torch.exp(torch.minimum(log_w, log_cap)), truncated
+    return torch.exp(log_w.clamp(max=log_cap)), truncated
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:

@@ -42,13 +42,14 @@ class LossInputs:
 
 @dataclass
 class LossOutputs:
-    """The loss (a scalar with a graph) and metrics: `means` as (sum, count) pairs over the tokens
-    of `loss_mask`, reduced over micro-batches and ranks by the caller; `maxes` and `mins`."""
+    """The loss (a scalar with a graph) and metrics, as 0-d tensors on the loss's device (no host
+    sync here): `means` as (sum, count) pairs over the tokens of `loss_mask`, reduced over
+    micro-batches and ranks by the caller; `maxes` and `mins` (-inf / +inf where no token)."""
 
     loss: torch.Tensor
-    means: dict[str, tuple[float, float]] = field(default_factory=dict)
-    maxes: dict[str, float] = field(default_factory=dict)
-    mins: dict[str, float] = field(default_factory=dict)
+    means: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    maxes: dict[str, torch.Tensor] = field(default_factory=dict)
+    mins: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 PolicyLoss = Callable[[LossInputs, object], LossOutputs]
@@ -71,8 +72,15 @@ def get_policy_loss(name: str) -> PolicyLoss:
     return POLICY_LOSSES[name]
 
 
-def _masked(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
-    return float((values.detach() * mask).sum()), float(mask.sum())
+def _masked(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (values.detach() * mask).sum(), mask.sum()
+
+
+def _extreme(values: torch.Tensor, mask: torch.Tensor, largest: bool) -> torch.Tensor:
+    """The max (or min) of `values` over the tokens of `mask`; -inf (+inf) where there is none."""
+    fill = -math.inf if largest else math.inf
+    masked = torch.where(mask.bool(), values.detach(), fill)
+    return masked.max() if largest else masked.min()
 
 
 def ppo_loss(x: LossInputs, algo) -> LossOutputs:
@@ -89,7 +97,7 @@ def ppo_loss(x: LossInputs, algo) -> LossOutputs:
         pg = pg * weights
         out.means["rollout_corr/is_weight_mean"] = _masked(weights, mask)
         out.means["rollout_corr/truncated_frac"] = _masked(truncated.float(), mask)
-        out.maxes["rollout_corr/is_weight_max"] = float((weights * mask).max()) if mask.any() else -math.inf
+        out.maxes["rollout_corr/is_weight_max"] = _extreme(weights, mask, largest=True)
         out.means["rollout_corr/kl"] = _masked(kl_penalty(x.rollout_logp, x.old_logp, "k3"), mask)
     loss = agg(pg)
     if algo.kl_coef > 0:
@@ -104,10 +112,8 @@ def ppo_loss(x: LossInputs, algo) -> LossOutputs:
     if x.entropy is not None:
         out.means["actor/entropy"] = _masked(x.entropy, mask)
     # every rank reports every key (a collective reduce): an empty micro-batch gives -inf / +inf
-    real = mask.bool()
-    ratio = ratio.detach()
-    out.maxes["actor/ppo_ratio_max"] = float(ratio[real].max()) if real.any() else -math.inf
-    out.mins["actor/ppo_ratio_min"] = float(ratio[real].min()) if real.any() else math.inf
+    out.maxes["actor/ppo_ratio_max"] = _extreme(ratio, mask, largest=True)
+    out.mins["actor/ppo_ratio_min"] = _extreme(ratio, mask, largest=False)
     return out
 
 

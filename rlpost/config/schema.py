@@ -212,6 +212,15 @@ class AlgoConfig:
     entropy_coef: float = knob(0.0, "Weight of the entropy bonus (subtracted from the loss).", ge=0)
     ppo_epochs: int = knob(1, "Passes over each batch.", ge=1)
     ppo_mini_batch_size: int = knob(0, "Prompts per optimizer step (0 = the whole batch, one step).", ge=0)
+    old_logprobs: str = knob(
+        "auto",
+        "Where the old log-probs (the PPO ratio's denominator) come from. `auto`: with one "
+        "optimizer step per batch (`ppo_epochs` 1, one mini-batch) from the update's own forward, "
+        "detached (the same values: the batch is scored by the trainer's current weights either "
+        "way), else from a forward pass over the batch before the update. `separate`: always that "
+        "separate pass.",
+        ("auto", "separate"),
+    )
     max_staleness: int = knob(
         1,
         "Split placement: how many weight versions a batch's generator may lag "
@@ -380,6 +389,13 @@ def colocated_on_cuda(cfg: TrainConfig) -> bool:
     """Trainer and rollouts share GPUs and take turns (vLLM sleeps while the trainer computes;
     weights move by CUDA IPC)."""
     return cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda"
+
+
+def old_logprobs_in_update(cfg: TrainConfig) -> bool:
+    """`algo.old_logprobs`: the update's own forward gives the old (and reference) log-probs,
+    because the batch trains in one optimizer step, so no separate pass runs."""
+    one_step = cfg.algo.ppo_epochs == 1 and mini_batch_size(cfg) == cfg.data.train_batch_size
+    return one_step and cfg.algo.old_logprobs == "auto"
 
 
 def mini_batch_size(cfg: TrainConfig) -> int:

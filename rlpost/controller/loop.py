@@ -1,7 +1,9 @@
 """The single controller: one process that drives the rollout and trainer groups through training.
 
 One step (shared/DESIGN.md): generate -> reward -> old/ref log-probs -> advantages -> update ->
-weight sync (version + 1) -> metrics, and on schedule validation and checkpoints. The controller
+weight sync (version + 1) -> metrics (with one optimizer step per batch, the log-probs come out
+of the update's own forward: `rlpost.config.old_logprobs_in_update`), and on schedule validation
+and checkpoints. The controller
 holds no model: it tokenizes, scores, computes advantages and keeps the books. Batch production
 is `controller/rollouts.py`, the sync wiring `controller/weights.py`, the pure parts of a step
 `controller/step.py`.
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
+from rlpost.config import TrainConfig, colocated_on_cuda, config_dict, old_logprobs_in_update
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
 from rlpost.controller.rollouts import Rollouts
@@ -95,11 +97,20 @@ class Controller:
             batch["rewards"], reward_errors, responses = self.batches.score(rows, batch, cfg.rollout.n)
         self.samples.write(self.step + 1, rows, cfg.rollout.n, responses, batch["rewards"].tolist())
         lengths, plan = step_plan(batch, cfg)
-        with timed(timing, "logprob"):
-            lora_check = self._logprobs(batch, plan, staleness)
+        probe = self._adapter_probe_due and batch["weight_version"].min().item() >= 1 + staleness
+        in_update = old_logprobs_in_update(cfg)  # else a separate forward pass brings them first
+        if not in_update:
+            with timed(timing, "logprob"):
+                self._put_logprobs(
+                    batch, self.trainers.call_sharded("compute_logprobs", shard_batch(batch, plan), probe)
+                )
         batch["advantages"] = advantages(batch, cfg)
         with timed(timing, "update"):
-            actor = self.trainers.call_sharded("update", shard_batch(batch, plan))[0]
+            results = self.trainers.call_sharded("update", shard_batch(batch, plan), probe and in_update)
+        actor = results[0][0]
+        if in_update:
+            self._put_logprobs(batch, [logprobs for _, logprobs in results])
+        lora_check = self._check_adapter(batch, staleness)
         actor["perf/padding_fraction"] = plan_padding_fraction(lengths, plan)
         self.version += 1
         if cfg.cluster.placement == "colocate":
@@ -115,16 +126,17 @@ class Controller:
             "data/dropped_prompts": float(self.dropped_prompts),
         }
 
-    def _logprobs(self, batch: Batch, plan, staleness: int) -> dict[str, float]:
-        """`old_logprobs` (and `ref_logprobs`) into `batch`, on the micro-batches of the update's
-        first pass. LoRA: the base model's too while the rollouts' use of the adapter is to be
-        checked (one more forward, adapters disabled; free when the KL loss needs them anyway)."""
-        probe = self._adapter_probe_due and batch["weight_version"].min().item() >= 1 + staleness
-        parts = Batch.cat(self.trainers.call_sharded("compute_logprobs", shard_batch(batch, plan), probe))
-        order = torch.argsort(parts["row_index"])  # back to the batch's row order
+    def _put_logprobs(self, batch: Batch, parts: list[Batch]) -> None:
+        """The trainer ranks' `old_logprobs` (and `ref_logprobs`) into `batch`, in its row order.
+        LoRA: the base model's too while the rollouts' use of the adapter is to be checked (one
+        more forward, adapters disabled; free when the KL loss needs them anyway)."""
+        merged = Batch.cat(parts)
+        order = torch.argsort(merged["row_index"])  # back to the batch's row order
         for key in ("old_logprobs", "ref_logprobs"):
-            if key in parts:
-                batch[key] = parts[key][order]
+            if key in merged:
+                batch[key] = merged[key][order]
+
+    def _check_adapter(self, batch: Batch, staleness: int) -> dict[str, float]:
         if not (self.lora and "ref_logprobs" in batch):
             return {}
         check = check_rollout_serves_adapter(batch, staleness)

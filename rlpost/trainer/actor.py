@@ -15,6 +15,7 @@ runs collectives must be called on all ranks of the trainer group at once.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -57,10 +58,11 @@ class ActorWorker:
         return response_logprobs(model, mb, self.cfg.rollout.temperature, self.packed, with_entropy)
 
     def _ref_logprobs(self, mb: Batch) -> torch.Tensor:
-        if self.ref_model is not None:
-            return self._logprobs(self.ref_model, mb, False)[0]
-        with self.model.disable_adapter():  # LoRA: the frozen base is the reference
-            return self._logprobs(self.model, mb, False)[0]
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return self._logprobs(self.ref_model, mb, False)[0]
+            with self.model.disable_adapter():  # LoRA: the frozen base is the reference
+                return self._logprobs(self.model, mb, False)[0]
 
     def compute_logprobs(self, shard: Batch, base: bool = False) -> Batch:
         """`old_logprobs` (and `ref_logprobs` when a reference exists), [b, R] each, with the
@@ -80,49 +82,90 @@ class ActorWorker:
         return Batch({k: torch.cat(v) for k, v in out.items() if v})
 
     # --------------------------------------------------------------------------------- update
-    def update(self, shard: Batch) -> dict[str, float]:
+    def update(self, shard: Batch, base: bool = False) -> tuple[dict[str, float], Batch]:
         """PPO epochs over this rank's planned mini-batches; one optimizer step per mini-batch.
-        Returns metrics already reduced over ranks (identical on every rank)."""
+        Returns the metrics, already reduced over ranks (identical on every rank), and the
+        log-probs this update computed in place of `compute_logprobs` (an empty `Batch` when the
+        shard brought its own `old_logprobs`).
+
+        A shard without `old_logprobs` trains on-policy in one optimizer step (one epoch, one
+        mini-batch: `rlpost.config.old_logprobs_in_update`): the policy that scores it is exactly
+        the trainer's current one, so the old log-probs are the update's own forward, detached
+        (ratio 1), and `ref_logprobs` (with `base`, the base model's under LoRA) come from a
+        forward of the reference on each micro-batch. One pass over the batch instead of two."""
+        start = time.perf_counter()
         a = self.cfg.algo
         stats = Stats(self.device)
-        first_step_done = False
+        fused = "old_logprobs" not in shard
+        with_ref = a.kl_coef > 0 or (base and self.lora is not None)
+        out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": [], "row_index": []}
         with self.engine.resident():
             minis = split_shard(shard)
+            if fused and (a.ppo_epochs > 1 or len(minis) > 1):
+                raise ValueError(
+                    "a shard without old_logprobs must train in one optimizer step (algo.ppo_epochs=1, one "
+                    f"mini-batch); this one has {a.ppo_epochs} epochs x {len(minis)} mini-batches"
+                )
+            denoms = self._denominators(minis)
+            first = True  # the first optimizer step: its ratios must all be exactly 1
             for _ in range(a.ppo_epochs):
-                for mini in minis:
-                    mask = torch.cat([mb["loss_mask"] for mb in mini])
-                    count = mask.sum() if a.loss_agg_mode == "token-mean" else (mask.sum(-1) > 0).sum()
-                    denom = self.engine.global_sum(count.item())
+                for mini, denom in zip(minis, denoms):
                     for mb in mini:
-                        ratio_dev = self._micro_step(mb, denom, stats)
-                        if not first_step_done:
+                        ref = self._ref_logprobs(mb) if fused and with_ref else None
+                        logp, ratio_dev = self._micro_step(mb, denom, stats, ref)
+                        if first:
                             stats.max("actor/first_ratio_dev", ratio_dev)
+                        if fused:  # kept on the device until the end: no copy per micro-batch
+                            out["old_logprobs"].append(logp)
+                            if ref is not None:
+                                out["ref_logprobs"].append(ref)
+                            out["row_index"].append(mb["row_index"])
                     self.engine.optimizer_step(stats)
-                    first_step_done = True
+                    first = False
             stats.set("actor/lr", self.engine.scheduler.get_last_lr()[0])
-            return stats.reduce()
+            metrics = stats.reduce()
+            logprobs = Batch({k: torch.cat(v).cpu() for k, v in out.items() if v})
+        metrics["timing_s/update_worker"] = time.perf_counter() - start  # the rest of update's time is Ray's
+        return metrics, logprobs
 
-    def _micro_step(self, mb: Batch, denom: float, stats: Stats) -> float:
-        """Forward, the algorithm's loss, backward on one micro-batch; returns max |ratio - 1|."""
+    def _denominators(self, minis) -> list[torch.Tensor]:
+        """Per mini-batch, the tokens (token-mean) or sequences with a loss token that it holds
+        over every rank: one all-reduce for the whole update."""
+        counts = []
+        for mini in minis:
+            mask = torch.cat([mb["loss_mask"] for mb in mini])
+            counts.append(mask.sum() if self.cfg.algo.loss_agg_mode == "token-mean" else (mask.sum(-1) > 0).sum())
+        t = torch.tensor(counts, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return list(t.float())
+
+    def _micro_step(self, mb: Batch, denom: torch.Tensor, stats: Stats, ref_logp=None):
+        """Forward, the algorithm's loss, backward on one micro-batch; returns the log-probs of
+        the forward (detached) and max |ratio - 1| (a tensor). Without `old_logprobs` in `mb`
+        they are taken from this forward."""
         logp, entropy = self._logprobs(self.model, mb, with_entropy=True)  # packs on the CPU first
         dev = self.device
+        old = mb["old_logprobs"].to(dev) if "old_logprobs" in mb else logp.detach()
+        if ref_logp is None and "ref_logprobs" in mb:
+            ref_logp = mb["ref_logprobs"]
         out = self.loss_fn(
             LossInputs(
                 logp=logp,
-                old_logp=mb["old_logprobs"].to(dev),
+                old_logp=old,
                 advantages=mb["advantages"].to(dev).float()[:, None],
                 loss_mask=mb["loss_mask"].to(dev).float(),
                 denominator=denom,
                 norm_length=self.cfg.rollout.max_response_length,
                 entropy=entropy,
-                ref_logp=mb["ref_logprobs"].to(dev) if "ref_logprobs" in mb else None,
+                ref_logp=ref_logp.to(dev) if ref_logp is not None else None,
                 rollout_logp=mb["rollout_logprobs"].to(dev),
             ),
             self.cfg.algo,
         )
         (out.loss * self.world_size).backward()
         stats.merge(out)
-        return max(out.maxes["actor/ppo_ratio_max"] - 1, 1 - out.mins["actor/ppo_ratio_min"], 0.0)
+        ratio_dev = torch.maximum(out.maxes["actor/ppo_ratio_max"] - 1, 1 - out.mins["actor/ppo_ratio_min"])
+        return logp.detach(), ratio_dev.clamp(min=0.0)
 
     # ---------------------------------------------------------------------------- weight sync
     def _manifests(self) -> dict:

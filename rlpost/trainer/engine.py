@@ -85,11 +85,6 @@ class FSDPEngine:
                     stack.enter_context(params_on(model, self.device, keep=keep))
             yield
 
-    def global_sum(self, value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return float(t.item())
-
     def optimizer_step(self, stats: Stats) -> float:
         """Clip the gradient norm, step (skipped on a NaN/inf norm, counted), schedule, zero."""
         clip = self.cfg.trainer.optim.grad_clip
@@ -98,8 +93,7 @@ class FSDPEngine:
         norm = float(full_tensor(norm).item())
         if math.isfinite(norm):
             cuda = self.device.type == "cuda"
-            if cuda:
-                torch.cuda.synchronize(self.device)
+            if cuda:  # (the GPU is idle here: the norm's .item() waited for it)
                 torch.cuda.reset_peak_memory_stats(self.device)
                 before = torch.cuda.memory_allocated(self.device)
             start = time.perf_counter()

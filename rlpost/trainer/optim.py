@@ -79,7 +79,7 @@ class LayerwiseAdamW(torch.optim.Optimizer):
                     self._update_unit(unit, slot)
                     self.host[i].copy_(slot)
 
-    def _step_streams(self):
+    def _step_streams(self):  # pragma: no mutate block (CUDA only: tests/gpu/test_layerwise_optim_gpu.py)
         n, slots = len(self.units), len(self.slots)
         current = torch.cuda.current_stream(self.device)
         self.compute.wait_stream(current)  # gradients are ready

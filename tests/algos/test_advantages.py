@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlpost.algos.advantages import ADVANTAGES, get_advantage, grpo_advantage, rloo_advantage
+from rlpost.algos.advantages import ADVANTAGES, get_advantage, grpo_advantage, register_advantage, rloo_advantage
 from tests.helpers import examples
 
 
@@ -52,3 +52,85 @@ def test_grpo_groups_are_zero_mean(pairs):
     adv = grpo_advantage(rewards, groups, norm_by_std=False)
     for g in groups.unique():
         assert abs(adv[groups == g].sum().item()) < 1e-4
+
+
+def loo_reference(rewards: list[float], groups: list[int], norm_by_std: bool, eps: float = 1e-6) -> torch.Tensor:
+    """RLOO from scratch in float64: r_i minus the mean of the other samples of its group, divided
+    by the unbiased group std + eps when asked; 0 for a group of one."""
+    out = []
+    for i, (r, g) in enumerate(zip(rewards, groups)):
+        group = [rewards[j] for j in range(len(rewards)) if groups[j] == g]
+        others = [rewards[j] for j in range(len(rewards)) if groups[j] == g and j != i]
+        if not others:
+            out.append(0.0)
+            continue
+        adv = r - sum(others) / len(others)
+        if norm_by_std:
+            mean = sum(group) / len(group)
+            adv /= math.sqrt(sum((x - mean) ** 2 for x in group) / (len(group) - 1)) + eps
+        out.append(adv)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def grpo_reference(rewards: list[float], groups: list[int], eps: float = 1e-6) -> torch.Tensor:
+    """GRPO from scratch in float64: (r_i - group mean) / (unbiased group std + eps); 0 for a group of one."""
+    out = []
+    for r, g in zip(rewards, groups):
+        group = [x for x, h in zip(rewards, groups) if h == g]
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((x - mean) ** 2 for x in group) / max(len(group) - 1, 1))
+        out.append((r - mean) / (std + eps) if len(group) > 1 else 0.0)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+# a group whose std (~7e-7) is below the default eps 1e-6, one of three, one of one
+TINY = torch.tensor([0.0, 1e-6, 3.0, 1.0, 0.5, 4.0])
+TINY_GROUPS = torch.tensor([0, 0, 1, 1, 1, 2])
+
+
+def test_rloo_of_a_pair_is_the_difference():
+    """Group of two: r_i - r_other (n / (n - 1) = 2, not clamped further); a singleton beside it 0."""
+    adv = rloo_advantage(torch.tensor([3.0, 1.0, 7.0]), torch.tensor([4, 4, 9]))
+    assert adv.tolist() == [2.0, -2.0, 0.0]
+
+
+def test_rloo_norm_by_std_against_float64_reference():
+    """RLOO / (std + eps) with the default eps 1e-6, where eps is as large as the group's std."""
+    values = TINY.double().tolist()  # the float32 rewards, exactly
+    adv = rloo_advantage(TINY, TINY_GROUPS, norm_by_std=True)
+    assert adv.dtype == torch.float32
+    torch.testing.assert_close(adv.double(), loo_reference(values, TINY_GROUPS.tolist(), True), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        rloo_advantage(TINY, TINY_GROUPS).double(),
+        loo_reference(values, TINY_GROUPS.tolist(), False),
+        rtol=1e-6,
+        atol=0,
+    )
+    # by hand, the pair's first: (0 - 1e-6) / (std 1e-6 * sqrt(1/2) + eps 1e-6)
+    assert adv[0].item() == pytest.approx(-1 / (1 + math.sqrt(0.5)), rel=1e-5)
+
+
+def test_rloo_singleton_is_zero_even_where_std_is_zero():
+    """A group of one has advantage 0 with norm_by_std, also with eps 0 (0 / 0 must not leak NaN)."""
+    rewards, groups = torch.tensor([5.0, 1.0, 0.0]), torch.tensor([7, 8, 8])
+    for eps in (0.0, 1e-6):
+        adv = rloo_advantage(rewards, groups, norm_by_std=True, eps=eps)
+        assert adv[0].item() == 0.0
+        assert torch.isfinite(adv).all()
+    assert grpo_advantage(rewards, groups, eps=0.0)[0].item() == 0.0
+
+
+def test_grpo_with_default_eps_against_float64_reference():
+    """GRPO's (r - mean) / (std + eps) with the default eps on a group of std ~7e-7."""
+    adv = grpo_advantage(TINY, TINY_GROUPS)
+    torch.testing.assert_close(
+        adv.double(), grpo_reference(TINY.double().tolist(), TINY_GROUPS.tolist()), rtol=1e-6, atol=0
+    )
+
+
+def test_registering_a_name_twice_is_refused():
+    """A second estimator under an existing name raises, naming it, and leaves the first in place."""
+    first = ADVANTAGES["grpo"]
+    with pytest.raises(ValueError, match=r"^advantage estimator 'grpo' is registered twice$"):
+        register_advantage("grpo")(lambda batch, algo: batch["rewards"])
+    assert ADVANTAGES["grpo"] is first

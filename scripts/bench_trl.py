@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""rlpost against TRL's `GRPOTrainer` on identical work, median seconds per step.
+
+The work: the quickstart's tiny Qwen2 model (0.8M parameters, float32), 16 prompts x 8 samples
+of 2-digit addition per step, at most 4 response tokens, exact-match reward, GRPO (group-std
+advantages, token-mean PPO-clip loss, no KL), AdamW lr 3e-4 with 10 warm-up steps then constant,
+gradient clip 1.0, `--steps` steps, one thread per process. rlpost runs it with one trainer rank
+and one hf rollout actor, colocated (they take turns) and split (one-step-off-policy: the next
+batch is generated while this one trains). TRL runs it in one process (generation with
+`transformers.generate`, no vLLM). Both end with the held-out greedy accuracy on the same 256
+problems, to show that both learned.
+
+TRL is a benchmark here, not a dependency: install it in a venv of its own that sees this one's
+packages, and pass its python:
+
+    python -m venv /tmp/trlenv --system-site-packages && /tmp/trlenv/bin/pip install trl==1.16.0
+    python scripts/bench_trl.py --trl-python /tmp/trlenv/bin/python --out benchmarks/trl_vs_rlpost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS, N, LR, WARMUP = 16, 8, 3e-4, 10
+RLPOST = [
+    "+recipe=quickstart",
+    f"data.train_batch_size={PROMPTS}",
+    f"rollout.n={N}",
+    "trainer.world_size=1",
+    "trainer.micro_batch_size=128",
+    "algo.kl_coef=0",
+    f"trainer.optim.lr={LR}",
+    f"trainer.optim.warmup_steps={WARMUP}",
+    "trainer.optim.lr_schedule=constant",
+    "cluster.num_threads=1",
+    "logger.progress_bar=false",
+]
+PLACEMENTS = {
+    "colocate": ["cluster.placement=colocate"],
+    "split": ["cluster.placement=split", "algo.max_staleness=1"],
+}
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+# ----------------------------------------------------------------------------------------- TRL
+def run_trl(steps: int, out: str) -> None:
+    """In the TRL venv: GRPOTrainer on the same model, prompts and reward."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(REPO))
+    from rlpost.config import load_config
+    from rlpost.controller.setup import data_sources
+    from rlpost.data.dataset import read_rows
+    from rlpost.models.loading import evaluate_start, load_tokenizer, resolve_model_path
+    from rlpost.rewards import RewardInput
+    from rlpost.rewards.builtin import arithmetic
+
+    torch.set_num_threads(1)
+    cfg = load_config(RLPOST)
+    path = resolve_model_path(cfg.model, cfg.data)
+    tok = load_tokenizer(path)
+    train_src, val_src = data_sources(cfg)
+    train_rows = [r for src in train_src for r in read_rows(src)]
+    val_rows = [r for src in val_src for r in read_rows(src)]
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": str(r["ground_truth"])} for r in train_rows])
+
+    def reward(prompts, completions, ground_truth, **_):
+        return [arithmetic(RewardInput(p, c, g, "arithmetic")) for p, c, g in zip(prompts, completions, ground_truth)]
+
+    times: list[float] = []
+
+    class StepTimes(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.start)
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = GRPOConfig(
+            output_dir=tmp,
+            per_device_train_batch_size=PROMPTS * N,
+            num_generations=N,
+            max_completion_length=cfg.rollout.max_response_length,
+            max_steps=steps,
+            learning_rate=LR,
+            lr_scheduler_type="constant_with_warmup",
+            warmup_steps=WARMUP,
+            max_grad_norm=1.0,
+            beta=0.0,
+            loss_type="dapo",  # token-mean over the batch, as rlpost's token-mean
+            scale_rewards="group",
+            temperature=cfg.rollout.temperature,
+            use_cpu=True,
+            bf16=False,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=50,
+            seed=0,
+        )
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tok,
+            callbacks=[StepTimes()],
+        )
+        trainer.train()
+    model.eval()
+    acc = evaluate_start(model, tok, val_rows, 1, cfg.rollout.max_response_length, 0)
+    Path(out).write_text(json.dumps({"step_s": times, "val_accuracy": acc["greedy_accuracy"]}))
+
+
+# -------------------------------------------------------------------------------------- rlpost
+def run_rlpost(steps: int, placement: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "rlpost.cli", "train", *RLPOST, *PLACEMENTS[placement]]
+        cmd += [f"trainer.total_steps={steps}", f"trainer.val_every={steps}", f"run.dir={tmp}/run"]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"rlpost {placement} failed:\n{proc.stderr[-3000:]}")
+        rows = [json.loads(line) for line in Path(f"{tmp}/run/metrics.jsonl").read_text().splitlines()]
+    steps_rows = [r for r in rows if r["step"] > 0]
+    phases = ("gen", "reward", "logprob", "update", "weight_sync")
+    return {
+        "step_s": [r["timing_s/step"] for r in steps_rows],
+        "phases_median_s": {
+            p: round(statistics.median(r.get(f"timing_s/{p}", 0.0) for r in steps_rows), 4) for p in phases
+        },
+        "val_accuracy": [r["val/accuracy"] for r in rows if "val/accuracy" in r][-1],
+        "start_accuracy": [r["val/accuracy"] for r in rows if "val/accuracy" in r][0],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--trl-python", help="the python of a venv with trl installed")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--skip", type=int, default=10, help="first steps left out of the median")
+    ap.add_argument("--trl-only", help=argparse.SUPPRESS)  # internal: run TRL, write to this file
+    args = ap.parse_args()
+    if args.trl_only:
+        run_trl(args.steps, args.trl_only)
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trl_out = f"{tmp}/trl.json"
+        cmd = [args.trl_python, __file__, "--trl-only", trl_out, "--steps", str(args.steps)]
+        subprocess.run(cmd, cwd=REPO, env=env, check=True)
+        results["trl"] = json.loads(Path(trl_out).read_text())
+    for placement in PLACEMENTS:
+        results[f"rlpost_{placement}"] = run_rlpost(args.steps, placement)
+    summary = {}
+    for name, r in results.items():
+        summary[name] = {
+            "median_step_s": round(statistics.median(r["step_s"][args.skip :]), 4),
+            "val_accuracy": r["val_accuracy"],
+            **({"phases_median_s": r["phases_median_s"]} if "phases_median_s" in r else {}),
+        }
+    trl = summary["trl"]["median_step_s"]
+    for placement in PLACEMENTS:
+        summary[f"rlpost_{placement}"]["vs_trl"] = round(summary[f"rlpost_{placement}"]["median_step_s"] / trl, 3)
+    version = subprocess.run(
+        [args.trl_python, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
+    out = {
+        "command": f"python scripts/bench_trl.py --trl-python {args.trl_python} --out {args.out} --steps {args.steps}",
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
+        "trl_version": version,
+        "steps": args.steps,
+        "median_over": f"steps {args.skip + 1}..{args.steps}",
+        "start_accuracy": results["rlpost_colocate"]["start_accuracy"],
+        "summary": summary,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The old log-probs from the update's own forward (`algo.old_logprobs=auto` with one optimizer step
+per batch) against a separate pass: the same weights, Adam states, metrics and returned log-probs,
+bit for bit, with every term that reads them (KL to a reference model, TIS, entropy) switched on,
+and with LoRA (the base model's log-probs for the adapter check). A shard without old log-probs
+that would take several optimizer steps is refused."""
+
+import pytest
+import torch
+
+from rlpost.config import load_config, old_logprobs_in_update
+from rlpost.data.batch import Batch
+from rlpost.data.padding import left_pad, right_pad
+from rlpost.weightsync.transport import free_port
+from tests.helpers import reference_logprobs, save_tiny_model
+
+COMMON = [
+    "+recipe=quickstart",
+    "trainer.world_size=1",
+    "data.train_batch_size=4",
+    "rollout.n=2",
+    "trainer.micro_batch_size=3",  # three micro-batches of unequal size
+    "trainer.optim.lr=1e-2",
+    "rollout.temperature=0.8",
+    "algo.entropy_coef=0.05",
+    "algo.rollout_is=token",
+    "algo.rollout_is_threshold=1.2",
+]
+CASES = {
+    "reference_model": ["algo.kl_coef=0.3", "algo.kl_estimator=k2"],
+    "lora": ["algo.kl_coef=0.3", "model.lora.rank=4", "model.lora.alpha=8"],
+    "lora_no_kl": ["algo.kl_coef=0", "model.lora.rank=4", "model.lora.alpha=8"],
+}
+
+
+def generation(model, seed: int = 0) -> Batch:
+    """8 ragged rows as the rollouts deliver them: no old or reference log-probs yet."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(2, 6, (8,), generator=g)]
+    responses = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(1, 5, (8,), generator=g)]
+    prompt_ids, prompt_mask = left_pad(prompts, 0)
+    response_ids, response_mask = right_pad(responses, 0)
+    batch = Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+            "loss_mask": response_mask.clone(),
+        }
+    )
+    noise = (torch.rand(response_ids.shape, generator=g) - 0.5) * response_mask
+    batch["rollout_logprobs"] = reference_logprobs(model, batch, 0.8) + noise  # TIS bites both ways
+    batch["advantages"] = torch.randn(8, generator=g)
+    return batch
+
+
+def trained(cfg, model_dir, shards, separate: bool, base: bool):
+    """(metrics, log-probs, parameters, Adam states) after the last of the updates of a fresh
+    actor on `shards`, one each (after the first, the policy is no longer the reference)."""
+    from rlpost.trainer.actor import ActorWorker
+    from rlpost.trainer.fsdp import full_tensor
+
+    worker = ActorWorker(cfg, model_dir, 0, 1, "127.0.0.1", free_port())
+    try:
+        torch.manual_seed(0)
+        for shard in shards:
+            if separate:
+                logprobs = worker.compute_logprobs(shard, base)
+                order = torch.argsort(logprobs["row_index"])
+                for key in ("old_logprobs", "ref_logprobs"):
+                    if key in logprobs:
+                        shard[key] = logprobs[key][order]
+                metrics, returned = worker.update(shard, base)
+                assert len(returned) == 0  # nothing to return: the shard brought its log-probs
+            else:
+                metrics, logprobs = worker.update(shard, base)
+        params = {n: full_tensor(p.detach()).clone() for n, p in worker.model.named_parameters()}
+        states = [{k: full_tensor(v).clone() for k, v in s.items()} for s in worker.optimizer.state.values()]
+        return metrics, logprobs, params, states
+    finally:
+        worker.shutdown()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_old_logprobs_from_the_update_equal_a_separate_pass(tmp_path, case):
+    from rlpost.controller.step import step_plan
+    from rlpost.data.microbatch import shard_batch
+
+    model, _ = save_tiny_model(tmp_path / "model")
+    cfg = load_config(COMMON + CASES[case])
+    assert old_logprobs_in_update(cfg)
+    assert not old_logprobs_in_update(load_config(COMMON + CASES[case] + ["algo.old_logprobs=separate"]))
+    batches = [generation(model, seed) for seed in (0, 1)]
+    shards = [shard_batch(b, step_plan(b, cfg)[1])[0] for b in batches]
+    assert len(set(shards[0]["micro_batch_ids"].tolist())) == 3
+    base = "lora" in case  # the adapter check asks for the base model's log-probs
+    m_sep, lp_sep, p_sep, s_sep = trained(
+        cfg, str(tmp_path / "model"), [s.select(slice(None)) for s in shards], True, base
+    )
+    m_upd, lp_upd, p_upd, s_upd = trained(
+        cfg, str(tmp_path / "model"), [s.select(slice(None)) for s in shards], False, base
+    )
+
+    assert set(lp_upd.keys()) == set(lp_sep.keys()) == {"old_logprobs", "ref_logprobs", "row_index"}
+    for key in lp_sep.keys():
+        assert torch.equal(lp_upd[key], lp_sep[key]), key
+    for name, p in p_sep.items():
+        assert torch.equal(p_upd[name], p), name
+    assert m_upd["actor/grad_norm"] > 0  # the update moved the weights: both paths are one update
+    assert len(s_upd) == len(s_sep) > 0
+    for a, b in zip(s_upd, s_sep):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    timing = {k for k in m_sep if k.startswith("timing_s/")}
+    assert {k: v for k, v in m_upd.items() if k not in timing} == {k: v for k, v in m_sep.items() if k not in timing}
+    assert m_upd["actor/first_ratio_dev"] == 0.0 and m_upd["rollout_corr/truncated_frac"] > 0
+    if "algo.kl_coef=0.3" in CASES[case]:  # the second update's policy has moved off the reference
+        assert m_upd["actor/kl"] > 0
+
+
+def test_a_shard_without_old_logprobs_must_train_in_one_step(tmp_path):
+    from rlpost.controller.step import step_plan
+    from rlpost.data.microbatch import shard_batch
+    from rlpost.trainer.actor import ActorWorker
+
+    model, _ = save_tiny_model(tmp_path / "model")
+    for extra in (["algo.ppo_epochs=2"], ["algo.ppo_mini_batch_size=2"]):
+        cfg = load_config(COMMON + ["algo.kl_coef=0"] + extra)
+        assert not old_logprobs_in_update(cfg)
+        batch = generation(model)
+        shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
+        worker = ActorWorker(cfg, str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
+        try:
+            with pytest.raises(ValueError, match="one optimizer step"):
+                worker.update(shard)
+        finally:
+            worker.shutdown()
