@@ -4,6 +4,7 @@ optimizer against torch's AdamW. Test modules import from here, never from each 
 
 import threading
 
+import pytest
 import torch
 
 from rlpost.weightsync.manifest import manifest_of
@@ -126,6 +127,11 @@ def check_sampling(engine, model, tok, params, prompts=PROMPTS, atol: float = 1e
         at_one = reference_logprobs(model, batch, 1.0, params.top_k, params.top_p)
         assert (at_one - batch["rollout_logprobs"]).abs()[mask].nan_to_num(posinf=1.0).max() > 10 * atol
     return batch
+
+
+# world sizes of a test that runs ranks; 2 spawns a process per rank (`multiprocess`: left out of
+# the mutation run, whose time it would dominate; the fast set and CI run it)
+WORLDS = [1, pytest.param(2, marks=pytest.mark.multiprocess)]
 
 
 def run_ranks(fn, world: int, *args) -> None:

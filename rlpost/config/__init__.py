@@ -32,7 +32,6 @@ from rlpost.config.schema import (
     colocated_on_cuda,
     iter_fields,
     mini_batch_size,
-    old_logprobs_in_update,
 )
 
 __all__ = [
@@ -65,7 +64,6 @@ __all__ = [
     "iter_fields",
     "load_config",
     "mini_batch_size",
-    "old_logprobs_in_update",
     "to_yaml",
     "validate",
 ]

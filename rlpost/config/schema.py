@@ -391,13 +391,6 @@ def colocated_on_cuda(cfg: TrainConfig) -> bool:
     return cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda"
 
 
-def old_logprobs_in_update(cfg: TrainConfig) -> bool:
-    """`algo.old_logprobs`: the update's own forward gives the old (and reference) log-probs,
-    because the batch trains in one optimizer step, so no separate pass runs."""
-    one_step = cfg.algo.ppo_epochs == 1 and mini_batch_size(cfg) == cfg.data.train_batch_size
-    return one_step and cfg.algo.old_logprobs == "auto"
-
-
 def mini_batch_size(cfg: TrainConfig) -> int:
     """Prompts per optimizer step (`algo.ppo_mini_batch_size`, 0 = the whole batch)."""
     return cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size

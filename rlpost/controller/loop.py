@@ -1,12 +1,11 @@
 """The single controller: one process that drives the rollout and trainer groups through training.
 
-One step (shared/DESIGN.md): generate -> reward -> old/ref log-probs -> advantages -> update ->
-weight sync (version + 1) -> metrics (with one optimizer step per batch, the log-probs come out
-of the update's own forward: `rlpost.config.old_logprobs_in_update`), and on schedule validation
-and checkpoints. The controller
-holds no model: it tokenizes, scores, computes advantages and keeps the books. Batch production
-is `controller/rollouts.py`, the sync wiring `controller/weights.py`, the pure parts of a step
-`controller/step.py`.
+One step (shared/DESIGN.md): generate -> reward -> old/ref log-probs (from the update's own
+forward when the batch trains in one optimizer step: `step.old_logprobs_in_update`) -> advantages
+-> update -> weight sync (version + 1) -> metrics, and on schedule validation and checkpoints. The
+controller holds no model: it tokenizes, scores, computes advantages and keeps the books. Batch
+production is `controller/rollouts.py`, the sync wiring `controller/weights.py`, the pure parts of
+a step `controller/step.py`.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost.config import TrainConfig, colocated_on_cuda, config_dict, old_logprobs_in_update
+from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
 from rlpost.controller.rollouts import Rollouts
@@ -27,7 +26,9 @@ from rlpost.controller.step import (
     batch_metrics,
     check_rollout_serves_adapter,
     check_staleness,
+    old_logprobs_in_update,
     plan_padding_fraction,
+    put_logprobs,
     sampling_params,
     step_plan,
     timed,
@@ -101,15 +102,14 @@ class Controller:
         in_update = old_logprobs_in_update(cfg)  # else a separate forward pass brings them first
         if not in_update:
             with timed(timing, "logprob"):
-                self._put_logprobs(
-                    batch, self.trainers.call_sharded("compute_logprobs", shard_batch(batch, plan), probe)
-                )
+                parts = self.trainers.call_sharded("compute_logprobs", shard_batch(batch, plan), probe)
+                put_logprobs(batch, parts)
         batch["advantages"] = advantages(batch, cfg)
         with timed(timing, "update"):
             results = self.trainers.call_sharded("update", shard_batch(batch, plan), probe and in_update)
         actor = results[0][0]
         if in_update:
-            self._put_logprobs(batch, [logprobs for _, logprobs in results])
+            put_logprobs(batch, [logprobs for _, logprobs in results])
         lora_check = self._check_adapter(batch, staleness)
         actor["perf/padding_fraction"] = plan_padding_fraction(lengths, plan)
         self.version += 1
@@ -126,17 +126,10 @@ class Controller:
             "data/dropped_prompts": float(self.dropped_prompts),
         }
 
-    def _put_logprobs(self, batch: Batch, parts: list[Batch]) -> None:
-        """The trainer ranks' `old_logprobs` (and `ref_logprobs`) into `batch`, in its row order.
-        LoRA: the base model's too while the rollouts' use of the adapter is to be checked (one
-        more forward, adapters disabled; free when the KL loss needs them anyway)."""
-        merged = Batch.cat(parts)
-        order = torch.argsort(merged["row_index"])  # back to the batch's row order
-        for key in ("old_logprobs", "ref_logprobs"):
-            if key in merged:
-                batch[key] = merged[key][order]
-
     def _check_adapter(self, batch: Batch, staleness: int) -> dict[str, float]:
+        """LoRA: while the rollouts' use of the adapter is to be checked, the batch carries the
+        base model's log-probs too (`ref_logprobs`: one more forward, adapters disabled; free when
+        the KL loss needs them anyway)."""
         if not (self.lora and "ref_logprobs" in batch):
             return {}
         check = check_rollout_serves_adapter(batch, staleness)

@@ -34,6 +34,22 @@ def step_plan(batch: Batch, cfg: TrainConfig):
     return lengths, plan
 
 
+def old_logprobs_in_update(cfg: TrainConfig) -> bool:
+    """`algo.old_logprobs`: the update's own forward gives the old (and reference) log-probs,
+    because the batch trains in one optimizer step, so no separate pass runs."""
+    one_step = cfg.algo.ppo_epochs == 1 and mini_batch_size(cfg) == cfg.data.train_batch_size
+    return one_step and cfg.algo.old_logprobs == "auto"
+
+
+def put_logprobs(batch: Batch, parts: list[Batch]) -> None:
+    """The trainer ranks' `old_logprobs` (and `ref_logprobs`) into `batch`, in its row order."""
+    merged = Batch.cat(parts)
+    order = torch.argsort(merged["row_index"])
+    for key in ("old_logprobs", "ref_logprobs"):
+        if key in merged:
+            batch[key] = merged[key][order]
+
+
 def plan_padding_fraction(lengths: list[int], plan) -> float:
     """Share of padding a padded layout would compute for the plan's micro-batches (mean over
     mini-batches): the work the packed layout avoids."""

@@ -88,11 +88,13 @@ class ActorWorker:
         log-probs this update computed in place of `compute_logprobs` (an empty `Batch` when the
         shard brought its own `old_logprobs`).
 
-        A shard without `old_logprobs` trains on-policy in one optimizer step (one epoch, one
-        mini-batch: `rlpost.config.old_logprobs_in_update`): the policy that scores it is exactly
-        the trainer's current one, so the old log-probs are the update's own forward, detached
-        (ratio 1), and `ref_logprobs` (with `base`, the base model's under LoRA) come from a
-        forward of the reference on each micro-batch. One pass over the batch instead of two."""
+        A shard without `old_logprobs` trains in one optimizer step (one epoch, one mini-batch:
+        `rlpost.controller.step.old_logprobs_in_update`). The ratio's old policy is then the
+        trainer's current weights, exactly what a separate pass would score (for a batch generated
+        a version ago too: that lag is what TIS corrects, against `rollout_logprobs`), so the old
+        log-probs are the update's own forward, detached (ratio 1), and `ref_logprobs` (with
+        `base`, the base model's under LoRA) come from a forward of the reference on each
+        micro-batch. One pass over the batch instead of two."""
         start = time.perf_counter()
         a = self.cfg.algo
         stats = Stats(self.device)

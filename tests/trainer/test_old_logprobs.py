@@ -7,7 +7,8 @@ that would take several optimizer steps is refused."""
 import pytest
 import torch
 
-from rlpost.config import load_config, old_logprobs_in_update
+from rlpost.config import load_config
+from rlpost.controller.step import old_logprobs_in_update
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, right_pad
 from rlpost.weightsync.transport import free_port

@@ -6,16 +6,16 @@ import pytest
 import torch
 
 from rlpost.trainer.optim import LayerwiseAdamW
-from tests.helpers import check_against_torch, small_model
+from tests.helpers import WORLDS, check_against_torch, small_model
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
 def test_matches_torch_adamw_float32(tmp_path, world, weight_decay):
     check_against_torch(tmp_path, world, weight_decay, torch.float32)
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", WORLDS)
 def test_matches_torch_adamw_bfloat16_within_one_ulp(tmp_path, world):
     check_against_torch(tmp_path, world, 0.1, torch.bfloat16)
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers import reference_logprobs, run_ranks, save_tiny_model
+from tests.helpers import WORLDS, reference_logprobs, run_ranks, save_tiny_model
 
 TEMPERATURE = 0.7
 GROUPS = [4, 2, 3, 3]  # samples per prompt: 12 rows, two mini-batches of 6 ([4, 2] and [3, 3])
@@ -237,7 +237,7 @@ def setup(tmp_path_factory):
 
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", WORLDS)
 def test_update_gradients_match_the_reference(setup, world, tmp_path):
     """Every case of CASES, at world size 1 (in this process) and 2 (two processes over gloo)."""
     from rlpost.weightsync.transport import free_port
