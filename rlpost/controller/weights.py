@@ -95,7 +95,7 @@ class WeightSync:
             readback += [s["weight_sync/readback_tensors"] for s in recv_stats]
             for key, value in send_stats.items():  # e.g. perf/sync_peak_gb
                 out[key] = max(out.get(key, value), value)
-            versions = self.rollouts.call("weight_version")
+            versions = [int(s["weight_sync/engine_version"]) for s in recv_stats]
             if versions != [version] * len(versions):  # every rollout took this sync
                 raise RuntimeError(f"rollout weight versions {versions} after the {kind} sync v{version}")
         if self.cfg.model.lora.rank > 0 and kinds != self.last_kinds:  # say what travels, when it changes

@@ -128,6 +128,7 @@ class RolloutWorker:
             "weight_sync/recv_verify_s": stats.verify_s,
             "weight_sync/readback_tensors": float(stats.readback),
             "weight_sync/recv_tensors": float(stats.tensors),
+            "weight_sync/engine_version": float(e.weight_version),  # what the engine now serves
         }
 
     def loaded_tensors(self, kind: str | None = None) -> dict[str, torch.Tensor | None]:
