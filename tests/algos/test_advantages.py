@@ -134,3 +134,16 @@ def test_registering_a_name_twice_is_refused():
     with pytest.raises(ValueError, match=r"^advantage estimator 'grpo' is registered twice$"):
         register_advantage("grpo")(lambda batch, algo: batch["rewards"])
     assert ADVANTAGES["grpo"] is first
+
+
+def test_a_registered_estimator_is_the_one_its_name_returns(monkeypatch):
+    from rlpost.algos.advantages import get_advantage
+
+    monkeypatch.setitem(ADVANTAGES, "_probe", None)  # restored afterwards
+    del ADVANTAGES["_probe"]
+
+    def mine(batch, algo):
+        return batch["rewards"] * 2
+
+    assert register_advantage("_probe")(mine) is mine
+    assert get_advantage("_probe") is mine

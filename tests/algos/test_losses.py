@@ -122,3 +122,88 @@ def test_micro_batches_on_every_rank_add_up_to_the_mini_batch_loss(mode):
     assert torch.allclose(sum(per_rank) / world, full, rtol=1e-6, atol=1e-7)
     one_rank = sum(loss(micro, float(loss_mask[torch.cat(ranks[0])].sum())) for micro in ranks[0])
     assert not torch.allclose(one_rank, full)  # a rank's own count would not do
+
+
+def test_a_policy_loss_is_registered_once_under_its_name(monkeypatch):
+    from rlpost.algos.policy_loss import POLICY_LOSSES, get_policy_loss, register_policy_loss
+
+    first = POLICY_LOSSES["ppo"]
+    with pytest.raises(ValueError, match=r"^policy loss 'ppo' is registered twice$"):
+        register_policy_loss("ppo")(lambda x, algo: None)
+    assert POLICY_LOSSES["ppo"] is first
+    monkeypatch.setitem(POLICY_LOSSES, "_probe", None)  # restored afterwards
+    del POLICY_LOSSES["_probe"]
+
+    def mine(x, algo):
+        return None
+
+    assert register_policy_loss("_probe")(mine) is mine and get_policy_loss("_probe") is mine
+    with pytest.raises(KeyError, match="_nope"):
+        get_policy_loss("_nope")
+
+
+def test_ppo_loss_metrics_hand_computed():
+    """Every metric of the ppo loss, from scratch over the tokens of the loss mask (a hole in row
+    0, padding in row 1): the policy-gradient loss, clip fraction, entropy, ratio extremes, the
+    TIS weights (mean, max, truncated fraction) and the rollout/trainer k3 KL."""
+    from rlpost.algos.policy_loss import LossInputs, ppo_loss
+    from rlpost.config import load_config
+
+    algo = load_config(
+        ["+recipe=quickstart", "algo.rollout_is=token", "algo.rollout_is_threshold=1.5", "algo.kl_coef=0"]
+    ).algo
+    d = torch.float64
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.2, -1.5, -9.0]], dtype=d)
+    old = torch.tensor([[-1.3, -2.0, -2.0], [-0.2, -1.0, 5.0]], dtype=d)
+    rollout = torch.tensor([[-1.9, -0.3, -7.0], [-0.1, -1.0, -3.0]], dtype=d)
+    adv = torch.tensor([[1.0], [-2.0]], dtype=d)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]], dtype=d)
+    mask[0, 1] = 0.0  # a hole
+    entropy = torch.tensor([[0.5, 3.0, 9.0], [1.5, 2.5, 9.0]], dtype=d)
+    out = ppo_loss(LossInputs(logp, old, adv, mask, 3.0, 4, entropy, None, rollout), algo)
+    m = mask.bool()
+    ratio = torch.exp(logp - old)
+    unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - algo.clip_ratio_low, 1 + algo.clip_ratio_high)
+    pg = torch.maximum(unclipped, clipped)
+    pg = torch.where(adv < 0, torch.minimum(pg, -adv * algo.clip_ratio_c), pg)
+    w = torch.exp(old - rollout).clamp(max=1.5)
+    d_r = rollout - old
+    expected = {
+        "actor/pg_loss": (pg * w)[m].mean(),
+        "actor/pg_clipfrac": (clipped > unclipped)[m].double().mean(),
+        "actor/entropy": entropy[m].mean(),
+        "rollout_corr/is_weight_mean": w[m].mean(),
+        "rollout_corr/truncated_frac": (torch.exp(old - rollout) > 1.5)[m].double().mean(),
+        "rollout_corr/kl": (torch.exp(-d_r) - 1 + d_r)[m].mean(),
+    }
+    assert set(out.means) == set(expected)
+    for key, value in expected.items():
+        total, count = out.means[key]
+        assert count == 3 and math.isclose(float(total / count), float(value), rel_tol=1e-12), key
+    assert set(out.maxes) == {"actor/ppo_ratio_max", "rollout_corr/is_weight_max"} and set(out.mins) == {
+        "actor/ppo_ratio_min"
+    }
+    assert float(out.maxes["actor/ppo_ratio_max"]) == float(ratio[m].max())
+    assert float(out.mins["actor/ppo_ratio_min"]) == float(ratio[m].min())
+    assert float(out.maxes["rollout_corr/is_weight_max"]) == float(w[m].max())
+    assert 0 < float(expected["actor/pg_clipfrac"]) < 1 and 0 < float(expected["rollout_corr/truncated_frac"]) < 1
+    # the masked-out tokens would change both extremes
+    assert float(ratio[m].max()) < float(ratio.max()) and float(ratio[m].min()) > float(ratio.min())
+    no_entropy = ppo_loss(LossInputs(logp, old, adv, mask, 3.0, 4, None, None, rollout), algo)
+    assert "actor/entropy" not in no_entropy.means
+
+
+def test_k3_is_clamped_at_twenty_both_ways():
+    d = torch.tensor([-25.0, 25.0, 3.0], dtype=torch.float64)
+    got = kl_penalty(d, torch.zeros(3, dtype=torch.float64), "k3")
+    clamped = d.clamp(-20.0, 20.0)
+    assert torch.equal(got, torch.exp(-clamped) - 1.0 + d)
+    assert got[0] != torch.exp(-d[0]) - 1.0 + d[0] and got[1] != torch.exp(-d[1]) - 1.0 + d[1]
+
+
+def test_an_unknown_tis_mode_is_named():
+    from rlpost.algos.losses import truncated_is_weights
+
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match=r"^algo.rollout_is='tokens'; choose none, token or sequence$"):
+        truncated_is_weights(x, x, x, "tokens", 2.0)

@@ -257,3 +257,27 @@ def test_no_loss_tokens_gives_zero_distances_and_no_verdict():
         "lora/policy_vs_base": 0.0,
         "lora/adapter_check": 0.0,
     }
+
+
+def test_put_logprobs_brings_each_rank_s_rows_back_to_the_batch_order():
+    """Ranks return their rows in plan order (`row_index`); the batch gets them in its own."""
+    from rlpost.controller.step import put_logprobs
+
+    batch = Batch({"response_ids": torch.zeros(5, 2, dtype=torch.long)})
+    rows = [[3, 0], [4, 1, 2]]  # two ranks, rows in plan order
+    parts = [
+        Batch(
+            {
+                "old_logprobs": torch.tensor([[float(r), -r] for r in ranks]),
+                "ref_logprobs": torch.tensor([[10.0 + r, r] for r in ranks]),
+                "row_index": torch.tensor(ranks),
+            }
+        )
+        for ranks in rows
+    ]
+    put_logprobs(batch, parts)
+    assert torch.equal(batch["old_logprobs"], torch.tensor([[float(r), -r] for r in range(5)]))
+    assert torch.equal(batch["ref_logprobs"], torch.tensor([[10.0 + r, r] for r in range(5)]))
+    without_ref = Batch({"response_ids": torch.zeros(5, 2, dtype=torch.long)})
+    put_logprobs(without_ref, [Batch({k: p[k] for k in ("old_logprobs", "row_index")}) for p in parts])
+    assert "ref_logprobs" not in without_ref and torch.equal(without_ref["old_logprobs"], batch["old_logprobs"])

@@ -221,3 +221,41 @@ def test_trim_padding_of_an_empty_batch_has_no_columns():
         "response_mask": (0, 0),
         "weight_version": (0,),
     }
+
+
+def test_pack_refuses_an_empty_prompt_or_a_response_mask_with_holes_naming_the_row():
+    prompt_ids, prompt_mask = left_pad([[5, 6], [7], [8, 9]], 0)
+    prompt_mask[2] = False  # row 2's prompt is all padding
+    response_ids, response_mask = right_pad([[1, 2], [3], [4]], 0)
+    batch = Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+        }
+    )
+    with pytest.raises(ValueError, match="^row 2 has an empty prompt$"):
+        pack(batch)
+    batch["prompt_mask"][2] = True
+    batch["response_mask"][0] = torch.tensor([False, True])
+    with pytest.raises(
+        ValueError, match=r"^response_mask must mark a prefix of each row \(responses are right-padded\)$"
+    ):
+        pack(batch)
+
+
+def test_pack_cu_seqlens_are_int32_offsets():
+    prompt_ids, prompt_mask = left_pad([[5, 6], [7]], 0)
+    response_ids, response_mask = right_pad([[1, 2, 3], [4]], 0)
+    p = pack(
+        Batch(
+            {
+                "prompt_ids": prompt_ids,
+                "prompt_mask": prompt_mask,
+                "response_ids": response_ids,
+                "response_mask": response_mask,
+            }
+        )
+    )
+    assert p.cu_seqlens.dtype == torch.int32 and p.cu_seqlens.tolist() == [0, 5, 7] and p.max_seqlen == 5

@@ -180,3 +180,26 @@ def test_a_loss_mask_outside_the_response_is_refused():
         check_masks(Batch({"response_mask": mask, "loss_mask": torch.tensor([[True, False, True]])}))
     with pytest.raises(ValueError, match="prefix"):
         check_masks(Batch({"response_mask": torch.tensor([[True, False, True]]), "loss_mask": mask}))
+
+
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batch=ragged_batches())
+def test_entropy_packed_equals_padded_equals_per_sequence(model, batch):
+    """The entropy of the (temperature-scaled) next-token distribution at each response token,
+    from scratch one sequence at a time, and 0 at padding."""
+    mask = batch["response_mask"]
+    expected = torch.zeros(mask.shape)
+    with torch.no_grad():
+        for i in range(len(batch)):
+            prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
+            response = batch["response_ids"][i][mask[i]]
+            if not len(response):
+                continue
+            logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0].float() / 0.7
+            logits = logits[len(prompt) - 1 : len(prompt) - 1 + len(response)]
+            expected[i, : len(response)] = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
+        _, packed = response_logprobs(model, batch, 0.7, packed=True, with_entropy=True)
+        _, padded = response_logprobs(model, batch, 0.7, packed=False, with_entropy=True)
+    torch.testing.assert_close(packed, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(padded, expected, rtol=0, atol=1e-5)
+    assert mask.sum() == 0 or expected[mask].min() > 0.1  # a real distribution, not a near-one-hot one

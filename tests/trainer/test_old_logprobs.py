@@ -26,10 +26,13 @@ COMMON = [
     "algo.rollout_is=token",
     "algo.rollout_is_threshold=1.2",
 ]
-CASES = {
-    "reference_model": ["algo.kl_coef=0.3", "algo.kl_estimator=k2"],
-    "lora": ["algo.kl_coef=0.3", "model.lora.rank=4", "model.lora.alpha=8"],
-    "lora_no_kl": ["algo.kl_coef=0", "model.lora.rank=4", "model.lora.alpha=8"],
+LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
+CASES = {  # (overrides, whether the controller asks for the base model's log-probs)
+    "no_reference": (["algo.kl_coef=0"], False),
+    "reference_model": (["algo.kl_coef=0.3", "algo.kl_estimator=k2"], False),
+    "lora": (["algo.kl_coef=0.3", *LORA], True),
+    "lora_no_kl": (["algo.kl_coef=0", *LORA], True),
+    "lora_no_kl_no_probe": (["algo.kl_coef=0", *LORA], False),
 }
 
 
@@ -66,15 +69,15 @@ def trained(cfg, model_dir, shards, separate: bool, base: bool):
         torch.manual_seed(0)
         for shard in shards:
             if separate:
-                logprobs = worker.compute_logprobs(shard, base)
+                logprobs = worker.compute_logprobs(shard, base) if base else worker.compute_logprobs(shard)
                 order = torch.argsort(logprobs["row_index"])
                 for key in ("old_logprobs", "ref_logprobs"):
                     if key in logprobs:
                         shard[key] = logprobs[key][order]
-                metrics, returned = worker.update(shard, base)
+                metrics, returned = worker.update(shard, base) if base else worker.update(shard)
                 assert len(returned) == 0  # nothing to return: the shard brought its log-probs
             else:
-                metrics, logprobs = worker.update(shard, base)
+                metrics, logprobs = worker.update(shard, base) if base else worker.update(shard)
         params = {n: full_tensor(p.detach()).clone() for n, p in worker.model.named_parameters()}
         states = [{k: full_tensor(v).clone() for k, v in s.items()} for s in worker.optimizer.state.values()]
         return metrics, logprobs, params, states
@@ -87,14 +90,14 @@ def test_old_logprobs_from_the_update_equal_a_separate_pass(tmp_path, case):
     from rlpost.controller.step import step_plan
     from rlpost.data.microbatch import shard_batch
 
+    overrides, base = CASES[case]
     model, _ = save_tiny_model(tmp_path / "model")
-    cfg = load_config(COMMON + CASES[case])
+    cfg = load_config(COMMON + overrides)
     assert old_logprobs_in_update(cfg)
-    assert not old_logprobs_in_update(load_config(COMMON + CASES[case] + ["algo.old_logprobs=separate"]))
+    assert not old_logprobs_in_update(load_config(COMMON + overrides + ["algo.old_logprobs=separate"]))
     batches = [generation(model, seed) for seed in (0, 1)]
     shards = [shard_batch(b, step_plan(b, cfg)[1])[0] for b in batches]
     assert len(set(shards[0]["micro_batch_ids"].tolist())) == 3
-    base = "lora" in case  # the adapter check asks for the base model's log-probs
     m_sep, lp_sep, p_sep, s_sep = trained(
         cfg, str(tmp_path / "model"), [s.select(slice(None)) for s in shards], True, base
     )
@@ -102,7 +105,9 @@ def test_old_logprobs_from_the_update_equal_a_separate_pass(tmp_path, case):
         cfg, str(tmp_path / "model"), [s.select(slice(None)) for s in shards], False, base
     )
 
-    assert set(lp_upd.keys()) == set(lp_sep.keys()) == {"old_logprobs", "ref_logprobs", "row_index"}
+    with_ref = base or "algo.kl_coef=0.3" in overrides  # a reference, or the adapter check's base
+    expected = {"old_logprobs", "row_index"} | ({"ref_logprobs"} if with_ref else set())
+    assert set(lp_upd.keys()) == set(lp_sep.keys()) == expected
     for key in lp_sep.keys():
         assert torch.equal(lp_upd[key], lp_sep[key]), key
     for name, p in p_sep.items():
@@ -114,7 +119,7 @@ def test_old_logprobs_from_the_update_equal_a_separate_pass(tmp_path, case):
     timing = {k for k in m_sep if k.startswith("timing_s/")}
     assert {k: v for k, v in m_upd.items() if k not in timing} == {k: v for k, v in m_sep.items() if k not in timing}
     assert m_upd["actor/first_ratio_dev"] == 0.0 and m_upd["rollout_corr/truncated_frac"] > 0
-    if "algo.kl_coef=0.3" in CASES[case]:  # the second update's policy has moved off the reference
+    if "algo.kl_coef=0.3" in overrides:  # the second update's policy has moved off the reference
         assert m_upd["actor/kl"] > 0
 
 

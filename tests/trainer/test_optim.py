@@ -36,3 +36,54 @@ def test_state_dict_round_trip_keeps_pinned_buffers():
     assert all(torch.equal(a, b) for a, b in zip(other.host, opt.host))
     with pytest.raises(ValueError, match="different model"):
         LayerwiseAdamW(units[:1], lr=1e-2).load_state_dict(saved)
+
+
+def units_of(model):
+    units = [list(layer.parameters()) for layer in model.model.layers]
+    units.append([p for p in model.parameters() if all(p is not q for u in units for q in u)])
+    return units
+
+
+def test_defaults_are_torch_adamw_defaults_and_one_unit_is_prefetched():
+    model = small_model(torch.float32)
+    ours, torchs = LayerwiseAdamW(units_of(model)), torch.optim.AdamW(model.parameters())
+    for key in ("lr", "betas", "eps", "weight_decay"):
+        assert ours.defaults[key] == torchs.defaults[key], key
+    assert ours.prefetch == 1 and len(ours.slots) == 2
+
+
+@pytest.mark.parametrize(("prefetch", "slots"), [(-3, 1), (0, 1), (1, 2), (2, 3), (10, 4)])
+def test_device_slots_follow_prefetch_layers(prefetch, slots):
+    """`prefetch_layers + 1` units' states on the device at most (never more than there are
+    units, never fewer than one), each slot the size of the largest unit's two moments."""
+    units = units_of(small_model(torch.float32))
+    assert len(units) == 4
+    opt = LayerwiseAdamW(units, prefetch_layers=prefetch)
+    assert opt.prefetch == max(0, prefetch) and len(opt.slots) == slots
+    largest = max(sum(p.numel() for p in unit) for unit in units)
+    assert all(s.numel() == 2 * largest and s.dtype == torch.float32 for s in opt.slots)
+
+
+def test_states_take_the_parameters_dtype_and_a_single_parameter_works():
+    p = torch.nn.Parameter(torch.ones(5, dtype=torch.bfloat16))
+    opt = LayerwiseAdamW([[p]], lr=0.1, weight_decay=0.0)
+    assert opt.host[0].dtype == torch.bfloat16 and opt.host[0].numel() == 10
+    assert opt.slots[0].dtype == torch.bfloat16 and opt.device == p.device
+    p.grad = torch.full_like(p, 2.0)
+    opt.step()
+    reference = torch.nn.Parameter(torch.ones(5, dtype=torch.bfloat16))
+    reference.grad = torch.full_like(reference, 2.0)
+    torch.optim.AdamW([reference], lr=0.1, weight_decay=0.0, foreach=False).step()
+    assert torch.equal(p.detach(), reference.detach())
+
+
+def test_refusals_name_the_problem():
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="^a parameter appears in two units$"):
+        LayerwiseAdamW([[a], [a]])
+    with pytest.raises(
+        ValueError, match=r"^LayerwiseAdamW needs one parameter dtype; found \['torch.bfloat16', 'torch.float32'\]$"
+    ):
+        LayerwiseAdamW([[a], [b]])
+    with pytest.raises(ValueError, match="^LayerwiseAdamW does not take a closure$"):
+        LayerwiseAdamW([[a]]).step(lambda: 0.0)
