@@ -75,6 +75,32 @@ def sync_from_thread(named, expected, load, loaded, version: int, bucket_bytes: 
     return stats
 
 
+def ragged_generation(seed: int, rows: int = 8):
+    """(a generation-layout batch of `rows` rows of random tokens: left-padded prompts of 2-5 tokens,
+    right-padded responses of 1-4, loss on every response token; the generator, for further draws)."""
+    from rlpost.data.batch import Batch
+    from rlpost.data.padding import left_pad, right_pad
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = [(2, 6), (1, 5)]
+    prompts, responses = (
+        [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(lo, hi, (rows,), generator=g)]
+        for lo, hi in lengths
+    )
+    prompt_ids, prompt_mask = left_pad(prompts, 0)
+    response_ids, response_mask = right_pad(responses, 0)
+    batch = Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+            "loss_mask": response_mask.clone(),
+        }
+    )
+    return batch, g
+
+
 def reference_logprobs(model, batch, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Log-probs [B, R] of the generated tokens under softmax(logits / T) of `model`, one
     unpadded sequence at a time; with `top_k` / `top_p`, under that distribution restricted to

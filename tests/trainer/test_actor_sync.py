@@ -13,12 +13,10 @@ import pytest
 import torch
 
 from rlpost.config import load_config
-from rlpost.data.batch import Batch
-from rlpost.data.padding import left_pad, right_pad
 from rlpost.weightsync.manifest import checksum, spec_of
 from rlpost.weightsync.sync import receive_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
-from tests.helpers import reference_logprobs, save_tiny_model
+from tests.helpers import ragged_generation, reference_logprobs, save_tiny_model
 
 LORA = {
     "none": [],
@@ -75,21 +73,8 @@ def train(worker, model, seed: int = 1) -> None:
     from rlpost.controller.step import step_plan
     from rlpost.data.microbatch import shard_batch
 
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(2, 6, (8,), generator=g)]
-    responses = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(1, 5, (8,), generator=g)]
-    prompt_ids, prompt_mask = left_pad(prompts, 0)
-    response_ids, response_mask = right_pad(responses, 0)
-    batch = Batch(
-        {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": prompt_mask,
-            "response_ids": response_ids,
-            "response_mask": response_mask,
-            "loss_mask": response_mask.clone(),
-            "advantages": torch.randn(8, generator=g),
-        }
-    )
+    batch, g = ragged_generation(seed)
+    batch["advantages"] = torch.randn(8, generator=g)
     batch["rollout_logprobs"] = reference_logprobs(model, batch)
     batch["old_logprobs"] = batch["rollout_logprobs"].clone()
     worker.update(shard_batch(batch, step_plan(batch, worker.cfg)[1])[0])

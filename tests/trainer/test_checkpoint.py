@@ -16,26 +16,12 @@ import torch
 import rlpost.trainer.checkpoint as checkpoint
 from rlpost.config import load_config
 from rlpost.data.batch import Batch
-from rlpost.data.padding import left_pad, right_pad
 from rlpost.weightsync.transport import free_port
-from tests.helpers import reference_logprobs, save_tiny_model
+from tests.helpers import ragged_generation, reference_logprobs, save_tiny_model
 
 
 def batch_for(model, seed: int) -> Batch:
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(2, 6, (8,), generator=g)]
-    responses = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(1, 5, (8,), generator=g)]
-    prompt_ids, prompt_mask = left_pad(prompts, 0)
-    response_ids, response_mask = right_pad(responses, 0)
-    batch = Batch(
-        {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": prompt_mask,
-            "response_ids": response_ids,
-            "response_mask": response_mask,
-            "loss_mask": response_mask.clone(),
-        }
-    )
+    batch, g = ragged_generation(seed)
     batch["rollout_logprobs"] = reference_logprobs(model, batch)
     batch["old_logprobs"] = batch["rollout_logprobs"].clone()
     batch["advantages"] = torch.randn(8, generator=g)

@@ -10,9 +10,8 @@ import torch
 from rlpost.config import load_config
 from rlpost.controller.step import old_logprobs_in_update
 from rlpost.data.batch import Batch
-from rlpost.data.padding import left_pad, right_pad
 from rlpost.weightsync.transport import free_port
-from tests.helpers import reference_logprobs, save_tiny_model
+from tests.helpers import ragged_generation, reference_logprobs, save_tiny_model
 
 COMMON = [
     "+recipe=quickstart",
@@ -38,21 +37,8 @@ CASES = {  # (overrides, whether the controller asks for the base model's log-pr
 
 def generation(model, seed: int = 0) -> Batch:
     """8 ragged rows as the rollouts deliver them: no old or reference log-probs yet."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(2, 6, (8,), generator=g)]
-    responses = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(1, 5, (8,), generator=g)]
-    prompt_ids, prompt_mask = left_pad(prompts, 0)
-    response_ids, response_mask = right_pad(responses, 0)
-    batch = Batch(
-        {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": prompt_mask,
-            "response_ids": response_ids,
-            "response_mask": response_mask,
-            "loss_mask": response_mask.clone(),
-        }
-    )
-    noise = (torch.rand(response_ids.shape, generator=g) - 0.5) * response_mask
+    batch, g = ragged_generation(seed)
+    noise = (torch.rand(batch["response_ids"].shape, generator=g) - 0.5) * batch["response_mask"]
     batch["rollout_logprobs"] = reference_logprobs(model, batch, 0.8) + noise  # TIS bites both ways
     batch["advantages"] = torch.randn(8, generator=g)
     return batch
