@@ -41,6 +41,18 @@ STATUS = {
 }
 
 
+# mutmut with the import hook of an editable install (`pip install -e .`) taken out: that hook
+# would hand the tests the repository's rlpost instead of mutants/rlpost, and every mutant would
+# look untested
+MUTMUT = """
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+sys.argv[0] = "mutmut"
+from mutmut.__main__ import cli
+cli()
+"""
+
+
 def results() -> dict[str, int | None]:
     """{mutant name: exit code} from mutmut's per-file results."""
     out = {}
@@ -73,9 +85,16 @@ def main() -> None:
     args = ap.parse_args()
     if not args.keep and not args.report_only:
         shutil.rmtree(REPO / "mutants", ignore_errors=True)
+    commit_file = REPO / "mutants" / "rlpost-commit.txt"  # the code the mutants were made from
+    if not args.report_only and not args.keep:
+        git = ["git", "-C", str(REPO)]
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run([*git, "status", "--porcelain", "rlpost", "tests"], capture_output=True, text=True)
+        commit_file.parent.mkdir(exist_ok=True)
+        commit_file.write_text(commit + ("+changes" if dirty.stdout.strip() else ""))
     start = time.time()
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "RLPOST_MUTATION": "1"}
-    cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children), *args.names]
+    cmd = [sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.max_children), *args.names]
     proc = subprocess.run(["true"] if args.report_only else cmd, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.time() - start
     if proc.returncode != 0:
@@ -111,6 +130,7 @@ def main() -> None:
         "command": "python scripts/mutation.py --out " + args.out + "".join(f" {n}" for n in args.names),
         "tool": "mutmut "
         + subprocess.run([sys.executable, "-m", "mutmut", "--version"], capture_output=True, text=True).stdout.strip(),
+        "commit": commit_file.read_text() if commit_file.is_file() else None,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "wall_s": None if args.report_only else round(wall),
         "score_note": "score = (killed + timeout) / (killed + survived + timeout + no_tests); "

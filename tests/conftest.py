@@ -5,6 +5,22 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_SILENT", "true")
 
+if os.environ.get("RLPOST_MUTATION"):
+    # scripts/mutation.py: mutmut forks one process per mutant from a server that has imported the
+    # tests; import what the trainer tests load lazily (transformers' Qwen2, FSDP2, peft, Hydra's
+    # config store) there too, so that each mutant's process does not pay seconds for it again
+    import peft  # noqa: F401
+    import torch
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    from transformers.models.qwen2 import modeling_qwen2  # noqa: F401
+
+    from rlpost.config import load_config
+
+    load_config(["+recipe=quickstart"])
+    x = torch.randn(4, 4, requires_grad=True)
+    (x @ x).sum().backward()
+
 
 def pytest_collection_modifyitems(config, items):
     """GPU tests skip cleanly on machines without CUDA."""

@@ -11,6 +11,12 @@ one per token `[N, R]`. The math of each lives in a plain function of tensors, t
   A group of one sample has advantage 0: there is nothing to compare it with.
 - `rloo` (Ahmadian et al. 2024): A_i = r_i - mean of the other samples of its group
   (= n/(n-1) * (r_i - mean)); a group of one sample has advantage 0.
+- `reinforce_pp` (Hu 2025, REINFORCE++): per-token rewards `token_rewards [N, R]` (the sequence's
+  reward on its last token, and with the KL in the reward -kl_coef * KL_t on every token), returns
+  G_t = sum_{s >= t} gamma^(s-t) r_s, then normalised over every loss token of the whole batch:
+  A = (G - mean(G)) / (std(G) + eps). No critic, no groups.
+- `reinforce_pp_baseline` (Hu 2025): the group mean as baseline, A_i = r_i - mean(r_group), then
+  the same normalisation over every loss token of the batch (global, not per group).
 """
 
 from __future__ import annotations
@@ -23,13 +29,19 @@ from rlpost.data.batch import Batch
 
 AdvantageFn = Callable[[Batch, object], torch.Tensor]
 ADVANTAGES: dict[str, AdvantageFn] = {}
+TOKEN_REWARDS: set[str] = set()  # estimators that read per-token rewards (`token_rewards` [N, R])
 
 
-def register_advantage(name: str):
+def register_advantage(name: str, token_rewards: bool = False):
+    """`token_rewards`: the estimator reads `batch["token_rewards"]` (the sequence reward on its
+    last loss token, and a KL penalty in the reward), which the controller then provides."""
+
     def wrap(fn: AdvantageFn) -> AdvantageFn:
         if name in ADVANTAGES:
             raise ValueError(f"advantage estimator {name!r} is registered twice")
         ADVANTAGES[name] = fn
+        if token_rewards:
+            TOKEN_REWARDS.add(name)
         return fn
 
     return wrap
@@ -73,6 +85,28 @@ def rloo_advantage(
     return torch.where(size > 1, adv, torch.zeros_like(adv)).float()
 
 
+def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t+1} over the tokens of `mask` [N, R] (a token outside the mask
+    passes the return on unchanged and gets 0)."""
+    out = torch.zeros_like(token_rewards, dtype=torch.float64)
+    running = torch.zeros(token_rewards.shape[0], dtype=torch.float64)
+    m = mask.bool()
+    for t in reversed(range(token_rewards.shape[1])):
+        running = torch.where(m[:, t], token_rewards[:, t].double() + gamma * running, running)
+        out[:, t] = torch.where(m[:, t], running, torch.zeros_like(running))
+    return out
+
+
+def normalize_over_tokens(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """(values - mean) / (std + eps) over the tokens of `mask` [N, R] (unbiased std), 0 elsewhere."""
+    m = mask.bool()
+    picked = values[m].double()
+    if picked.numel() < 2:
+        return torch.zeros_like(values, dtype=torch.float32)
+    out = (values.double() - picked.mean()) / (picked.std() + eps)
+    return torch.where(m, out, torch.zeros_like(out)).float()
+
+
 @register_advantage("grpo")
 def grpo(batch: Batch, algo) -> torch.Tensor:
     return grpo_advantage(batch["rewards"], batch["group_ids"], norm_by_std=algo.norm_adv_by_std)
@@ -81,3 +115,15 @@ def grpo(batch: Batch, algo) -> torch.Tensor:
 @register_advantage("rloo")
 def rloo(batch: Batch, algo) -> torch.Tensor:
     return rloo_advantage(batch["rewards"], batch["group_ids"], norm_by_std=algo.norm_adv_by_std)
+
+
+@register_advantage("reinforce_pp", token_rewards=True)
+def reinforce_pp(batch: Batch, algo) -> torch.Tensor:
+    returns = discounted_returns(batch["token_rewards"], batch["loss_mask"], algo.gamma)
+    return normalize_over_tokens(returns, batch["loss_mask"])
+
+
+@register_advantage("reinforce_pp_baseline")
+def reinforce_pp_baseline(batch: Batch, algo) -> torch.Tensor:
+    adv = grpo_advantage(batch["rewards"], batch["group_ids"], norm_by_std=False)
+    return normalize_over_tokens(adv[:, None].expand_as(batch["loss_mask"]), batch["loss_mask"])

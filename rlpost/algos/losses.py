@@ -93,6 +93,13 @@ def ppo_clip_loss(
     return loss, ratio, clipped
 
 
+def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log of GSPO's sequence ratio (pi(y) / pi_old(y))^(1/|y|), `[B, 1]`: the mean of the token
+    log-ratios over the tokens of `mask` (0 for a row without one)."""
+    mask = mask.to(logp.dtype)
+    return ((logp - old_logp) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+
+
 def truncated_is_weights(
     old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, mode: str, threshold: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,11 +6,15 @@ algorithm. A loss sees no ranks or micro-batches beyond `denominator`: the token
 count of the whole mini-batch over every data-parallel rank, so that micro-batches and ranks add
 up to the mini-batch loss (`rlpost.algos.losses.aggregate`).
 
+Every loss is its policy-gradient term per token, weighted by truncated importance weights
+pi_old / pi_rollout when `algo.rollout_is` is set (TIS, Yao et al. 2025), plus `kl_coef` x
+KL(pi || pi_ref) by the chosen estimator when the algorithm puts the KL in the loss, minus
+`entropy_coef` x entropy, each aggregated by `algo.loss_agg_mode` over the tokens of `loss_mask`:
+
 - `ppo`: the PPO dual-clip surrogate of Schulman et al. 2017 / Ye et al. 2020 on the ratio
-  pi / pi_old per token, weighted by truncated importance weights pi_old / pi_rollout when
-  `algo.rollout_is` is set (TIS, Yao et al. 2025), plus `kl_coef` x KL(pi || pi_ref) by the
-  chosen estimator and minus `entropy_coef` x entropy, each aggregated by `algo.loss_agg_mode`
-  over the tokens of `loss_mask`.
+  pi / pi_old per token.
+- `gspo`: the sequence-level ratio and clip of GSPO (Zheng et al. 2025).
+- `cispo`: the clipped, stop-gradient importance weight of CISPO (MiniMax 2025).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Callable
 
 import torch
 
-from rlpost.algos.losses import aggregate, kl_penalty, ppo_clip_loss, truncated_is_weights
+from rlpost.algos.losses import aggregate, kl_penalty, ppo_clip_loss, sequence_log_ratio, truncated_is_weights
 
 
 @dataclass
@@ -38,6 +42,7 @@ class LossInputs:
     entropy: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None  # needed when kl_coef > 0
     rollout_logp: torch.Tensor | None = None  # needed when rollout_is != none
+    kl_coef: float = 0.0  # the KL term's weight: algo.kl_coef when the algorithm puts the KL in the loss
 
 
 @dataclass
@@ -83,12 +88,12 @@ def _extreme(values: torch.Tensor, mask: torch.Tensor, largest: bool) -> torch.T
     return masked.max() if largest else masked.min()
 
 
-def ppo_loss(x: LossInputs, algo) -> LossOutputs:
+def _terms(pg: torch.Tensor, ratio: torch.Tensor, clipped: torch.Tensor, x: LossInputs, algo) -> LossOutputs:
+    """What every policy loss shares, around its per-token policy-gradient term `pg`: the TIS
+    weights multiplied in, aggregation, the KL term (`x.kl_coef`, when the KL is in the loss) and
+    the entropy bonus, and the metrics."""
     mask = x.loss_mask
     agg = partial(aggregate, mask=mask, mode=algo.loss_agg_mode, denominator=x.denominator, norm_length=x.norm_length)
-    pg, ratio, clipped = ppo_clip_loss(
-        x.logp, x.old_logp, x.advantages, algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c
-    )
     out = LossOutputs(loss=torch.zeros(()))
     if algo.rollout_is != "none":  # the sampler is not the policy scored here: reweight (TIS)
         weights, truncated = truncated_is_weights(
@@ -100,9 +105,9 @@ def ppo_loss(x: LossInputs, algo) -> LossOutputs:
         out.maxes["rollout_corr/is_weight_max"] = _extreme(weights, mask, largest=True)
         out.means["rollout_corr/kl"] = _masked(kl_penalty(x.rollout_logp, x.old_logp, "k3"), mask)
     loss = agg(pg)
-    if algo.kl_coef > 0:
+    if x.kl_coef > 0:
         kl = kl_penalty(x.logp, x.ref_logp, algo.kl_estimator)  # KL(policy || reference), per token
-        loss = loss + algo.kl_coef * agg(kl)
+        loss = loss + x.kl_coef * agg(kl)
         out.means["actor/kl"] = _masked(kl, mask)
     if algo.entropy_coef:
         loss = loss - algo.entropy_coef * agg(x.entropy)
@@ -117,5 +122,38 @@ def ppo_loss(x: LossInputs, algo) -> LossOutputs:
     return out
 
 
+def ppo_loss(x: LossInputs, algo) -> LossOutputs:
+    pg, ratio, clipped = ppo_clip_loss(
+        x.logp, x.old_logp, x.advantages, algo.clip_ratio_low, algo.clip_ratio_high, algo.clip_ratio_c
+    )
+    return _terms(pg, ratio, clipped, x, algo)
+
+
+def gspo_loss(x: LossInputs, algo) -> LossOutputs:
+    """GSPO (Zheng et al. 2025): the sequence's importance ratio s_i = (pi(y_i) / pi_old(y_i))^(1/|y_i|)
+    (the geometric mean of its token ratios over the loss tokens), clipped per sequence, in the
+    paper's GSPO-token form s_i,t = sg[s_i] * pi_t / sg[pi_t]: each token carries the value s_i
+    and the gradient of log pi_t / |y_i|, so with `seq-mean-token-mean` (the paper's) the loss is
+    -1/G sum_i min(s_i A_i, clip(s_i, 1 - clip_ratio_low, 1 + clip_ratio_high) A_i)."""
+    seq_ratio = sequence_log_ratio(x.logp, x.old_logp, x.loss_mask)
+    ratio = torch.exp(seq_ratio.detach() + x.logp - x.logp.detach())
+    loss_unclipped = -x.advantages * ratio
+    loss_clipped = -x.advantages * torch.clamp(ratio, 1.0 - algo.clip_ratio_low, 1.0 + algo.clip_ratio_high)
+    return _terms(torch.maximum(loss_unclipped, loss_clipped), ratio, loss_clipped > loss_unclipped, x, algo)
+
+
+def cispo_loss(x: LossInputs, algo) -> LossOutputs:
+    """CISPO (MiniMax 2025, MiniMax-M1): REINFORCE with the importance weight clipped and
+    stopped from the gradient, so no token's gradient is dropped (PPO's clip zeroes it):
+    per-token loss -sg[min(r_t, 1 + clip_ratio_high)] A_t log pi_t. As in the paper the weight
+    has no lower bound. At r = 1 its gradient is PPO's."""
+    ratio = torch.exp(x.logp - x.old_logp)
+    clipped = ratio > 1.0 + algo.clip_ratio_high
+    weight = torch.clamp(ratio, max=1.0 + algo.clip_ratio_high).detach()
+    return _terms(-x.advantages * weight * x.logp, ratio, clipped, x, algo)
+
+
 # registered by a call, not a decorator: mutation testing (scripts/mutation.py) skips decorated functions
 register_policy_loss("ppo")(ppo_loss)
+register_policy_loss("gspo")(gspo_loss)
+register_policy_loss("cispo")(cispo_loss)

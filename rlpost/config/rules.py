@@ -157,6 +157,16 @@ def vllm_adapter_rank(cfg):
         return f"model.lora.rank={lora.rank}: vLLM serves adapters of rank <= 512; use model.lora.mode=merge"
 
 
+@rule("algo.overlong_buffer")
+def overlong_buffer_fits(cfg):
+    buffer, limit = cfg.algo.overlong_buffer, cfg.rollout.max_response_length
+    if buffer >= limit:
+        return (
+            f"algo.overlong_buffer={buffer} must be shorter than rollout.max_response_length={limit}: "
+            "the penalty ramps over the last tokens before the limit"
+        )
+
+
 def validate(cfg: TrainConfig) -> None:
     """Every key's allowed values (`choices`, ranges: declared with the key), then the rules that
     span keys (`RULES`). Raises ConfigError naming the key at fault and what would fix it."""

@@ -12,9 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlpost.algos.advantages import ADVANTAGES
+from rlpost.algos.algorithms import ALGORITHMS
 from rlpost.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES
-from rlpost.algos.policy_loss import POLICY_LOSSES
 
 
 def knob(
@@ -180,16 +179,16 @@ class RolloutConfig:
 # ------------------------------------------------------------------------------------------ algo
 @dataclass
 class AlgoConfig:
-    advantage: str = knob("grpo", "Advantage estimator (rlpost.algos.advantages).", tuple(ADVANTAGES))
+    name: str = knob(
+        "grpo",
+        "The algorithm (rlpost.algos.algorithms; docs/algorithms.md): its advantage estimator, "
+        "policy loss, KL placement, batch filter and roles.",
+        tuple(ALGORITHMS),
+    )
     norm_adv_by_std: bool = knob(
         True, "Divide group advantages by the group std; false gives Dr.GRPO (Liu et al. 2025)."
     )
-    policy_loss: str = knob(
-        "ppo",
-        "Policy loss (rlpost.algos.policy_loss): `ppo` is the clipped surrogate with "
-        "dual clip, TIS, KL and entropy terms.",
-        tuple(POLICY_LOSSES),
-    )
+    gamma: float = knob(1.0, "Discount of per-token returns (REINFORCE++).", ge=0, le=1)
     clip_ratio_low: float = knob(0.2, "PPO clip: ratios below 1 - this are clipped (Schulman et al. 2017).", ge=0, lt=1)
     clip_ratio_high: float = knob(0.2, "PPO clip: ratios above 1 + this are clipped (DAPO raises it).", ge=0)
     clip_ratio_c: float = knob(3.0, "Dual-clip bound for negative advantages (Ye et al. 2020); > 1.", gt=1)
@@ -236,6 +235,24 @@ class AlgoConfig:
         ("none", "token", "sequence"),
     )
     rollout_is_threshold: float = knob(2.0, "Cap of the truncated importance weights.", ge=1)
+    max_filter_rounds: int = knob(
+        3,
+        "Batch filters (DAPO's dynamic sampling): at most this many extra generation rounds per "
+        "step to fill the batch with groups that pass; past it the batch is filled with groups "
+        "that did not (counted in `filter/filled_groups`).",
+        ge=0,
+    )
+    overlong_buffer: int = knob(
+        0,
+        "DAPO's soft overlong punishment (Yu et al. 2025): over the last this many tokens before "
+        "`rollout.max_response_length` the reward falls linearly by up to "
+        "`overlong_penalty`; 0 = off.",
+        ge=0,
+    )
+    overlong_penalty: float = knob(1.0, "Largest soft overlong penalty (DAPO).", ge=0)
+    overlong_filter: bool = knob(
+        False, "DAPO's overlong filtering: truncated responses (no EOS at the length limit) get no loss."
+    )
 
 
 # --------------------------------------------------------------------------------------- trainer

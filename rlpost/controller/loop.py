@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from rlpost.algos.algorithms import get_algorithm, needed_roles
+from rlpost.algos.filters import BATCH_FILTERS
 from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
@@ -26,6 +28,7 @@ from rlpost.controller.step import (
     batch_metrics,
     check_rollout_serves_adapter,
     check_staleness,
+    filter_overlong,
     old_logprobs_in_update,
     plan_padding_fraction,
     put_logprobs,
@@ -54,6 +57,11 @@ class Controller:
         self.loader, self.val_rows, self.dropped_prompts = load_data(cfg, self.tokenizer, log)
         self.version, self.step = 0, 0
         self.lora = cfg.model.lora.rank > 0
+        self.algorithm = get_algorithm(cfg.algo.name)
+        self.keep_groups = BATCH_FILTERS[self.algorithm.batch_filter]
+        # the reference lives in the actor's group: a frozen copy, or with LoRA the adapters off
+        roles = needed_roles(self.algorithm, cfg.algo.kl_coef, reward_model=False)
+        log(f"algorithm {self.algorithm.name} ({self.algorithm.paper}): roles {', '.join(roles)}")
         self._adapter_probe_due = self.lora  # check_rollout_serves_adapter at the next chance
         self.placement = self.trainers = self.rollouts = None
         try:
@@ -91,12 +99,11 @@ class Controller:
     # ---------------------------------------------------------------------------- one step
     def train_step(self) -> dict[str, float]:
         cfg, timing = self.cfg, {}
-        with timed(timing, "gen"):  # the wait: less when generation overlapped the last step
-            rows, batch = self.batches.next_batch(self.step)
+        scored = self.batches.next_scored(self.step, self.keep_groups)  # timing_s/gen, reward (, filter)
+        batch = scored.batch
         staleness = check_staleness(batch, self.version, self.cfg.algo.max_staleness if self.batches.overlap else 0)
-        with timed(timing, "reward"):
-            batch["rewards"], reward_errors, responses = self.batches.score(rows, batch, cfg.rollout.n)
-        self.samples.write(self.step + 1, rows, cfg.rollout.n, responses, batch["rewards"].tolist())
+        self.samples.write(self.step + 1, scored.rows, cfg.rollout.n, scored.responses, scored.scores.tolist())
+        truncated = filter_overlong(batch, cfg, self.tokenizer.eos_token_id)
         lengths, plan = step_plan(batch, cfg)
         probe = self._adapter_probe_due and batch["weight_version"].min().item() >= 1 + staleness
         in_update = old_logprobs_in_update(cfg)  # else a separate forward pass brings them first
@@ -117,7 +124,10 @@ class Controller:
             self.trainers.call("release_memory")  # vLLM wakes up into this memory
         sync = self.sync_weights()
         return {
-            **batch_metrics(batch, batch["rewards"], reward_errors, cfg.rollout.n),
+            **batch_metrics(batch, scored.scores, scored.errors, cfg.rollout.n),
+            **scored.metrics,
+            "response_length/truncated_frac": truncated / len(batch),
+            "reward/shaped_mean": batch["rewards"].mean().item(),
             **actor,
             **sync,
             **timing,

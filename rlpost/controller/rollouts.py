@@ -10,18 +10,59 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from rlpost.config import TrainConfig
 from rlpost.controller.cluster import WorkerGroup
-from rlpost.controller.step import group_ids, sampling_params
+from rlpost.controller.step import group_ids, sampling_params, shape_rewards, timed
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptLoader, PromptRow
 from rlpost.data.padding import check_masks, concat_generations
 from rlpost.rewards import RewardInput, score_samples
 from rlpost.rollout.base import SamplingParams
+
+
+@dataclass
+class Scored:
+    """A generated, scored batch: its prompts, the batch, the scores, how many samples failed to
+    score, the decoded responses, and what a batch filter did (`filter/*` metrics)."""
+
+    rows: list[PromptRow]
+    batch: Batch
+    scores: torch.Tensor
+    errors: int
+    responses: list[str]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _fill(rounds: list[Scored], keeps: list[torch.Tensor], wanted: int, n: int, pad_id: int) -> Scored:
+    """One `Scored` of `wanted` groups: the kept groups of every round in order, then (past the
+    round cap) the dropped ones."""
+    kept = [(r, g) for r, k in enumerate(keeps) for g in k.nonzero()[:, 0].tolist()]
+    dropped = [(r, g) for r, k in enumerate(keeps) for g in (~k).nonzero()[:, 0].tolist()]
+    chosen = sorted((kept + dropped[: max(wanted - len(kept), 0)])[:wanted])
+    rows, batches, scores, responses = [], [], [], []
+    for r, part in enumerate(rounds):
+        groups = [g for rr, g in chosen if rr == r]
+        if not groups:
+            continue
+        index = [g * n + i for g in groups for i in range(n)]
+        rows += [part.rows[g] for g in groups]
+        batches.append(part.batch.select(index))
+        scores.append(part.scores[index])
+        responses += [part.responses[i] for i in index]
+    batch = concat_generations(batches, pad_id)
+    batch["group_ids"] = group_ids(len(rows), n)
+    metrics = {
+        "filter/rounds": float(len(rounds) - 1),
+        "filter/kept_groups_first_round": float(keeps[0].sum()),
+        "filter/dropped_groups": float(len(dropped)),
+        "filter/filled_groups": float(max(wanted - len(kept), 0)),
+    }
+    errors = sum(part.errors for part in rounds)
+    return Scored(rows, batch, torch.cat(scores), errors, responses, metrics)
 
 
 @dataclass
@@ -81,9 +122,47 @@ class Rollouts:
         if self.overlap:  # the next batches generate while this one trains
             while len(self.pending) < cfg.algo.max_staleness and step + 1 + len(self.pending) < cfg.trainer.total_steps:
                 self._queue(step + 1 + len(self.pending))
-        elif cfg.cluster.placement == "colocate":
-            self.group.call("sleep")  # the trainer gets the device (vLLM on a GPU)
         return job.rows, batch
+
+    def more(self, step: int, round: int) -> tuple[list[PromptRow], Batch]:
+        """An extra batch of new prompts for step `step` + 1 (a batch filter dropped groups), on
+        the actors' current weights, with a seed of its own."""
+        rows = next(self.loader)
+        return rows, self.generate(rows, sampling_params(self.cfg, self.seed(step) + 7919 * round))
+
+    def release(self) -> None:
+        """Colocate placement: the step's generation is done, the trainer gets the device (vLLM
+        sleeps until the next sync)."""
+        if self.cfg.cluster.placement == "colocate":
+            self.group.call("sleep")
+
+    def next_scored(self, step: int, keep_groups=None) -> Scored:
+        """The scored batch that trains step `step` + 1, its `rewards` shaped (`shape_rewards`).
+        With a batch filter (`keep_groups(rewards, group_ids)` -> [N] bool, e.g. DAPO's dynamic
+        sampling) the groups it drops are replaced by groups of new prompts, at most
+        `algo.max_filter_rounds` extra generations; past that the dropped groups fill the batch."""
+        cfg, n, timing = self.cfg, self.cfg.rollout.n, {}
+        with timed(timing, "gen"):  # the wait: less when generation overlapped the last step
+            rows, batch = self.next_batch(step)
+        with timed(timing, "reward"):
+            out = Scored(rows, batch, *self.score(rows, batch, n))
+        if keep_groups is not None:
+            with timed(timing, "filter"):
+                out = self._filtered(step, out, keep_groups)
+        self.release()
+        out.batch["rewards"] = shape_rewards(out.batch, out.scores, cfg)
+        out.metrics.update(timing)
+        return out
+
+    def _filtered(self, step: int, first: Scored, keep_groups) -> Scored:
+        cfg, n, wanted = self.cfg, self.cfg.rollout.n, self.cfg.data.train_batch_size
+        rounds = [first]
+        keeps = [keep_groups(shape_rewards(first.batch, first.scores, cfg), first.batch["group_ids"])[::n]]
+        while sum(int(k.sum()) for k in keeps) < wanted and len(rounds) <= cfg.algo.max_filter_rounds:
+            rows, batch = self.more(step, len(rounds))
+            rounds.append(Scored(rows, batch, *self.score(rows, batch, n)))
+            keeps.append(keep_groups(shape_rewards(batch, rounds[-1].scores, cfg), batch["group_ids"])[::n])
+        return _fill(rounds, keeps, wanted, n, self.pad_id)
 
     def score(self, rows: list[PromptRow], batch: Batch, n: int):
         """(rewards [N], how many samples failed to score, the decoded responses)."""

@@ -8,7 +8,10 @@ from contextlib import contextmanager
 
 import torch
 
-from rlpost.algos.advantages import get_advantage
+from rlpost.algos.advantages import TOKEN_REWARDS, get_advantage
+from rlpost.algos.algorithms import get_algorithm
+from rlpost.algos.filters import overlong_penalty, truncated
+from rlpost.algos.losses import kl_penalty
 from rlpost.config import TrainConfig, mini_batch_size
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import padding_fraction, plan_step
@@ -34,11 +37,17 @@ def step_plan(batch: Batch, cfg: TrainConfig):
     return lengths, plan
 
 
+def kl_in_reward(cfg: TrainConfig) -> bool:
+    """The algorithm puts a KL penalty into the per-token rewards (not into the loss)."""
+    return cfg.algo.kl_coef > 0 and get_algorithm(cfg.algo.name).kl == "reward"
+
+
 def old_logprobs_in_update(cfg: TrainConfig) -> bool:
     """`algo.old_logprobs`: the update's own forward gives the old (and reference) log-probs,
-    because the batch trains in one optimizer step, so no separate pass runs."""
+    because the batch trains in one optimizer step, so no separate pass runs. Not when the
+    advantages need the log-probs first (a KL penalty in the reward)."""
     one_step = cfg.algo.ppo_epochs == 1 and mini_batch_size(cfg) == cfg.data.train_batch_size
-    return one_step and cfg.algo.old_logprobs == "auto"
+    return one_step and cfg.algo.old_logprobs == "auto" and not kl_in_reward(cfg)
 
 
 def put_logprobs(batch: Batch, parts: list[Batch]) -> None:
@@ -69,9 +78,47 @@ def check_staleness(batch: Batch, version: int, allowed: int) -> int:
     return version - generated
 
 
+def shape_rewards(batch: Batch, scores: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """The rewards that train: the scores plus DAPO's soft overlong penalty (`algo.overlong_buffer`)."""
+    lengths = batch["response_mask"].sum(-1)
+    a = cfg.algo
+    return scores + overlong_penalty(lengths, cfg.rollout.max_response_length, a.overlong_buffer, a.overlong_penalty)
+
+
+def filter_overlong(batch: Batch, cfg: TrainConfig, eos_id: int) -> int:
+    """DAPO's overlong filtering (`algo.overlong_filter`): truncated responses lose their loss
+    tokens. Returns how many were truncated."""
+    cut = truncated(batch["response_ids"], batch["response_mask"], eos_id, cfg.rollout.max_response_length)
+    if cfg.algo.overlong_filter:
+        batch["loss_mask"] = batch["loss_mask"] & ~cut[:, None]
+    return int(cut.sum())
+
+
+def token_rewards(batch: Batch, cfg: TrainConfig) -> torch.Tensor:
+    """[N, R]: each sequence's reward on its last loss token and, with the KL in the reward,
+    -kl_coef * KL(policy || reference) on every loss token (old and reference log-probs, by
+    `algo.kl_estimator`; Ziegler et al. 2019)."""
+    mask = batch["loss_mask"]
+    columns = torch.arange(mask.shape[1]).expand_as(mask)
+    last = torch.where(mask, columns, -1).max(-1).values  # -1: a row without a loss token
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    rows = last >= 0
+    out[rows.nonzero()[:, 0], last[rows]] = batch["rewards"][rows].float()
+    if kl_in_reward(cfg):
+        kl = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], cfg.algo.kl_estimator)
+        out = out - cfg.algo.kl_coef * kl.float() * mask
+    return out
+
+
 def advantages(batch: Batch, cfg: TrainConfig) -> torch.Tensor:
-    """The advantages of `algo.advantage` for a batch with `rewards` and `group_ids`: [N] or [N, R]."""
-    return get_advantage(cfg.algo.advantage)(batch, cfg.algo)
+    """The advantages of the algorithm's estimator for a batch with `rewards` and `group_ids`
+    (and the log-probs, when the KL is in the reward): [N] or [N, R]."""
+    name = get_algorithm(cfg.algo.name).advantage
+    if name not in TOKEN_REWARDS:
+        return get_advantage(name)(batch, cfg.algo)
+    view = Batch(dict(batch.tensors))  # the per-token rewards are the estimator's input only
+    view["token_rewards"] = token_rewards(batch, cfg)
+    return get_advantage(name)(view, cfg.algo)
 
 
 def sampling_params(cfg: TrainConfig, seed: int, n: int | None = None, greedy: bool = False) -> SamplingParams:

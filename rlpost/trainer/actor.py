@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlpost.algos.algorithms import get_algorithm
 from rlpost.algos.policy_loss import LossInputs, get_policy_loss
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
@@ -46,7 +47,9 @@ class ActorWorker:
         self.model, self.device, self.lora = e.model, e.device, e.lora
         self.optimizer = e.optimizer
         self.ref_model = e.frozen_copy() if cfg.algo.kl_coef > 0 and self.lora is None else None
-        self.loss_fn = get_policy_loss(cfg.algo.policy_loss)
+        algorithm = get_algorithm(cfg.algo.name)
+        self.loss_fn = get_policy_loss(algorithm.policy_loss)
+        self.kl_in_loss = cfg.algo.kl_coef if algorithm.kl == "loss" else 0.0  # else it is in the reward
         self.packed = use_packed_layout(cfg.trainer.layout, cfg.model.attn_implementation)
         self.sync_group: SyncGroup | None = None
         self.manifests = self._manifests()
@@ -150,15 +153,17 @@ class ActorWorker:
         old = mb["old_logprobs"].to(dev) if "old_logprobs" in mb else logp.detach()
         if ref_logp is None and "ref_logprobs" in mb:
             ref_logp = mb["ref_logprobs"]
+        adv = mb["advantages"].to(dev).float()
         out = self.loss_fn(
             LossInputs(
                 logp=logp,
                 old_logp=old,
-                advantages=mb["advantages"].to(dev).float()[:, None],
+                advantages=adv[:, None] if adv.dim() == 1 else adv,  # per sequence or per token
                 loss_mask=mb["loss_mask"].to(dev).float(),
                 denominator=denom,
                 norm_length=self.cfg.rollout.max_response_length,
                 entropy=entropy,
+                kl_coef=self.kl_in_loss,
                 ref_logp=ref_logp.to(dev) if ref_logp is not None else None,
                 rollout_logp=mb["rollout_logprobs"].to(dev),
             ),

@@ -111,6 +111,7 @@ def test_micro_batches_on_every_rank_add_up_to_the_mini_batch_loss(mode):
                 loss_mask=loss_mask[idx].float(),
                 denominator=denominator,
                 norm_length=width,
+                kl_coef=algo.kl_coef,
             ),
             algo,
         ).loss

@@ -111,6 +111,7 @@ VIOLATIONS = {
         ["trainer.optim.betas=[0.9]"],
     ],
     "known_trackers": [["logger.backends=[console,foo]"]],
+    "overlong_buffer_fits": [["algo.overlong_buffer=4"]],
     "lora_targets": [
         ["model.lora.rank=4", "model.lora.target_modules=[]"],
         ["model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"],

@@ -65,7 +65,7 @@ def test_each_reward_reaches_its_own_rows_through_groups_advantages_and_shards(e
         "trainer.world_size=2",
         "trainer.max_tokens_per_microbatch=12",
         "trainer.micro_batch_size=4",
-        f"algo.advantage={estimator}",
+        f"algo.name={estimator}",
         f"algo.norm_adv_by_std={str(norm).lower()}",
     )
     groups = group_ids(prompts, n)

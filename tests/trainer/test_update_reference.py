@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers import WORLDS, reference_logprobs, run_ranks, save_tiny_model
+from tests.helpers import reference_logprobs, run_ranks, save_tiny_model
 
 TEMPERATURE = 0.7
 GROUPS = [4, 2, 3, 3]  # samples per prompt: 12 rows, two mini-batches of 6 ([4, 2] and [3, 3])
@@ -54,6 +54,21 @@ CASES = {
     "kl_k3": [SILENT, "algo.kl_coef=0.5", "algo.kl_estimator=k3"],
     "entropy": [SILENT, "algo.entropy_coef=0.3"],
     "entropy_seq_mean": [SILENT, "algo.entropy_coef=0.3", "algo.loss_agg_mode=seq-mean-token-mean"],
+    "gspo": [
+        "algo.name=gspo",
+        "algo.clip_ratio_low=0.1",
+        "algo.clip_ratio_high=0.15",
+        "algo.loss_agg_mode=seq-mean-token-mean",
+    ],
+    "gspo_token_mean": ["algo.name=gspo", "algo.clip_ratio_low=0.1", "algo.clip_ratio_high=0.15"],
+    "cispo": ["algo.name=cispo", "algo.clip_ratio_high=0.5"],
+    "reinforce_pp_kl_in_reward": [
+        "algo.name=reinforce_pp",
+        "algo.kl_coef=0.5",
+        "algo.kl_estimator=k2",
+        "algo.gamma=0.9",
+    ],
+    "reinforce_pp_baseline": ["algo.name=reinforce_pp_baseline"],
 }
 
 
@@ -112,9 +127,41 @@ def grpo_advantages(rewards, groups, norm_by_std=True):
     return adv
 
 
-def reference_loss(model, batch, rewards, algo: dict):
-    """The loss of one mini-batch, written from the papers: PPO dual clip, TIS, KL, entropy."""
-    adv = grpo_advantages(rewards, batch["group_ids"], algo["norm_adv_by_std"])
+def k_estimate(d, estimator):
+    """Schulman's estimators of KL(p || q) from d = log p - log q."""
+    return {"k1": d, "k2": d**2 / 2, "k3": torch.exp(-d) - 1 + d}[estimator]
+
+
+def reference_advantages(batch, rewards, algo: dict):
+    """Per row, the advantage of each of its own tokens (the tokens of `loss_mask`), for the whole
+    batch at once: REINFORCE++ normalises over every token of the batch."""
+    own = [batch["loss_mask"][i][batch["response_mask"][i]] for i in range(len(batch))]
+    if algo["name"] == "reinforce_pp":  # returns of per-token rewards: -kl_coef * KL_t, the reward last
+        per_row = []
+        for i in range(len(batch)):
+            m = batch["response_mask"][i]
+            d = (batch["old_logprobs"][i][m] - batch["ref_logprobs"][i][m])[own[i]].double()
+            r = -algo["kl_coef"] * k_estimate(d, algo["kl_estimator"])
+            if len(r):
+                r[-1] += rewards[i]
+            returns, g = [], 0.0
+            for t in reversed(range(len(r))):
+                g = r[t] + algo["gamma"] * g
+                returns.insert(0, g)
+            per_row.append(torch.tensor(returns, dtype=torch.float64))
+    elif algo["name"] == "reinforce_pp_baseline":  # the group mean as baseline, on every token
+        centred = grpo_advantages(rewards, batch["group_ids"], norm_by_std=False)
+        per_row = [torch.full((int(own[i].sum()),), float(centred[i]), dtype=torch.float64) for i in range(len(batch))]
+    else:
+        adv = grpo_advantages(rewards, batch["group_ids"], algo["norm_adv_by_std"])
+        return [torch.full((int(own[i].sum()),), float(adv[i])) for i in range(len(batch))]
+    every = torch.cat(per_row)
+    return [((a - every.mean()) / (every.std() + 1e-6)).float() for a in per_row]
+
+
+def reference_loss(model, batch, adv, algo: dict):
+    """The loss of one mini-batch, written from the papers: PPO dual clip, GSPO, CISPO, TIS, KL,
+    entropy. `adv`: each row's advantages on its own tokens."""
     per_token = {"pg": [], "kl": [], "entropy": []}
     for i in range(len(batch)):
         prompt = batch["prompt_ids"][i][batch["prompt_mask"][i]]
@@ -125,23 +172,28 @@ def reference_loss(model, batch, rewards, algo: dict):
             continue
         logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0, len(prompt) - 1 : -1] / TEMPERATURE
         logprobs = torch.log_softmax(logits.float(), -1)
-        logp = logprobs.gather(-1, response[:, None])[:, 0]
-        old, ref, rollout = (batch[k][i][m] for k in ("old_logprobs", "ref_logprobs", "rollout_logprobs"))
-        ratio = torch.exp(logp - old)
+        logp = logprobs.gather(-1, response[:, None])[:, 0][own]
+        old, ref, rollout = (batch[k][i][m][own] for k in ("old_logprobs", "ref_logprobs", "rollout_logprobs"))
         a = adv[i]
-        pg = torch.maximum(-a * ratio, -a * ratio.clamp(1 - algo["clip_ratio_low"], 1 + algo["clip_ratio_high"]))
-        if a < 0:
-            pg = torch.minimum(pg, -a * algo["clip_ratio_c"] * torch.ones_like(pg))
+        low, high = 1 - algo["clip_ratio_low"], 1 + algo["clip_ratio_high"]
+        if algo["name"] == "gspo":  # one ratio per sequence: the geometric mean of its token ratios
+            s = torch.exp((logp - old).mean())
+            pg = torch.maximum(-a * s, -a * s.clamp(low, high)).mean().expand(len(logp))  # seq-mean
+        elif algo["name"] == "cispo":  # REINFORCE with a clipped, stop-gradient IS weight
+            pg = -a * torch.exp(logp - old).clamp(max=high).detach() * logp
+        else:
+            ratio = torch.exp(logp - old)
+            pg = torch.maximum(-a * ratio, -a * ratio.clamp(low, high))
+            pg = torch.where(a < 0, torch.minimum(pg, -a * algo["clip_ratio_c"]), pg)
         log_w = old - rollout  # truncated importance weights, over the model's own tokens
         if algo["rollout_is"] == "token":
             pg = pg * torch.exp(log_w).clamp(max=algo["rollout_is_threshold"])
         elif algo["rollout_is"] == "sequence":
-            pg = pg * torch.exp((log_w * own).sum()).clamp(max=algo["rollout_is_threshold"])
-        d = logp - ref  # KL(policy || reference), Schulman's estimators
-        kl = {"k1": d, "k2": d**2 / 2, "k3": torch.exp(-d) - 1 + d}[algo["kl_estimator"]]
-        entropy = -(logprobs.exp() * logprobs).sum(-1)
+            pg = pg * torch.exp(log_w.sum()).clamp(max=algo["rollout_is_threshold"])
+        kl = k_estimate(logp - ref, algo["kl_estimator"])  # KL(policy || reference)
+        entropy = -(logprobs.exp() * logprobs).sum(-1)[own]
         for key, value in (("pg", pg), ("kl", kl), ("entropy", entropy)):
-            per_token[key].append(value[own])
+            per_token[key].append(value)
 
     def agg(values):
         if algo["loss_agg_mode"] == "token-mean":
@@ -150,21 +202,21 @@ def reference_loss(model, batch, rewards, algo: dict):
             return sum(v.mean() for v in values) / len(values)
         return sum(v.sum() / MAX_RESPONSE for v in values) / len(values)  # Dr.GRPO: a constant
 
-    return (
-        agg(per_token["pg"]) + algo["kl_coef"] * agg(per_token["kl"]) - algo["entropy_coef"] * agg(per_token["entropy"])
-    )
+    kl_in_loss = algo["kl_coef"] if algo["name"] != "reinforce_pp" else 0.0  # REINFORCE++: in the reward
+    return agg(per_token["pg"]) + kl_in_loss * agg(per_token["kl"]) - algo["entropy_coef"] * agg(per_token["entropy"])
 
 
 def reference_grads(model_dir, batch, rewards, algo: dict, mini_batches: int):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    adv = reference_advantages(batch, rewards, algo)
     size = len(batch) // mini_batches
     out = []
     for m in range(mini_batches):
         rows = list(range(m * size, (m + 1) * size))
         model.zero_grad()
-        reference_loss(model, batch.select(rows), rewards[rows], algo).backward()
+        reference_loss(model, batch.select(rows), adv[m * size : (m + 1) * size], algo).backward()
         out.append({n: p.grad.clone() for n, p in model.named_parameters()})
     return out
 
@@ -182,8 +234,8 @@ def case_rewards(rewards, name):
     return torch.zeros_like(rewards) if SILENT in CASES[name] else rewards
 
 
-def rank_main(rank, world, port, model_dir, batch_path, out):
-    """Every case through rlpost's path on this rank; rank 0 saves the captured gradients."""
+def rank_main(rank, world, port, model_dir, batch_path, out, names):
+    """The cases `names` through rlpost's path on this rank; rank 0 saves the captured gradients."""
     from rlpost.controller.step import advantages, step_plan
     from rlpost.data.microbatch import shard_batch
     from rlpost.trainer.actor import ActorWorker
@@ -193,7 +245,7 @@ def rank_main(rank, world, port, model_dir, batch_path, out):
     try:
         batch, rewards = torch.load(batch_path, weights_only=False)
         results = {}
-        for name in CASES:
+        for name in names:
             cfg = case_config(name, world)
             case = batch.select(slice(None))
             case["rewards"] = case_rewards(rewards, name)
@@ -237,17 +289,23 @@ def setup(tmp_path_factory):
 
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
-@pytest.mark.parametrize("world", WORLDS)
-def test_update_gradients_match_the_reference(setup, world, tmp_path):
-    """Every case of CASES, at world size 1 (in this process) and 2 (two processes over gloo)."""
+@pytest.mark.parametrize(
+    "world, names",
+    # world size 1 in this process, one case per test (a broken term fails fast, by name); world
+    # size 2 as two processes over gloo, every case in one spawn
+    [pytest.param(1, [name], id=f"1-{name}") for name in CASES]
+    + [pytest.param(2, list(CASES), id="2-all", marks=pytest.mark.multiprocess)],
+)
+def test_update_gradients_match_the_reference(setup, world, names, tmp_path):
+    """Each case of CASES through rlpost's update against the reference, at world size 1 and 2."""
     from rlpost.weightsync.transport import free_port
 
     model_dir, batch, rewards, batch_path = setup
     out = tmp_path / "grads.pt"
-    run_ranks(rank_main, world, free_port(), model_dir, str(batch_path), str(out))
+    run_ranks(rank_main, world, free_port(), model_dir, str(batch_path), str(out), names)
     results = torch.load(out, weights_only=False)
     wrong = []
-    for name in CASES:
+    for name in names:
         cfg = case_config(name, world)
         ours = results[name]["grads"]
         mini = 2 if cfg.algo.ppo_mini_batch_size else 1
@@ -280,6 +338,12 @@ def test_the_batch_exercises_every_branch(setup):
     assert ((ratio > 1.5) & (adv < 0)).any()  # the dual clip at c = 1.5
     w = torch.exp(batch["old_logprobs"] - batch["rollout_logprobs"])[mask]
     assert (w > 1.5).any() and (w < 1).any()
+    # GSPO's sequence ratios leave its clip range (0.9, 1.15) on both sides, for either sign of A
+    own = batch["loss_mask"].float()
+    seq = torch.exp(((logp - batch["old_logprobs"]) * own).sum(-1) / own.sum(-1).clamp(min=1))
+    seq_adv = grpo_advantages(rewards, batch["group_ids"])
+    assert ((seq > 1.15) & (seq_adv > 0)).any() and ((seq < 0.9) & (seq_adv < 0)).any()
+    assert ((seq > 1.15) & (seq_adv < 0)).any() and ((seq < 0.9) & (seq_adv > 0)).any()
     assert not math.isclose(
         float(grpo_advantages(rewards, batch["group_ids"], False).abs().sum()),
         float(grpo_advantages(rewards, batch["group_ids"]).abs().sum()),

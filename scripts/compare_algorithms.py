@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Every algorithm's recipe on the CPU quickstart task, side by side: per seed one tiny start model
+(built once, shared by all recipes of that seed, so each algorithm starts from the same weights)
+and one run per recipe, each timed from the command line to the end. Writes the held-out greedy
+accuracy curves and the final gains as JSON, and a PNG of the curves (`pip install matplotlib`).
+
+    python scripts/compare_algorithms.py --seeds 0 1 --out benchmarks/algorithms.json
+    python scripts/compare_algorithms.py --recipes quickstart gspo --seeds 0 --out /tmp/a.json trainer.total_steps=20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+from quickstart_seeds import cpu_model  # noqa: E402
+from summarize_run import summarize  # noqa: E402
+
+RECIPES = ["quickstart", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo"]
+
+
+def run(recipe: str, seed: int, cache: Path, run_dir: Path, extra: list[str]) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlpost.cli",
+        "train",
+        f"+recipe={recipe}",
+        f"model.tiny.seed={seed}",
+        f"run.seed={seed}",
+        f"run.dir={run_dir}",
+        f"model.cache_dir={cache}",
+        "logger.progress_bar=false",
+        *extra,
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    start = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    wall = time.time() - start
+    if proc.returncode != 0:
+        return {"recipe": recipe, "seed": seed, "error": proc.stderr[-3000:], "wall_s": round(wall, 1)}
+    s = summarize(str(run_dir), skip=0)
+    curve = s["val_accuracy"]
+    return {
+        "recipe": recipe,
+        "seed": seed,
+        "val_accuracy": curve,
+        "start_accuracy": curve[0][1],
+        "end_accuracy": curve[-1][1],
+        "gain": curve[-1][1] - curve[0][1],
+        "steps_s": round(s["phase_s"].get("step", 0.0), 1),
+        "wall_s": round(wall, 1),
+        "command": " ".join(cmd[1:]),
+    }
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    recipes = list(dict.fromkeys(r["recipe"] for r in results))
+    for i, recipe in enumerate(recipes):
+        color = f"C{i}"
+        for j, r in enumerate(x for x in results if x["recipe"] == recipe and "error" not in x):
+            steps, acc = zip(*r["val_accuracy"])
+            ax.plot(steps, acc, color=color, alpha=0.85, label=recipe if j == 0 else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_title("rlpost algorithms on the CPU quickstart (one line per seed)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--recipes", nargs="+", default=RECIPES)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("overrides", nargs="*", help="more config overrides for every run")
+    args = ap.parse_args()
+    git = partial(subprocess.run, capture_output=True, text=True, cwd=REPO)
+    commit = git(["git", "rev-parse", "--short", "HEAD"])
+    dirty = git(["git", "status", "--porcelain", "rlpost", "recipes"])
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            cache = Path(tmp) / f"cache{seed}"  # the first recipe builds the seed's start model
+            for recipe in args.recipes:
+                r = run(recipe, seed, cache, Path(tmp) / f"{recipe}-{seed}", args.overrides)
+                results.append(r)
+                print(json.dumps({k: r.get(k) for k in ("recipe", "seed", "end_accuracy", "gain", "wall_s", "error")}))
+    summary = {}
+    for recipe in args.recipes:
+        ok = [r for r in results if r["recipe"] == recipe and "error" not in r]
+        summary[recipe] = {
+            "runs": len(ok),
+            "mean_gain": statistics.fmean(r["gain"] for r in ok) if ok else None,
+            "min_gain": min((r["gain"] for r in ok), default=None),
+            "mean_end_accuracy": statistics.fmean(r["end_accuracy"] for r in ok) if ok else None,
+        }
+    out = {
+        "command": f"python scripts/compare_algorithms.py --recipes {' '.join(args.recipes)} --seeds "
+        f"{' '.join(map(str, args.seeds))} --out {args.out}" + "".join(f" {o}" for o in args.overrides),
+        "commit": commit.stdout.strip() + ("+changes" if dirty.stdout.strip() else ""),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
+        "summary": summary,
+        "runs": results,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    plot(results, Path(args.out).with_suffix(".png"))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

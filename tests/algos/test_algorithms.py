@@ -1,0 +1,143 @@
+"""Algorithm declarations, the REINFORCE++ estimators, batch filters and DAPO's reward shaping,
+each against a hand-computed case or a plain loop written here."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlpost.algos.advantages import ADVANTAGES, TOKEN_REWARDS, discounted_returns, normalize_over_tokens
+from rlpost.algos.algorithms import ALGORITHMS, Algorithm, get_algorithm, needed_roles, register_algorithm
+from rlpost.algos.filters import BATCH_FILTERS, overlong_penalty, truncated, varied_groups
+from rlpost.algos.policy_loss import POLICY_LOSSES
+from rlpost.data.batch import Batch
+from tests.helpers import examples
+
+
+# ------------------------------------------------------------------------------ declarations
+def test_every_declaration_names_registered_parts():
+    assert {"grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo"} <= set(ALGORITHMS)
+    for algo in ALGORITHMS.values():
+        assert algo.advantage in ADVANTAGES and algo.policy_loss in POLICY_LOSSES, algo.name
+        assert algo.batch_filter in BATCH_FILTERS, algo.name
+        assert algo.kl == "loss" or algo.advantage in TOKEN_REWARDS, algo.name
+    assert get_algorithm("gspo").policy_loss == "gspo" and get_algorithm("cispo").policy_loss == "cispo"
+    assert get_algorithm("dapo").batch_filter == "dynamic_sampling"
+    assert get_algorithm("reinforce_pp").kl == "reward" and get_algorithm("reinforce_pp_baseline").kl == "loss"
+    with pytest.raises(KeyError, match="algo.name='nope'.*grpo"):
+        get_algorithm("nope")
+
+
+def test_a_role_the_algorithm_does_not_need_is_not_started():
+    grpo = get_algorithm("grpo")
+    assert needed_roles(grpo, kl_coef=0.0, reward_model=False) == ("actor", "rollout")
+    assert needed_roles(grpo, kl_coef=0.1, reward_model=False) == ("actor", "rollout", "reference")
+    assert needed_roles(grpo, kl_coef=0.0, reward_model=True) == ("actor", "rollout", "reward_model")
+    critic = Algorithm("_c", "", "grpo", "ppo", roles=("critic",))
+    assert needed_roles(critic, 0.0, False) == ("actor", "rollout", "critic")
+
+
+@pytest.mark.parametrize(
+    "algo, error",
+    [
+        (Algorithm("grpo", "", "grpo", "ppo"), "registered twice"),
+        (Algorithm("_x", "", "grpo", "ppo", kl="logits"), "kl='logits'"),
+        (Algorithm("_x", "", "grpo", "ppo", kl="reward"), "reads no per-token rewards"),
+        (Algorithm("_x", "", "grpo", "ppo", roles=("judge",)), "unknown roles"),
+    ],
+)
+def test_bad_declarations_are_refused(algo, error):
+    before = dict(ALGORITHMS)
+    with pytest.raises(ValueError, match=error):
+        register_algorithm(algo)
+    assert ALGORITHMS == before
+
+
+# ------------------------------------------------------------------------------- REINFORCE++
+def test_discounted_returns_hand_computed_with_a_hole():
+    rewards = torch.tensor([[0.5, 9.0, -1.0, 2.0], [1.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 0, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    g = 0.5
+    out = discounted_returns(rewards, mask, g)
+    # row 0 over its own tokens 0, 2, 3 (the hole at 1 is skipped, not discounted)
+    g3 = 2.0
+    g2 = -1.0 + g * g3
+    g0 = 0.5 + g * g2
+    assert out.tolist() == [[g0, 0.0, g2, g3], [1.0, 0.0, 0.0, 0.0]]
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.floats(0.0, 1.0), st.integers(0, 10_000))
+def test_discounted_returns_against_a_plain_loop(rows, width, gamma, seed):
+    gen = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(rows, width, generator=gen)
+    mask = torch.rand(rows, width, generator=gen) > 0.3
+    out = discounted_returns(rewards, mask, gamma)
+    for i in range(rows):
+        running = 0.0
+        for t in reversed(range(width)):
+            if mask[i, t]:
+                running = float(rewards[i, t]) + gamma * running
+                assert math.isclose(float(out[i, t]), running, rel_tol=1e-9, abs_tol=1e-9)
+            else:
+                assert out[i, t] == 0
+
+
+def test_normalize_over_tokens_uses_the_loss_tokens_only():
+    values = torch.tensor([[1.0, 100.0], [3.0, 5.0]])
+    mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool)
+    out = normalize_over_tokens(values, mask)
+    picked = torch.tensor([1.0, 3.0, 5.0], dtype=torch.float64)
+    expected = (picked - 3.0) / (picked.std() + 1e-6)
+    assert torch.allclose(out[mask].double(), expected, atol=1e-6) and out[0, 1] == 0
+    assert normalize_over_tokens(values, torch.zeros_like(mask)).abs().sum() == 0  # nothing to normalise
+
+
+def test_reinforce_pp_estimators_hand_computed():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 1, 1]], dtype=torch.bool)
+    token_rewards = torch.tensor([[-0.1, 1.0, 0.0], [0.0, 0.0, 0.0], [-0.2, 0.0, 0.5], [0.0, 0.0, 2.0]])
+    batch = Batch(
+        {
+            "loss_mask": mask,
+            "token_rewards": token_rewards,
+            "rewards": torch.tensor([1.0, 0.0, 0.5, 2.0]),
+            "group_ids": torch.tensor([0, 0, 1, 1]),
+        }
+    )
+    algo = type("A", (), {"gamma": 1.0})
+    returns = torch.tensor([[0.9, 1.0, 0.0], [0.0, 0.0, 0.0], [0.3, 0.5, 0.5], [0.0, 2.0, 2.0]])
+    picked = returns[mask].double()
+    expected = torch.where(mask, (returns - picked.mean()) / (picked.std() + 1e-6), 0.0)
+    assert torch.allclose(ADVANTAGES["reinforce_pp"](batch, algo).double(), expected.double(), atol=1e-6)
+    # baseline: r - group mean (0.5, -0.5, -0.75, 0.75) on every loss token, then normalised
+    centred = torch.tensor([0.5, -0.5, -0.75, 0.75])[:, None].expand_as(mask)
+    picked = centred[mask].double()
+    expected = torch.where(mask, (centred - picked.mean()) / (picked.std() + 1e-6), 0.0)
+    assert torch.allclose(ADVANTAGES["reinforce_pp_baseline"](batch, algo).double(), expected.double(), atol=1e-6)
+
+
+# ------------------------------------------------------------------------- filters and shaping
+def test_varied_groups_keeps_groups_whose_rewards_differ():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.0, 0.0, 0.0, 2.0])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 3, 4])
+    assert varied_groups(rewards, groups).tolist() == [False, False, True, True] + [False] * 5 + [False]
+    # groups need not be contiguous or numbered from 0
+    assert varied_groups(torch.tensor([1.0, 0.0, 1.0]), torch.tensor([7, 3, 7])).tolist() == [False, False, False]
+    assert varied_groups(torch.tensor([1.0, 0.0, 0.0]), torch.tensor([7, 3, 7])).tolist() == [True, False, True]
+
+
+def test_overlong_penalty_hand_computed():
+    lengths = torch.tensor([1, 6, 7, 8, 10])
+    # L = 10, buffer 4: free up to 6, then -1.5 * (l - 6) / 4
+    assert overlong_penalty(lengths, 10, 4, 1.5).tolist() == [0.0, 0.0, -0.375, -0.75, -1.5]
+    assert overlong_penalty(lengths, 10, 0, 1.5).tolist() == [0.0] * 5
+
+
+def test_truncated_means_the_limit_without_eos():
+    eos = 2
+    ids = torch.tensor([[5, 6, 7], [5, 2, 0], [5, 6, 2], [5, 0, 0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    assert truncated(ids, mask, eos, 3).tolist() == [True, False, False, False]
+    assert truncated(ids, mask, eos, 1).tolist() == [True, False, False, True]  # a limit of 1
