@@ -86,7 +86,7 @@ def main() -> None:
     if not args.keep and not args.report_only:
         shutil.rmtree(REPO / "mutants", ignore_errors=True)
     commit_file = REPO / "mutants" / "rlpost-commit.txt"  # the code the mutants were made from
-    if not args.report_only and not args.keep:
+    if not args.report_only:
         git = ["git", "-C", str(REPO)]
         commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         dirty = subprocess.run([*git, "status", "--porcelain", "rlpost", "tests"], capture_output=True, text=True)

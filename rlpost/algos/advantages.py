@@ -1,9 +1,11 @@
 """Advantage estimators: one registered function per estimator, all pure and on the CPU.
 
 A registered estimator takes the batch (`rewards` [N], `group_ids` [N]: samples drawn for the same
-prompt share a group id; the masks; later values or token-level rewards) and the `algo` config, and
-returns one advantage per sequence `[N]` (the trainer broadcasts it over the response tokens) or
-one per token `[N, R]`. The math of each lives in a plain function of tensors, tested on its own.
+prompt share a group id; the masks; the critic's `values` and per-token `token_rewards` [N, R] for
+those that read them) and the `algo` config, and returns one advantage per sequence `[N]` (the
+trainer broadcasts it over the response tokens) or one per token `[N, R]`; an estimator with a
+critic returns `(advantages, returns)`, the returns being the critic's targets. The math of each
+lives in a plain function of tensors, tested on its own.
 
 - `grpo` (Shao et al. 2024, DeepSeekMath): A_i = (r_i - mean(r_group)) / (std(r_group) + eps),
   with the unbiased (n-1) standard deviation. With `norm_by_std=False` it is Dr.GRPO
@@ -15,6 +17,11 @@ one per token `[N, R]`. The math of each lives in a plain function of tensors, t
   reward on its last token, and with the KL in the reward -kl_coef * KL_t on every token), returns
   G_t = sum_{s >= t} gamma^(s-t) r_s, then normalised over every loss token of the whole batch:
   A = (G - mean(G)) / (std(G) + eps). No critic, no groups.
+- `gae` (Schulman et al. 2016; PPO with a critic): per loss token, with the critic's values V_t
+  (`values` [N, R]: the value of the state before token t) and per-token rewards,
+  delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lambda A_{t+1} (0 after the last
+  token: the episode ends), returns G_t = A_t + V_t (the critic's targets); the advantages are
+  then whitened over every loss token of the batch (mean 0, std 1), the returns are not.
 - `reinforce_pp_baseline` (Hu 2025): the group mean as baseline, A_i = r_i - mean(r_group), then
   the same normalisation over every loss token of the batch (global, not per group).
 """
@@ -97,6 +104,26 @@ def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: f
     return out
 
 
+def gae_advantage(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns) [N, R] of generalised advantage estimation over the tokens of `mask`
+    (a token outside it, e.g. an environment's, is not a step: skipped, not discounted)."""
+    adv = torch.zeros_like(token_rewards, dtype=torch.float64)
+    next_value = torch.zeros(token_rewards.shape[0], dtype=torch.float64)
+    next_adv = torch.zeros_like(next_value)
+    m = mask.bool()
+    for t in reversed(range(token_rewards.shape[1])):
+        value = values[:, t].double()
+        delta = token_rewards[:, t].double() + gamma * next_value - value
+        a = delta + gamma * lam * next_adv
+        adv[:, t] = torch.where(m[:, t], a, torch.zeros_like(a))
+        next_adv = torch.where(m[:, t], a, next_adv)
+        next_value = torch.where(m[:, t], value, next_value)
+    returns = torch.where(m, adv + values.double(), torch.zeros_like(adv))
+    return adv, returns
+
+
 def normalize_over_tokens(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """(values - mean) / (std + eps) over the tokens of `mask` [N, R] (unbiased std), 0 elsewhere."""
     m = mask.bool()
@@ -121,6 +148,12 @@ def rloo(batch: Batch, algo) -> torch.Tensor:
 def reinforce_pp(batch: Batch, algo) -> torch.Tensor:
     returns = discounted_returns(batch["token_rewards"], batch["loss_mask"], algo.gamma)
     return normalize_over_tokens(returns, batch["loss_mask"])
+
+
+@register_advantage("gae", token_rewards=True)
+def gae(batch: Batch, algo) -> tuple[torch.Tensor, torch.Tensor]:
+    adv, returns = gae_advantage(batch["token_rewards"], batch["values"], batch["loss_mask"], algo.gamma, algo.lam)
+    return normalize_over_tokens(adv, batch["loss_mask"]), returns.float()
 
 
 @register_advantage("reinforce_pp_baseline")

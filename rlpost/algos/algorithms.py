@@ -74,6 +74,16 @@ def needed_roles(algo: Algorithm, kl_coef: float, reward_model: bool) -> tuple[s
 
 
 register_algorithm(Algorithm("grpo", "Shao et al. 2024 (DeepSeekMath)", advantage="grpo", policy_loss="ppo"))
+register_algorithm(
+    Algorithm(
+        "ppo",
+        "Schulman et al. 2017; Ouyang et al. 2022",
+        advantage="gae",
+        policy_loss="ppo",
+        kl="reward",
+        roles=("critic",),
+    )
+)
 register_algorithm(Algorithm("rloo", "Ahmadian et al. 2024", advantage="rloo", policy_loss="ppo"))
 register_algorithm(
     Algorithm("reinforce_pp", "Hu 2025 (REINFORCE++)", advantage="reinforce_pp", policy_loss="ppo", kl="reward")

@@ -15,6 +15,8 @@ response tokens; padded positions never contribute.
   one-step-off-policy) is not the policy the trainer scores. Each token's loss is weighted by
   w = min(pi_old / pi_rollout, C) (`token`), or every token of a sequence by
   min(prod_t pi_old / pi_rollout, C) (`sequence`); w carries no gradient.
+- Clipped value loss (PPO's critic): 0.5 * max((V - G)^2, (V_old + clip(V - V_old, -c, c) - G)^2)
+  with the returns G as targets, so the values move at most c from those of the rollout.
 - Aggregation: `token-mean` averages over every real token of the batch (DAPO, Yu et al. 2025);
   `seq-mean-token-mean` averages tokens within each sequence, then sequences (the original GRPO);
   `seq-mean-token-sum-norm` sums each sequence's tokens and divides by a constant, the generation
@@ -114,6 +116,16 @@ def truncated_is_weights(
     log_cap = math.log(threshold)
     truncated = log_w > log_cap
     return torch.exp(log_w.clamp(max=log_cap)), truncated
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss per token `[B, R]` and where the clipped term was the larger:
+    0.5 * max((V - G)^2, (V_old + clip(V - V_old, -c, c) - G)^2)."""
+    clipped_values = old_values + (values - old_values).clamp(-clip, clip)
+    unclipped, clipped = (values - returns).square(), (clipped_values - returns).square()
+    return 0.5 * torch.maximum(unclipped, clipped), clipped > unclipped
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:

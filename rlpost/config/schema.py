@@ -188,7 +188,15 @@ class AlgoConfig:
     norm_adv_by_std: bool = knob(
         True, "Divide group advantages by the group std; false gives Dr.GRPO (Liu et al. 2025)."
     )
-    gamma: float = knob(1.0, "Discount of per-token returns (REINFORCE++).", ge=0, le=1)
+    gamma: float = knob(1.0, "Discount of per-token returns (REINFORCE++, GAE).", ge=0, le=1)
+    lam: float = knob(1.0, "GAE's lambda (Schulman et al. 2016): 1 = Monte-Carlo returns minus values.", ge=0, le=1)
+    kl_target: float = knob(
+        0.0,
+        "Adaptive KL coefficient (Ziegler et al. 2019) for a KL in the reward: the coefficient "
+        "moves so that the batch's KL approaches this target; 0 = `kl_coef` fixed.",
+        ge=0,
+    )
+    kl_horizon: int = knob(10000, "Adaptive KL: the horizon (in samples) of the coefficient's correction.", ge=1)
     clip_ratio_low: float = knob(0.2, "PPO clip: ratios below 1 - this are clipped (Schulman et al. 2017).", ge=0, lt=1)
     clip_ratio_high: float = knob(0.2, "PPO clip: ratios above 1 + this are clipped (DAPO raises it).", ge=0)
     clip_ratio_c: float = knob(3.0, "Dual-clip bound for negative advantages (Ye et al. 2020); > 1.", gt=1)
@@ -315,6 +323,22 @@ class TrainerConfig:
     optim: OptimConfig = section(OptimConfig, "Optimizer.")
 
 
+@dataclass
+class CriticConfig:
+    model_path: str = knob(
+        "",
+        "Value model: a folder or hub id of a causal LM whose body gets a scalar head; empty = "
+        "the policy's starting weights (`model.path`). Only algorithms with a critic (`ppo`) start it.",
+    )
+    value_clip: float = knob(
+        0.5, "Clipped value loss: new values stay within this of the old ones (PPO; verl cliprange_value).", gt=0
+    )
+    warmup_steps: int = knob(
+        0, "Steps at the start that train only the critic (the policy waits for useful values).", ge=0
+    )
+    optim: OptimConfig = section(OptimConfig, "The critic's optimizer (its own lr, schedule and offload).")
+
+
 # ---------------------------------------------------------------------------- weight sync, reward
 @dataclass
 class WeightSyncConfig:
@@ -379,6 +403,7 @@ class TrainConfig:
     rollout: RolloutConfig = section(RolloutConfig, "Generation.")
     algo: AlgoConfig = section(AlgoConfig, "Advantages and losses.")
     trainer: TrainerConfig = section(TrainerConfig, "FSDP2 trainer.")
+    critic: CriticConfig = section(CriticConfig, "Value model of the algorithms with a critic (PPO).")
     weight_sync: WeightSyncConfig = section(WeightSyncConfig, "Trainer -> rollout weight transfer.")
     reward: RewardConfig = section(RewardConfig, "Reward functions.")
     logger: LoggerConfig = section(LoggerConfig, "Metrics.")

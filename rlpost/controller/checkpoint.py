@@ -1,7 +1,8 @@
 """Checkpoint folders: written under a temporary name, renamed when complete.
 
 `<run dir>/checkpoints/step_<N>/` holds the trainer's sharded model and optimizer
-(torch.distributed.checkpoint), each trainer rank's RNG and scheduler, and `controller.pt`
+(torch.distributed.checkpoint), each trainer rank's RNG and scheduler, the critic's alike when the
+algorithm has one (`critic/`), and `controller.pt`
 (step, weight version, dataloader position, controller RNG). A folder without the `step_` name is
 incomplete and never resumed from. With LoRA the sharded model is the adapter only (the base is
 `model.path`), and `adapter/` holds it as a peft adapter folder too.
@@ -31,12 +32,15 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_COMPLETE.match(p.name).group(1)))
 
 
-def save(run_dir: Path, step: int, controller_state: dict, trainers, keep: int) -> Path:
+def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: int) -> Path:
+    """Every group's checkpoint (the actor's `trainer/`, a critic's `critic/`) and the
+    controller's state into `step_<step>/`, renamed when complete; only `keep` are kept."""
     root = checkpoints_dir(run_dir)
     tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    trainers.call("save_checkpoint", str(tmp))
+    for group in groups:
+        group.call("save_checkpoint", str(tmp))
     torch.save(controller_state, tmp / "controller.pt")
     if final.exists():
         shutil.rmtree(final)
@@ -57,8 +61,9 @@ def find(run_dir: Path, resume: str) -> Path | None:
     return folder
 
 
-def load(folder: Path, trainers) -> dict:
-    trainers.call("load_checkpoint", str(folder))
+def load(folder: Path, groups: list) -> dict:
+    for group in groups:
+        group.call("load_checkpoint", str(folder))
     return torch.load(folder / "controller.pt", weights_only=False)
 
 

@@ -2,8 +2,10 @@
 
 Placement (one placement group for the whole job):
 - `colocate`: one bundle per trainer rank; rollout actor i shares bundle i % world_size with
-  trainer rank i, each taking half of its CPU (and GPU): they take turns on the same device.
-- `split`: trainer bundles first, then one bundle per rollout actor: disjoint devices.
+  trainer rank i (and its critic rank, when the algorithm has one), each taking an equal part of
+  its CPU (and GPU): they take turns on the same device.
+- `split`: trainer bundles first (shared by the actor and critic ranks), then one bundle per
+  rollout actor: disjoint devices.
 """
 
 from __future__ import annotations
@@ -61,37 +63,35 @@ class Placement:
     pg: object
     trainer_bundles: list[int]
     rollout_bundles: list[int]
-    share: float  # fraction of a bundle each actor takes
+    shares: dict[str, float]  # per role: the fraction of its bundle each of its actors takes
 
     @staticmethod
-    def create(cfg: TrainConfig) -> "Placement":
+    def create(cfg: TrainConfig, roles=("actor", "rollout")) -> "Placement":
         ws, nr = cfg.trainer.world_size, cfg.rollout.num_workers
         device = "GPU" if cfg.trainer.device == "cuda" else "CPU"
         bundle = {"CPU": 1, "GPU": 1} if device == "GPU" else {"CPU": 1}
+        on_trainer_bundles = 2 if "critic" in roles else 1  # the actor (trainer), and the critic
         if cfg.cluster.placement == "colocate":
-            bundles, trainers, rollouts, share = (
-                [dict(bundle) for _ in range(ws)],
-                list(range(ws)),
-                [i % ws for i in range(nr)],
-                0.5,
-            )
+            bundles = [dict(bundle) for _ in range(ws)]
+            trainers, rollouts = list(range(ws)), [i % ws for i in range(nr)]
+            share = 1.0 / (on_trainer_bundles + 1)
+            shares = {"trainer": share, "critic": share, "rollout": share}
         else:
-            bundles, trainers, rollouts, share = (
-                [dict(bundle) for _ in range(ws + nr)],
-                list(range(ws)),
-                list(range(ws, ws + nr)),
-                1.0,
-            )
+            bundles = [dict(bundle) for _ in range(ws + nr)]
+            trainers, rollouts = list(range(ws)), list(range(ws, ws + nr))
+            share = 1.0 / on_trainer_bundles
+            shares = {"trainer": share, "critic": share, "rollout": 1.0}
         pg = placement_group(bundles, strategy="PACK")
         ray.get(pg.ready(), timeout=300)
-        return Placement(pg, trainers, rollouts, share)
+        return Placement(pg, trainers, rollouts, shares)
 
-    def options(self, cfg: TrainConfig, bundle: int, name: str) -> dict:
+    def options(self, cfg: TrainConfig, bundle: int, name: str, role: str) -> dict:
         gpu = cfg.trainer.device == "cuda"
+        share = self.shares[role]
         return {
             "name": name,
-            "num_cpus": self.share,
-            "num_gpus": self.share if gpu else 0,
+            "num_cpus": share,
+            "num_gpus": share if gpu else 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=bundle
             ),
@@ -145,7 +145,9 @@ class WorkerGroup:
         remote_cls = ray.remote(cls)
         self.role = role
         self.workers = [
-            remote_cls.options(**placement.options(cfg, b, f"{role}-{rank}-{os.getpid()}")).remote(*args_for_rank(rank))
+            remote_cls.options(**placement.options(cfg, b, f"{role}-{rank}-{os.getpid()}", role)).remote(
+                *args_for_rank(rank)
+            )
             for rank, b in enumerate(bundles)
         ]
 

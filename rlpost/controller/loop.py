@@ -18,25 +18,28 @@ import torch
 
 from rlpost.algos.algorithms import get_algorithm, needed_roles
 from rlpost.algos.filters import BATCH_FILTERS
+from rlpost.algos.kl_control import KLController
 from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
 from rlpost.controller.rollouts import Rollouts
-from rlpost.controller.setup import load_data, make_run_dir
+from rlpost.controller.setup import load_data, make_run_dir, resolve_critic_path
 from rlpost.controller.step import (
     advantages,
     batch_metrics,
     check_rollout_serves_adapter,
     check_staleness,
     filter_overlong,
+    kl_in_reward,
     old_logprobs_in_update,
     plan_padding_fraction,
-    put_logprobs,
+    put_rows,
+    reward_kl,
     sampling_params,
     step_plan,
     timed,
 )
-from rlpost.controller.weights import WeightSync, check_colocated_memory
+from rlpost.controller.weights import WeightSync, check_colocated_memory, merge_memory
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import shard_batch
 from rlpost.metrics.trackers import SampleLog, Trackers
@@ -44,6 +47,7 @@ from rlpost.models.loading import load_tokenizer, resolve_model_path, start_eval
 from rlpost.rewards import get_reward_fn
 from rlpost.rollout.worker import RolloutWorker
 from rlpost.trainer.actor import ActorWorker
+from rlpost.trainer.critic import CriticWorker
 
 
 class Controller:
@@ -60,10 +64,11 @@ class Controller:
         self.algorithm = get_algorithm(cfg.algo.name)
         self.keep_groups = BATCH_FILTERS[self.algorithm.batch_filter]
         # the reference lives in the actor's group: a frozen copy, or with LoRA the adapters off
-        roles = needed_roles(self.algorithm, cfg.algo.kl_coef, reward_model=False)
-        log(f"algorithm {self.algorithm.name} ({self.algorithm.paper}): roles {', '.join(roles)}")
+        self.roles = needed_roles(self.algorithm, cfg.algo.kl_coef, reward_model=False)
+        log(f"algorithm {self.algorithm.name} ({self.algorithm.paper}): roles {', '.join(self.roles)}")
+        self.kl = KLController(cfg.algo.kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon)
         self._adapter_probe_due = self.lora  # check_rollout_serves_adapter at the next chance
-        self.placement = self.trainers = self.rollouts = None
+        self.placement = self.trainers = self.rollouts = self.critics = None
         try:
             self._start_workers()
             if cfg.trainer.resume != "none":
@@ -76,14 +81,21 @@ class Controller:
     def _start_workers(self) -> None:
         cfg = self.cfg
         start_ray(cfg)
-        self.placement = p = Placement.create(cfg)
+        self.placement = p = Placement.create(cfg, self.roles)
         ws = cfg.trainer.world_size
         master = p.address_of_bundle(p.trainer_bundles[0])
         self.trainers = WorkerGroup(
             ActorWorker, cfg, p, p.trainer_bundles, "trainer", lambda r: (cfg, self.model_path, r, ws, *master)
         )
-        if colocated_on_cuda(cfg):  # the rollout engines start only once the trainer holds its memory
-            check_colocated_memory(cfg, self.trainers.call("memory_report"))
+        if "critic" in self.roles:  # its own process group, on the trainer's bundles
+            critic_master = p.address_of_bundle(p.trainer_bundles[0])
+            critic_path = resolve_critic_path(cfg, self.model_path)
+            self.critics = WorkerGroup(
+                CriticWorker, cfg, p, p.trainer_bundles, "critic", lambda r: (cfg, critic_path, r, ws, *critic_master)
+            )
+        if colocated_on_cuda(cfg):  # the rollout engines start only once the trainers hold their memory
+            reports = [group.call("memory_report") for group in self._trained()]
+            check_colocated_memory(cfg, [merge_memory(per_rank) for per_rank in zip(*reports)])
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         self.rollouts = WorkerGroup(
             RolloutWorker, cfg, p, p.rollout_bundles, "rollout", lambda r: (cfg, self.model_path, r, pad, eos)
@@ -106,26 +118,37 @@ class Controller:
         truncated = filter_overlong(batch, cfg, self.tokenizer.eos_token_id)
         lengths, plan = step_plan(batch, cfg)
         probe = self._adapter_probe_due and batch["weight_version"].min().item() >= 1 + staleness
-        in_update = old_logprobs_in_update(cfg)  # else a separate forward pass brings them first
+        # critic warm-up: the first steps train the critic only; the policy waits for its values
+        warming = self.critics is not None and self.step < cfg.critic.warmup_steps
+        in_update = old_logprobs_in_update(cfg) and not warming  # else a separate pass brings them first
         if not in_update:
             with timed(timing, "logprob"):
-                parts = self.trainers.call_sharded("compute_logprobs", shard_batch(batch, plan), probe)
-                put_logprobs(batch, parts)
-        batch["advantages"] = advantages(batch, cfg)
-        with timed(timing, "update"):
-            results = self.trainers.call_sharded("update", shard_batch(batch, plan), probe and in_update)
-        actor = results[0][0]
-        if in_update:
-            put_logprobs(batch, [logprobs for _, logprobs in results])
-        lora_check = self._check_adapter(batch, staleness)
-        actor["perf/padding_fraction"] = plan_padding_fraction(lengths, plan)
-        self.version += 1
+                put_rows(batch, self.trainers.call_sharded("compute_logprobs", shard_batch(batch, plan), probe))
+        if self.critics is not None:
+            with timed(timing, "values"):
+                put_rows(batch, self.critics.call_sharded("compute_values", shard_batch(batch, plan)))
+        extra = self._advantages(batch)
+        if self.critics is not None:
+            with timed(timing, "critic_update"):
+                extra.update(self.critics.call_sharded("update", shard_batch(batch, plan))[0])
+        actor, lora_check = {}, {}
+        if not warming:
+            with timed(timing, "update"):
+                results = self.trainers.call_sharded("update", shard_batch(batch, plan), probe and in_update)
+            actor = results[0][0]
+            if in_update:
+                put_rows(batch, [logprobs for _, logprobs in results])
+            lora_check = self._check_adapter(batch, staleness)
+            actor["perf/padding_fraction"] = plan_padding_fraction(lengths, plan)
+            self.version += 1
         if cfg.cluster.placement == "colocate":
-            self.trainers.call("release_memory")  # vLLM wakes up into this memory
-        sync = self.sync_weights()
+            for group in self._trained():
+                group.call("release_memory")  # vLLM wakes up into this memory
+        sync = self.sync_weights()  # in the warm-up the same version again: a sleeping vLLM dropped it
         return {
             **batch_metrics(batch, scored.scores, scored.errors, cfg.rollout.n),
             **scored.metrics,
+            **extra,
             "response_length/truncated_frac": truncated / len(batch),
             "reward/shaped_mean": batch["rewards"].mean().item(),
             **actor,
@@ -135,6 +158,21 @@ class Controller:
             "rollout/staleness": float(staleness),
             "data/dropped_prompts": float(self.dropped_prompts),
         }
+
+    def _advantages(self, batch: Batch) -> dict[str, float]:
+        """The algorithm's advantages (and with a critic its returns) into `batch`; with the KL in
+        the reward, the batch's KL per sequence and the coefficient, which then adapts."""
+        cfg = self.cfg
+        adv = advantages(batch, cfg, self.kl.coef)
+        if isinstance(adv, tuple):  # an estimator with a critic: the returns are its targets
+            adv, batch["returns"] = adv
+        batch["advantages"] = adv
+        if not kl_in_reward(cfg):
+            return {}
+        kl = reward_kl(batch, cfg).sum(-1).mean().item()
+        out = {"kl/reward_kl": kl, "kl/coef": self.kl.coef}
+        self.kl.update(kl, len(batch))
+        return out
 
     def _check_adapter(self, batch: Batch, staleness: int) -> dict[str, float]:
         """LoRA: while the rollouts' use of the adapter is to be checked, the batch carries the
@@ -159,10 +197,15 @@ class Controller:
             "step": self.step,
             "version": self.version,
             **self.batches.state_dict(),
+            "kl_coef": self.kl.coef,
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
         }
-        return checkpoint.save(self.run_dir, self.step, state, self.trainers, self.cfg.trainer.keep_checkpoints)
+        return checkpoint.save(self.run_dir, self.step, state, self._trained(), self.cfg.trainer.keep_checkpoints)
+
+    def _trained(self) -> list:
+        """The worker groups whose weights train (and are checkpointed)."""
+        return [g for g in (self.trainers, self.critics) if g is not None]
 
     def _resume(self) -> None:
         folder = checkpoint.find(self.run_dir, self.cfg.trainer.resume)
@@ -171,8 +214,9 @@ class Controller:
                 f"trainer.resume={self.cfg.trainer.resume}: no complete checkpoint in {self.run_dir}, starting fresh"
             )
             return
-        state = checkpoint.load(folder, self.trainers)
+        state = checkpoint.load(folder, self._trained())
         self.step, self.version = state["step"], state["version"]
+        self.kl.coef = state.get("kl_coef", self.kl.coef)
         self.batches.load_state_dict(state)
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
@@ -241,7 +285,7 @@ class Controller:
 
     def shutdown(self) -> None:
         self.samples.close()
-        for group in (self.trainers, self.rollouts):
+        for group in (self.trainers, self.critics, self.rollouts):
             if group is not None:
                 group.kill()
         if self.placement is not None:

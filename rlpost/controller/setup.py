@@ -60,3 +60,12 @@ def load_data(cfg: TrainConfig, tokenizer, log=print) -> tuple[PromptLoader, lis
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
     log(f"data: {len(train.rows)} training prompts, {len(val.rows)} validation prompts")
     return PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle), val.rows, dropped
+
+
+def resolve_critic_path(cfg: TrainConfig, policy_path: str) -> str:
+    """The value model's starting weights: `critic.model_path` (a folder or hub id), or the
+    policy's (`policy_path`, `model.path` resolved) when it is empty."""
+    if not cfg.critic.model_path:
+        return policy_path
+    local = Path(cfg.critic.model_path).expanduser()
+    return str(local) if local.exists() else cfg.critic.model_path

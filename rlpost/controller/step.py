@@ -50,12 +50,13 @@ def old_logprobs_in_update(cfg: TrainConfig) -> bool:
     return one_step and cfg.algo.old_logprobs == "auto" and not kl_in_reward(cfg)
 
 
-def put_logprobs(batch: Batch, parts: list[Batch]) -> None:
-    """The trainer ranks' `old_logprobs` (and `ref_logprobs`) into `batch`, in its row order."""
+def put_rows(batch: Batch, parts: list[Batch]) -> None:
+    """The trainer ranks' per-row results (`old_logprobs`, `ref_logprobs`, the critic's `values`)
+    into `batch`, in its row order (each part carries its rows' `row_index`)."""
     merged = Batch.cat(parts)
     order = torch.argsort(merged["row_index"])
-    for key in ("old_logprobs", "ref_logprobs"):
-        if key in merged:
+    for key in merged.keys():
+        if key != "row_index":
             batch[key] = merged[key][order]
 
 
@@ -94,10 +95,17 @@ def filter_overlong(batch: Batch, cfg: TrainConfig, eos_id: int) -> int:
     return int(cut.sum())
 
 
-def token_rewards(batch: Batch, cfg: TrainConfig) -> torch.Tensor:
+def reward_kl(batch: Batch, cfg: TrainConfig) -> torch.Tensor:
+    """[N, R]: KL(policy || reference) per loss token from the old and reference log-probs, by
+    `algo.kl_estimator` (0 elsewhere)."""
+    kl = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], cfg.algo.kl_estimator)
+    return kl.float() * batch["loss_mask"]
+
+
+def token_rewards(batch: Batch, cfg: TrainConfig, kl_coef: float | None = None) -> torch.Tensor:
     """[N, R]: each sequence's reward on its last loss token and, with the KL in the reward,
-    -kl_coef * KL(policy || reference) on every loss token (old and reference log-probs, by
-    `algo.kl_estimator`; Ziegler et al. 2019)."""
+    -kl_coef * KL(policy || reference) on every loss token (Ziegler et al. 2019; `kl_coef`
+    defaults to `algo.kl_coef`, an adaptive controller passes its own)."""
     mask = batch["loss_mask"]
     columns = torch.arange(mask.shape[1]).expand_as(mask)
     last = torch.where(mask, columns, -1).max(-1).values  # -1: a row without a loss token
@@ -105,19 +113,19 @@ def token_rewards(batch: Batch, cfg: TrainConfig) -> torch.Tensor:
     rows = last >= 0
     out[rows.nonzero()[:, 0], last[rows]] = batch["rewards"][rows].float()
     if kl_in_reward(cfg):
-        kl = kl_penalty(batch["old_logprobs"], batch["ref_logprobs"], cfg.algo.kl_estimator)
-        out = out - cfg.algo.kl_coef * kl.float() * mask
+        out = out - (cfg.algo.kl_coef if kl_coef is None else kl_coef) * reward_kl(batch, cfg)
     return out
 
 
-def advantages(batch: Batch, cfg: TrainConfig) -> torch.Tensor:
+def advantages(batch: Batch, cfg: TrainConfig, kl_coef: float | None = None):
     """The advantages of the algorithm's estimator for a batch with `rewards` and `group_ids`
-    (and the log-probs, when the KL is in the reward): [N] or [N, R]."""
+    (and the log-probs, when the KL is in the reward; the critic's `values`): [N] or [N, R], or
+    (advantages, returns) from an estimator with a critic."""
     name = get_algorithm(cfg.algo.name).advantage
     if name not in TOKEN_REWARDS:
         return get_advantage(name)(batch, cfg.algo)
     view = Batch(dict(batch.tensors))  # the per-token rewards are the estimator's input only
-    view["token_rewards"] = token_rewards(batch, cfg)
+    view["token_rewards"] = token_rewards(batch, cfg, kl_coef)
     return get_advantage(name)(view, cfg.algo)
 
 

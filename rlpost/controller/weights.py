@@ -50,6 +50,19 @@ def check_colocated_memory(cfg: TrainConfig, reports: list[dict[str, float]], ma
             )
 
 
+def merge_memory(reports: tuple[dict[str, float], ...]) -> dict[str, float]:
+    """The memory reports of the roles that share one device (actor and critic rank): what they
+    keep there together."""
+    reports = [r for r in reports if r]
+    if not reports:
+        return {}
+    return {
+        "total": reports[0]["total"],
+        "free": min(r["free"] for r in reports),
+        "resident": sum(r["resident"] for r in reports),
+    }
+
+
 class WeightSync:
     """The sync groups between a trainer group and a rollout group, and the syncs themselves."""
 

@@ -37,6 +37,26 @@ def load_causal_lm(path: str, dtype: str, attn_implementation: str = "sdpa", tru
     )
 
 
+def load_value_model(path: str, dtype: str, attn_implementation: str = "sdpa", trust_remote_code: bool = False):
+    """A value model: the body of the causal LM at `path` with a scalar head per token (a new
+    `score` layer unless `path` holds one), no dropout before it."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    if attn_implementation == "rlpost_varlen":
+        from rlpost.models import varlen
+
+        varlen.register()
+    config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
+    config.classifier_dropout = 0.0  # a value is a regression target: no dropout before the head
+    return AutoModelForTokenClassification.from_pretrained(
+        path,
+        config=config,
+        dtype=DTYPES[dtype],
+        attn_implementation=attn_implementation,
+        trust_remote_code=trust_remote_code,
+    )
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

@@ -1,6 +1,7 @@
-"""The trainer's checkpoint of one FSDP2 engine: `trainer/` (torch.distributed.checkpoint: the
-trainable parameters and the optimizer state, sharded) and each rank's `trainer_rank<r>.pt` (the
-RNG, the schedule, the layerwise optimizer's host states). With LoRA only the adapter is saved: the
+"""The checkpoint of one FSDP2 engine, named by its role (`trainer` for the actor, `critic`):
+`<name>/` (torch.distributed.checkpoint: the trainable parameters and the optimizer state,
+sharded) and each rank's `<name>_rank<r>.pt` (the RNG, the schedule, the layerwise optimizer's
+host states). With LoRA only the adapter is saved: the
 frozen base comes from `model.path` again on resume."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def save_checkpoint(engine, folder: str) -> None:
     import torch.distributed.checkpoint as dcp
 
     state, _ = state_dicts(engine)
-    dcp.save(state, checkpoint_id=os.path.join(folder, "trainer"))
+    dcp.save(state, checkpoint_id=os.path.join(folder, engine.name))
     layerwise = isinstance(engine.optimizer, LayerwiseAdamW)
     torch.save(
         {
@@ -44,7 +45,7 @@ def save_checkpoint(engine, folder: str) -> None:
             "scheduler": engine.scheduler.state_dict(),
             "optimizer": engine.optimizer.state_dict() if layerwise else None,
         },
-        Path(folder) / f"trainer_rank{engine.rank}.pt",
+        Path(folder) / f"{engine.name}_rank{engine.rank}.pt",
     )
 
 
@@ -53,7 +54,7 @@ def load_checkpoint(engine, folder: str) -> None:
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state, options = state_dicts(engine)
-    dcp.load(state, checkpoint_id=os.path.join(folder, "trainer"))
+    dcp.load(state, checkpoint_id=os.path.join(folder, engine.name))
     if options.ignore_frozen_params:  # the frozen base stays as loaded from model.path
         options = dataclasses.replace(options, strict=False)
     layerwise = isinstance(engine.optimizer, LayerwiseAdamW)
@@ -71,7 +72,7 @@ def load_checkpoint(engine, folder: str) -> None:
             f"checkpoint {folder}: trainable parameters {missing[:3]} not in it, or keys "
             f"{result.unexpected_keys[:3]} the model does not have"
         )
-    extra = torch.load(Path(folder) / f"trainer_rank{engine.rank}.pt", weights_only=False)
+    extra = torch.load(Path(folder) / f"{engine.name}_rank{engine.rank}.pt", weights_only=False)
     torch.set_rng_state(extra["rng"])
     engine.scheduler.load_state_dict(extra["scheduler"])
     if layerwise:

@@ -1,6 +1,6 @@
 """The FSDP2 engine one trainer rank runs: process group, model, optimizer, schedule, offload,
-checkpoints. Roles use it: the actor (LM head: log-probs, the policy update, weight export);
-later a critic (value head) the same way.
+checkpoints. Roles use it: the actor (LM head: log-probs, the policy update, weight export)
+and the critic (value head: values, the value update).
 
 Master weights are float32; FSDP casts to the compute dtype (`model.dtype`) for forward and
 backward. With LoRA (`model.lora.rank > 0`) peft wraps the model before FSDP2 shards it (each
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from rlpost.config import TrainConfig, mini_batch_size
-from rlpost.models.loading import DTYPES, load_causal_lm
+from rlpost.models.loading import DTYPES, load_causal_lm, load_value_model
 from rlpost.models.lora import apply_lora
 from rlpost.models.tiny import cosine
 from rlpost.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -30,11 +30,23 @@ from rlpost.trainer.stats import Stats
 
 
 class FSDPEngine:
+    """`role`: `actor` (the policy: `model.path`, `trainer.optim`, LoRA when configured; saved as
+    `trainer/`) or `critic` (a value model: `critic.model_path`, `critic.optim`; saved as
+    `critic/`)."""
+
     def __init__(
-        self, cfg: TrainConfig, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int
+        self,
+        cfg: TrainConfig,
+        model_path: str,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        role: str = "actor",
     ):
         torch.set_num_threads(cfg.cluster.num_threads)
         self.cfg, self.rank, self.world_size, self.model_path = cfg, rank, world_size, model_path
+        self.role, self.name = role, "trainer" if role == "actor" else role
         if cfg.trainer.device == "cuda":
             self.device, backend = torch.device("cuda", torch.cuda.current_device()), "nccl"
         else:
@@ -45,8 +57,8 @@ class FSDPEngine:
             )
         torch.manual_seed(cfg.run.seed)
         self.compute_dtype = DTYPES[cfg.model.dtype]
-        self.lora = cfg.model.lora if cfg.model.lora.rank > 0 else None
-        o = cfg.trainer.optim
+        self.lora = cfg.model.lora if cfg.model.lora.rank > 0 and role == "actor" else None
+        o = self.optim_cfg = cfg.trainer.optim if role == "actor" else cfg.critic.optim
         model = self.load_model()
         if self.lora is not None:  # before sharding: FSDP2 shards each adapter with its layer
             model = apply_lora(model, self.lora)
@@ -59,9 +71,10 @@ class FSDPEngine:
         self.frozen: list[torch.nn.Module] = []  # other models of the role (a reference) offloaded alike
 
     def load_model(self):
-        """The model of `model.path` in float32 (the master weights), not yet sharded."""
+        """The role's model in float32 (the master weights), not yet sharded."""
         m = self.cfg.model
-        return load_causal_lm(self.model_path, "float32", m.attn_implementation, m.trust_remote_code)
+        load = load_causal_lm if self.role == "actor" else load_value_model
+        return load(self.model_path, "float32", m.attn_implementation, m.trust_remote_code)
 
     def frozen_copy(self):
         """A sharded, frozen copy of the model as loaded (a KL reference), in the compute dtype."""
@@ -87,7 +100,7 @@ class FSDPEngine:
 
     def optimizer_step(self, stats: Stats) -> float:
         """Clip the gradient norm, step (skipped on a NaN/inf norm, counted), schedule, zero."""
-        clip = self.cfg.trainer.optim.grad_clip
+        clip = self.optim_cfg.grad_clip
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         norm = float(full_tensor(norm).item())
@@ -101,11 +114,12 @@ class FSDPEngine:
             if cuda:
                 torch.cuda.synchronize(self.device)
                 stats.max("perf/optimizer_peak_gb", (torch.cuda.max_memory_allocated(self.device) - before) / 2**30)
-            stats.max("timing_s/optimizer_step", time.perf_counter() - start)
+            step_key = "optimizer_step" if self.role == "actor" else f"{self.role}_optimizer_step"
+            stats.max(f"timing_s/{step_key}", time.perf_counter() - start)
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        stats.add("actor/grad_norm", norm, 1.0)
-        stats.add("actor/skipped_steps", float(not math.isfinite(norm)), 0.0)
+        stats.add(f"{self.role}/grad_norm", norm, 1.0)
+        stats.add(f"{self.role}/skipped_steps", float(not math.isfinite(norm)), 0.0)
         return norm
 
     # ----------------------------------------------------------------------------- checkpoints
@@ -123,7 +137,7 @@ class FSDPEngine:
         if self.device.type != "cuda":
             return {}
         free, total = torch.cuda.mem_get_info(self.device)
-        on_gpu_states = self.cfg.trainer.optim.offload == "none"
+        on_gpu_states = self.optim_cfg.offload == "none"
         local = sum(
             p.to_local().numel() if hasattr(p, "to_local") else p.numel()
             for p in self.model.parameters()

@@ -147,3 +147,16 @@ def test_a_registered_estimator_is_the_one_its_name_returns(monkeypatch):
 
     assert register_advantage("_probe")(mine) is mine
     assert get_advantage("_probe") is mine
+
+
+def test_normalize_over_tokens_edges():
+    from rlpost.algos.advantages import normalize_over_tokens
+
+    two = normalize_over_tokens(torch.tensor([[1.0, 3.0]]), torch.tensor([[True, True]]))
+    s = torch.tensor([1.0, 3.0]).std().item()
+    assert torch.allclose(two, torch.tensor([[-1.0, 1.0]]) / (s + 1e-6))  # two tokens are enough
+    one = normalize_over_tokens(torch.tensor([[5.0, 7.0]], dtype=torch.float64), torch.tensor([[True, False]]))
+    assert one.dtype == torch.float32 and one.tolist() == [[0.0, 0.0]]
+    tiny = torch.tensor([[0.0, 1e-6, 2e-6]], dtype=torch.float64)  # std 1e-6: eps doubles it
+    out = normalize_over_tokens(tiny, torch.ones(1, 3, dtype=torch.bool))
+    assert torch.allclose(out.double(), torch.tensor([[-0.5, 0.0, 0.5]], dtype=torch.float64), atol=1e-6)

@@ -18,7 +18,7 @@ from tests.helpers import examples
 
 # ------------------------------------------------------------------------------ declarations
 def test_every_declaration_names_registered_parts():
-    assert {"grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo"} <= set(ALGORITHMS)
+    assert {"grpo", "ppo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo"} <= set(ALGORITHMS)
     for algo in ALGORITHMS.values():
         assert algo.advantage in ADVANTAGES and algo.policy_loss in POLICY_LOSSES, algo.name
         assert algo.batch_filter in BATCH_FILTERS, algo.name
@@ -26,6 +26,7 @@ def test_every_declaration_names_registered_parts():
     assert get_algorithm("gspo").policy_loss == "gspo" and get_algorithm("cispo").policy_loss == "cispo"
     assert get_algorithm("dapo").batch_filter == "dynamic_sampling"
     assert get_algorithm("reinforce_pp").kl == "reward" and get_algorithm("reinforce_pp_baseline").kl == "loss"
+    assert get_algorithm("ppo").roles == ("critic",) and get_algorithm("ppo").advantage == "gae"
     with pytest.raises(KeyError, match="algo.name='nope'.*grpo"):
         get_algorithm("nope")
 
@@ -141,3 +142,98 @@ def test_truncated_means_the_limit_without_eos():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
     assert truncated(ids, mask, eos, 3).tolist() == [True, False, False, False]
     assert truncated(ids, mask, eos, 1).tolist() == [True, False, False, True]  # a limit of 1
+
+
+# ----------------------------------------------------------------------------------- PPO's parts
+@settings(max_examples=examples(40), deadline=None)
+@given(st.integers(1, 5), st.integers(1, 6), st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(0, 10_000))
+def test_gae_against_a_plain_loop(rows, width, gamma, lam, seed):
+    """GAE over each row's loss tokens (holes skipped, EOS ends the episode), against the
+    textbook recursion written one row at a time."""
+    from rlpost.algos.advantages import gae_advantage
+
+    gen = torch.Generator().manual_seed(seed)
+    rewards, values = torch.randn(rows, width, generator=gen), torch.randn(rows, width, generator=gen)
+    lengths = torch.randint(0, width + 1, (rows,), generator=gen)
+    mask = (torch.arange(width) < lengths[:, None]) & (torch.rand(rows, width, generator=gen) > 0.25)
+    adv, returns = gae_advantage(rewards, values, mask, gamma, lam)
+    for i in range(rows):
+        steps = [t for t in range(width) if mask[i, t]]
+        a, expected = 0.0, {}
+        for k in reversed(range(len(steps))):
+            t = steps[k]
+            next_value = float(values[i, steps[k + 1]]) if k + 1 < len(steps) else 0.0
+            delta = float(rewards[i, t]) + gamma * next_value - float(values[i, t])
+            a = delta + gamma * lam * a
+            expected[t] = a
+        for t in range(width):
+            want = expected.get(t, 0.0)
+            assert math.isclose(float(adv[i, t]), want, rel_tol=1e-9, abs_tol=1e-9)
+            want_return = want + float(values[i, t]) if t in expected else 0.0
+            assert math.isclose(float(returns[i, t]), want_return, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_gae_with_lambda_one_is_returns_minus_values_and_is_whitened():
+    from rlpost.algos.advantages import gae_advantage
+
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]])
+    values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    adv, returns = gae_advantage(rewards, values, mask, 1.0, 1.0)
+    assert torch.allclose(returns, torch.tensor([[1.0, 1.0, 1.0], [0.5, 0.0, 0.0]], dtype=torch.float64))
+    assert torch.allclose(adv, torch.tensor([[0.8, 0.6, 0.4], [0.4, 0.0, 0.0]], dtype=torch.float64))
+    batch = Batch({"token_rewards": rewards, "values": values, "loss_mask": mask})
+    algo = type("A", (), {"gamma": 1.0, "lam": 1.0})
+    whitened, targets = ADVANTAGES["gae"](batch, algo)
+    picked = torch.tensor([0.8, 0.6, 0.4, 0.4], dtype=torch.float64)
+    assert torch.allclose(whitened[mask].double(), (picked - picked.mean()) / (picked.std() + 1e-6), atol=1e-6)
+    assert torch.allclose(targets, returns.float())  # the critic's targets are not whitened
+
+
+def test_clipped_value_loss_hand_computed():
+    from rlpost.algos.losses import clipped_value_loss
+
+    values = torch.tensor([1.0, 0.0, 2.0, 0.5])
+    old = torch.tensor([0.0, 0.0, 0.0, 0.4])
+    returns = torch.tensor([2.0, 1.0, 0.0, 0.5])
+    loss, clipped = clipped_value_loss(values, old, returns, 0.5)
+    # v=1 moved 1 from 0: clipped to 0.5 -> (0.5-2)^2=2.25 > (1-2)^2=1: the clipped term
+    # v=0: no move, (0-1)^2 = 1 both; v=2 -> 0.5: (2-0)^2=4 > 0.25: unclipped; v=0.5 from 0.4: inside
+    assert loss.tolist() == [0.5 * 2.25, 0.5, 2.0, 0.0]
+    assert clipped.tolist() == [True, False, False, False]
+
+
+def test_adaptive_kl_controller_follows_ziegler():
+    from rlpost.algos.kl_control import KLController
+
+    fixed = KLController(0.1)
+    fixed.update(5.0, 100)
+    assert fixed.coef == 0.1
+    kl = KLController(0.1, target=1.0, horizon=1000)
+    kl.update(1.5, 100)  # error clipped to +0.2: coef * (1 + 0.2 * 100 / 1000)
+    assert math.isclose(kl.coef, 0.1 * 1.02)
+    kl.update(0.9, 100)  # error -0.1
+    assert math.isclose(kl.coef, 0.1 * 1.02 * (1 - 0.1 * 0.1))
+    kl.update(0.0, 1000)  # error clipped to -0.2
+    assert math.isclose(kl.coef, 0.1 * 1.02 * 0.99 * 0.8)
+
+
+def test_a_batch_filter_is_registered_once_under_its_name(monkeypatch):
+    from rlpost.algos.filters import register_batch_filter
+
+    first = BATCH_FILTERS["dynamic_sampling"]
+    with pytest.raises(ValueError, match=r"^batch filter 'dynamic_sampling' is registered twice$"):
+        register_batch_filter("dynamic_sampling")(lambda r, g: None)
+    assert BATCH_FILTERS["dynamic_sampling"] is first
+    monkeypatch.setitem(BATCH_FILTERS, "_probe", None)  # restored afterwards
+    del BATCH_FILTERS["_probe"]
+
+    def mine(rewards, groups):
+        return None
+
+    assert register_batch_filter("_probe")(mine) is mine and BATCH_FILTERS["_probe"] is mine
+
+
+def test_filters_on_empty_and_smallest_inputs():
+    assert varied_groups(torch.zeros(0), torch.zeros(0, dtype=torch.long)).tolist() == []
+    assert overlong_penalty(torch.tensor([3, 4]), 4, 1, 2.0).tolist() == [0.0, -2.0]  # a buffer of one token

@@ -208,3 +208,89 @@ def test_an_unknown_tis_mode_is_named():
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match=r"^algo.rollout_is='tokens'; choose none, token or sequence$"):
         truncated_is_weights(x, x, x, "tokens", 2.0)
+
+
+def test_sequence_log_ratio_is_the_mean_over_loss_tokens():
+    from rlpost.algos.losses import sequence_log_ratio
+
+    logp = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0], [0.0, 0.0, 0.0]])
+    old = torch.tensor([[-1.5, -1.0, -9.0], [-3.0, 0.0, 0.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.bool)  # a bool mask works too
+    out = sequence_log_ratio(logp, old, mask)
+    assert out.shape == (3, 1)
+    assert out[:, 0].tolist() == [(0.5 - 1.0) / 2, 2.0, 0.0]  # one token: its own log-ratio; none: 0
+
+
+def sequence_loss_inputs():
+    """Two sequences of three loss tokens (one hole) whose geometric-mean ratios are 1.1 (inside a
+    (0.8, 1.2) clip) and 1.5 (outside), with positive and negative advantages."""
+    from rlpost.algos.policy_loss import LossInputs
+
+    d = torch.float64
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, -1.0, -1.0]], dtype=d)
+    shift = torch.tensor([[math.log(1.1) + 0.3, 5.0, math.log(1.1) - 0.3], [math.log(1.5)] * 3], dtype=d)
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]], dtype=d)
+    logp = (old + shift).requires_grad_(True)
+    adv = torch.tensor([[2.0], [-1.0]], dtype=d)
+    return LossInputs(logp, old, adv, mask, 2.0, 3), logp
+
+
+def test_gspo_loss_and_metrics_hand_computed():
+    from rlpost.algos.policy_loss import gspo_loss
+    from rlpost.config import load_config
+
+    algo = load_config(
+        ["+recipe=gspo", "algo.clip_ratio_low=0.2", "algo.clip_ratio_high=0.2", "algo.rollout_is=none"]
+    ).algo
+    x, logp = sequence_loss_inputs()
+    out = gspo_loss(x, algo)
+    # seq-mean-token-mean: row 0, s = 1.1 inside the range: -2 * 1.1; row 1, s = 1.5 and A < 0:
+    # max(1.5, 1.2) = 1.5 (the unclipped term is the larger: no clip)
+    assert math.isclose(float(out.loss), (-2 * 1.1 + 1.5) / 2, rel_tol=1e-9)
+    total, count = out.means["actor/pg_clipfrac"]
+    assert float(total) == 0 and float(count) == 5
+    assert math.isclose(float(out.maxes["actor/ppo_ratio_max"]), 1.5, rel_tol=1e-9)
+    assert math.isclose(float(out.mins["actor/ppo_ratio_min"]), 1.1, rel_tol=1e-9)
+    out.loss.backward()
+    # d/dlogp_t: row 0: -A s / |y| on each loss token; row 1: -A s / |y| too; 1/2 for the two rows
+    expected = torch.tensor([[-2 * 1.1 / 2, 0.0, -2 * 1.1 / 2], [1.5 / 3] * 3], dtype=torch.float64) / 2
+    assert torch.allclose(logp.grad, expected, atol=1e-12)
+    # flip the advantages: row 0 still inside; row 1 (A > 0, s = 1.5) is clipped at 1.2: no gradient
+    x.advantages = -x.advantages
+    out = gspo_loss(x, algo)
+    assert math.isclose(float(out.loss), (2 * 1.1 - 1.2) / 2, rel_tol=1e-9)
+    total, count = out.means["actor/pg_clipfrac"]
+    assert float(total) == 3 and float(count) == 5
+
+
+def test_cispo_loss_and_metrics_hand_computed():
+    from rlpost.algos.policy_loss import cispo_loss
+    from rlpost.config import load_config
+
+    algo = load_config(["+recipe=cispo", "algo.clip_ratio_high=0.3", "algo.rollout_is=none", "algo.kl_coef=0"]).algo
+    x, logp = sequence_loss_inputs()
+    out = cispo_loss(x, algo)
+    ratio = torch.exp(logp.detach() - x.old_logp)
+    weight = ratio.clamp(max=1.3)
+    m = x.loss_mask.bool()
+    per_token = -x.advantages * weight * logp.detach()
+    assert math.isclose(float(out.loss), float(per_token[m].sum() / 2.0), rel_tol=1e-9)  # token-mean, denom 2
+    total, count = out.means["actor/pg_clipfrac"]
+    assert float(total) == float((ratio > 1.3)[m].sum()) == 4 and float(count) == 5  # row 0's first token too
+    out.loss.backward()
+    # the weight carries no gradient: d/dlogp = -A w / denominator
+    assert torch.allclose(logp.grad, (-x.advantages * weight * x.loss_mask) / 2.0, atol=1e-12)
+
+
+def test_aggregation_edges():
+    """A denominator of one, an empty row without a global denominator, the Dr.GRPO constant."""
+    loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [7.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # the last row has no token
+    for denom in (1.0, torch.tensor(1.0, dtype=torch.float64)):
+        assert aggregate(loss[1:2], mask[1:2], "token-mean", denominator=denom).item() == 4.0
+        assert aggregate(loss[1:2], mask[1:2], "seq-mean-token-mean", denominator=denom).item() == 4.0
+    assert aggregate(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)  # 2 rows, not 3
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", norm_length=1).item() == pytest.approx((6 + 4) / 2)
+    assert aggregate(loss, mask, "seq-mean-token-sum-norm", norm_length=4).item() == pytest.approx((1.5 + 1) / 2)
+    with pytest.raises(ValueError, match=r"^loss aggregation seq-mean-token-sum-norm needs norm_length >= 1"):
+        aggregate(loss, mask, "seq-mean-token-sum-norm")  # no generation budget given

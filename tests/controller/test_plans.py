@@ -106,3 +106,17 @@ def test_each_reward_reaches_its_own_rows_through_groups_advantages_and_shards(e
         for row, adv, resp in zip(shard["row_index"].tolist(), shard["advantages"].tolist(), shard["response_mask"]):
             assert adv == pytest.approx(expected[row], abs=1e-5), f"row {row}"
             assert int(resp.sum()) == response_lengths[row]  # the row's own tokens travel with it
+
+
+def test_an_actor_and_a_critic_on_one_device_must_fit_together():
+    from rlpost.controller.weights import merge_memory
+
+    actor = {"total": 80 * GIB, "free": 60 * GIB, "resident": 20 * GIB}
+    critic = {"total": 80 * GIB, "free": 50 * GIB, "resident": 10 * GIB}
+    assert merge_memory((actor, critic)) == {"total": 80 * GIB, "free": 50 * GIB, "resident": 30 * GIB}
+    assert merge_memory(({}, {})) == {}  # CPU: nothing to report
+    cfg = cfg_with("rollout.gpu_memory_utilization=0.65")
+    cfg.rollout.backend = "vllm"
+    check_colocated_memory(cfg, [actor])  # the actor alone leaves room for vLLM
+    with pytest.raises(ConfigError, match="trainer rank 0"):
+        check_colocated_memory(cfg, [merge_memory((actor, critic))])  # with its critic it does not

@@ -259,9 +259,9 @@ def test_no_loss_tokens_gives_zero_distances_and_no_verdict():
     }
 
 
-def test_put_logprobs_brings_each_rank_s_rows_back_to_the_batch_order():
+def test_put_rows_brings_each_rank_s_rows_back_to_the_batch_order():
     """Ranks return their rows in plan order (`row_index`); the batch gets them in its own."""
-    from rlpost.controller.step import put_logprobs
+    from rlpost.controller.step import put_rows
 
     batch = Batch({"response_ids": torch.zeros(5, 2, dtype=torch.long)})
     rows = [[3, 0], [4, 1, 2]]  # two ranks, rows in plan order
@@ -275,11 +275,12 @@ def test_put_logprobs_brings_each_rank_s_rows_back_to_the_batch_order():
         )
         for ranks in rows
     ]
-    put_logprobs(batch, parts)
+    put_rows(batch, parts)
     assert torch.equal(batch["old_logprobs"], torch.tensor([[float(r), -r] for r in range(5)]))
     assert torch.equal(batch["ref_logprobs"], torch.tensor([[10.0 + r, r] for r in range(5)]))
+    assert "row_index" not in batch
     without_ref = Batch({"response_ids": torch.zeros(5, 2, dtype=torch.long)})
-    put_logprobs(without_ref, [Batch({k: p[k] for k in ("old_logprobs", "row_index")}) for p in parts])
+    put_rows(without_ref, [Batch({k: p[k] for k in ("old_logprobs", "row_index")}) for p in parts])
     assert "ref_logprobs" not in without_ref and torch.equal(without_ref["old_logprobs"], batch["old_logprobs"])
 
 
@@ -364,3 +365,16 @@ def test_fill_keeps_passing_groups_in_order_and_fills_past_the_cap():
     # more passing groups than wanted: the first ones
     out = _fill(rounds, [torch.ones(3, dtype=torch.bool)] * 2, wanted=2, n=n, pad_id=0)
     assert out.rows == ["a0", "a1"] and out.metrics["filter/dropped_groups"] == 0
+
+
+def test_the_kl_is_in_the_reward_only_with_a_coefficient():
+    from rlpost.controller.step import kl_in_reward, old_logprobs_in_update, token_rewards
+
+    on = load_config(["+recipe=reinforce_pp", "algo.kl_coef=0.01"])
+    off = load_config(["+recipe=reinforce_pp", "algo.kl_coef=0"])
+    assert kl_in_reward(on) and not old_logprobs_in_update(on)  # the advantages need the log-probs first
+    assert not kl_in_reward(off) and old_logprobs_in_update(off)  # nothing needs them before the update
+    assert not kl_in_reward(load_config(["+recipe=quickstart", "algo.kl_coef=0.01"]))  # GRPO: in the loss
+    batch = metrics_batch()  # no reference log-probs: none are needed without a KL
+    batch["rewards"] = torch.ones(4)
+    assert token_rewards(batch, off).sum() == 3.0

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.integration
 
 # per recipe: metrics its parts must add; whether the log-probs need a pass of their own
 ALGORITHMS = {
+    "ppo": (["critic/vf_loss", "critic/grad_norm", "kl/coef", "timing_s/values", "timing_s/critic_update"], True),
     "rloo": ([], False),
     "reinforce_pp": (["timing_s/logprob"], True),  # the KL in the reward needs them first
     "reinforce_pp_baseline": (["actor/kl"], False),
@@ -27,19 +28,23 @@ def test_each_algorithm_trains_through_the_controller(ray_session, base_override
     extra, separate_pass = ALGORITHMS[recipe]
     run_dir = tmp_path / "run"
     overrides = [f"+recipe={recipe}" if o == "+recipe=quickstart" else o for o in base_overrides(run_dir)]
-    cfg = load_config(overrides + ["trainer.total_steps=2", "trainer.val_every=0"])
+    warmup = 1 if recipe == "ppo" else 0  # PPO: the first step trains the critic only
+    cfg = load_config(overrides + ["trainer.total_steps=2", "trainer.val_every=0", f"critic.warmup_steps={warmup}"])
     assert cfg.algo.name == recipe
     train(cfg)
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
-    assert [r["weight_sync/version"] for r in steps] == [1, 2]  # verified syncs
-    assert [r["rollout/weight_version"] for r in steps] == [0, 1]
-    for r in steps:
+    # every step ends in a verified sync: of the next version, or of the same one in the warm-up
+    assert [r["weight_sync/version"] for r in steps] == [1 - warmup, 2 - warmup]
+    assert [r["rollout/weight_version"] for r in steps] == [0, 1 - warmup]
+    for r in steps[warmup:]:
         missing = [k for k in ["actor/pg_loss", "actor/grad_norm", "reward/shaped_mean", *extra] if k not in r]
         assert not missing, f"{recipe}: metrics missing {missing}"
         assert r["actor/first_ratio_dev"] <= 1e-6, recipe  # on-policy: the first ratio is exactly 1
         assert r["rollout/logprob_diff_max"] <= 1e-4, recipe
         assert ("timing_s/logprob" in r) == separate_pass, recipe
+    if warmup:
+        assert "actor/pg_loss" not in steps[0] and "critic/vf_loss" in steps[0]
     if recipe == "dapo":  # the batch still holds train_batch_size prompts after filtering
         assert all(r["filter/rounds"] <= cfg.algo.max_filter_rounds for r in steps)

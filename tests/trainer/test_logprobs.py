@@ -203,3 +203,47 @@ def test_entropy_packed_equals_padded_equals_per_sequence(model, batch):
     torch.testing.assert_close(packed, expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(padded, expected, rtol=0, atol=1e-5)
     assert mask.sum() == 0 or expected[mask].min() > 0.1  # a real distribution, not a near-one-hot one
+
+
+@pytest.mark.parametrize(
+    "layout, attn, packed",
+    [
+        ("auto", "flash_attention_2", True),
+        ("auto", "flash_attention_3", True),
+        ("auto", "rlpost_varlen", True),
+        ("auto", "sdpa", False),
+        ("auto", "eager", False),
+        ("packed", "sdpa", True),
+        ("padded", "flash_attention_2", False),
+    ],
+)
+def test_the_layout_rule(layout, attn, packed):
+    from rlpost.trainer.logprobs import use_packed_layout
+
+    assert use_packed_layout(layout, attn) is packed
+
+
+def test_defaults_are_temperature_one_packed_and_no_entropy(model):
+    """`response_logprobs(model, batch)`: the distribution at T = 1, the packed path, no entropy."""
+    prompt_ids, prompt_mask = left_pad([[5, 6, 7], [8]], PAD)
+    response_ids, response_mask = right_pad([[9, 10], [11, EOS, 12]], PAD)
+    batch = Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+        }
+    )
+    with torch.no_grad():
+        logp, entropy = response_logprobs(model, batch)
+        assert entropy is None and response_logprobs(model, batch, 0.7, packed=False)[1] is None
+        assert torch.allclose(logp, reference_logprobs(model, batch, 1.0), atol=1e-5)
+        assert not torch.allclose(logp, reference_logprobs(model, batch, 2.0), atol=1e-3)
+        calls = []
+        hook = model.register_forward_pre_hook(lambda m, args, kwargs: calls.append(kwargs), with_kwargs=True)
+        try:
+            response_logprobs(model, batch)
+        finally:
+            hook.remove()
+        assert calls[0]["input_ids"].shape == (1, 9)  # one packed row of the 9 real tokens

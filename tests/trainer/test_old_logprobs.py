@@ -122,7 +122,57 @@ def test_a_shard_without_old_logprobs_must_train_in_one_step(tmp_path):
         shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
         worker = ActorWorker(cfg, str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
         try:
-            with pytest.raises(ValueError, match="one optimizer step"):
+            with pytest.raises(ValueError, match=r"^a shard without old_logprobs must train in one optimizer step"):
                 worker.update(shard)
         finally:
             worker.shutdown()
+
+
+def test_two_mini_batches_first_ratio_lr_and_timing(tmp_path):
+    """A separate pass, then two optimizer steps: the first step's ratios are exactly 1, the
+    second mini-batch's moved (so `first_ratio_dev` looks at the first step only); the reported
+    lr is the schedule's and the worker's time lies within the call's."""
+    import time
+
+    from rlpost.controller.step import step_plan
+    from rlpost.data.microbatch import shard_batch
+    from rlpost.trainer.actor import ActorWorker
+
+    model, _ = save_tiny_model(tmp_path / "model")
+    cfg = load_config(COMMON + ["algo.kl_coef=0", "algo.ppo_mini_batch_size=2", "algo.rollout_is=none"])
+    batch = generation(model)
+    shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
+    assert len(set(shard["mini_batch_ids"].tolist())) == 2
+    worker = ActorWorker(cfg, str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
+    try:
+        logprobs = worker.compute_logprobs(shard)
+        shard["old_logprobs"] = logprobs["old_logprobs"]  # in the shard's own order
+        assert torch.equal(logprobs["row_index"], shard["row_index"])
+        start = time.perf_counter()
+        metrics, returned = worker.update(shard)
+        wall = time.perf_counter() - start
+        assert len(returned) == 0
+        assert metrics["actor/first_ratio_dev"] == 0.0
+        assert metrics["actor/ppo_ratio_max"] > 1 + 1e-4 or metrics["actor/ppo_ratio_min"] < 1 - 1e-4
+        assert metrics["actor/lr"] == worker.engine.scheduler.get_last_lr()[0] > 0
+        assert 0 < metrics["timing_s/update_worker"] <= wall
+    finally:
+        worker.shutdown()
+
+
+@pytest.mark.parametrize(
+    "overrides, reference", [([], False), (["algo.kl_coef=0.1"], True), (["algo.kl_coef=0.1", *LORA], False)]
+)
+def test_a_reference_copy_exists_only_for_a_kl_without_lora(tmp_path, overrides, reference):
+    """The reference role: a frozen copy with a KL, none without one, none with LoRA (the base
+    is the policy with its adapters off)."""
+    from rlpost.trainer.actor import ActorWorker
+
+    save_tiny_model(tmp_path / "model")
+    cfg = load_config(COMMON + ["algo.kl_coef=0", *overrides])
+    worker = ActorWorker(cfg, str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
+    try:
+        assert (worker.ref_model is not None) == reference
+        assert worker.engine.frozen == ([worker.ref_model] if reference else [])
+    finally:
+        worker.shutdown()

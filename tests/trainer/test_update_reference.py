@@ -226,7 +226,8 @@ def case_config(name: str, world: int):
     from rlpost.config import load_config
 
     overrides = [o for o in CASES[name] if o != SILENT]
-    layout = "packed" if world == 2 else "padded"  # both layouts, on ragged rows
+    # both layouts on ragged rows: world size 2 packed, world size 1 every other case packed
+    layout = "packed" if world == 2 or list(CASES).index(name) % 2 else "padded"
     return load_config(BASE + overrides + [f"trainer.world_size={world}", f"trainer.layout={layout}"])
 
 
@@ -259,9 +260,10 @@ def rank_main(rank, world, port, model_dir, batch_path, out, names):
                 return step(*args, **kwargs)
 
             worker.optimizer.step = capture
-            worker.update(shard_batch(case, plan)[rank])
+            metrics, _ = worker.update(shard_batch(case, plan)[rank])
             results[name] = {
                 "grads": grads,
+                "first_ratio_dev": metrics["actor/first_ratio_dev"],
                 "tokens": [
                     [
                         sum(int(case["prompt_mask"][i].sum() + case["response_mask"][i].sum()) for i in micro)
@@ -304,6 +306,10 @@ def test_update_gradients_match_the_reference(setup, world, names, tmp_path):
     out = tmp_path / "grads.pt"
     run_ranks(rank_main, world, free_port(), model_dir, str(batch_path), str(out), names)
     results = torch.load(out, weights_only=False)
+    from transformers import AutoModelForCausalLM
+
+    with torch.no_grad():  # the policy's own log-probs before any step
+        current = reference_logprobs(AutoModelForCausalLM.from_pretrained(model_dir), batch, TEMPERATURE)
     wrong = []
     for name in names:
         cfg = case_config(name, world)
@@ -313,6 +319,14 @@ def test_update_gradients_match_the_reference(setup, world, names, tmp_path):
         assert len(ours) == mini, name  # one optimizer step per mini-batch
         # the plan really cuts each rank's rows into micro-batches of unequal token counts
         assert any(len(set(tokens)) > 1 for tokens in results[name]["tokens"]), name
+        # max |ratio - 1| of the first optimizer step (the old log-probs are perturbed: far from 0)
+        first = slice(0, len(batch) // mini)
+        log_ratio, own = (current - batch["old_logprobs"])[first], batch["loss_mask"][first]
+        if cfg.algo.name == "gspo":  # one ratio per sequence: the mean token log-ratio
+            log_ratio = ((log_ratio * own).sum(-1) / own.sum(-1).clamp(min=1))[:, None].expand_as(own)
+        ratio = torch.exp(log_ratio)[own]
+        expected = max(ratio.max().item() - 1, 1 - ratio.min().item())
+        assert abs(results[name]["first_ratio_dev"] - expected) < 1e-4 * expected, name
         for m in range(mini):
             assert ours[m].keys() == ref[m].keys()
             scale = max(g.abs().max().item() for g in ref[m].values())
