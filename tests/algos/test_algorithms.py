@@ -237,3 +237,11 @@ def test_a_batch_filter_is_registered_once_under_its_name(monkeypatch):
 def test_filters_on_empty_and_smallest_inputs():
     assert varied_groups(torch.zeros(0), torch.zeros(0, dtype=torch.long)).tolist() == []
     assert overlong_penalty(torch.tensor([3, 4]), 4, 1, 2.0).tolist() == [0.0, -2.0]  # a buffer of one token
+
+
+def test_adaptive_kl_divides_by_the_target():
+    from rlpost.algos.kl_control import KLController
+
+    kl = KLController(0.1, target=2.0, horizon=1000)
+    kl.update(2.2, 100)  # error 2.2 / 2 - 1 = 0.1
+    assert math.isclose(kl.coef, 0.1 * (1 + 0.1 * 0.1))

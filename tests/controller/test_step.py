@@ -378,3 +378,16 @@ def test_the_kl_is_in_the_reward_only_with_a_coefficient():
     batch = metrics_batch()  # no reference log-probs: none are needed without a KL
     batch["rewards"] = torch.ones(4)
     assert token_rewards(batch, off).sum() == 3.0
+
+
+def test_an_adaptive_kl_coefficient_replaces_the_configured_one():
+    from rlpost.controller.step import advantages, token_rewards
+
+    batch = metrics_batch()
+    batch["rewards"] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    batch["ref_logprobs"] = batch["old_logprobs"] - 0.5
+    cfg = load_config(["+recipe=quickstart", "algo.name=reinforce_pp", "algo.kl_coef=0.5", "algo.kl_estimator=k1"])
+    base = token_rewards(batch, cfg, 0.0)
+    assert torch.allclose(token_rewards(batch, cfg, 2.0), base - 2.0 * 0.5 * batch["loss_mask"])
+    assert torch.allclose(token_rewards(batch, cfg), base - 0.5 * 0.5 * batch["loss_mask"])
+    assert not torch.allclose(advantages(batch, cfg, 2.0), advantages(batch, cfg))

@@ -9,7 +9,7 @@ import pytest
 from rlpost.config import load_config
 from rlpost.controller.loop import train
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # 7 runs, 90 s together: CI runs them
 
 # per recipe: metrics its parts must add; whether the log-probs need a pass of their own
 ALGORITHMS = {
