@@ -17,36 +17,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from quickstart_seeds import cpu_model  # noqa: E402
+from quickstart_seeds import cpu_model, train  # noqa: E402
 from summarize_run import summarize  # noqa: E402
 
 RECIPES = ["quickstart", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo"]
 
 
 def run(recipe: str, seed: int, cache: Path, run_dir: Path, extra: list[str]) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "rlpost.cli",
-        "train",
-        f"+recipe={recipe}",
-        f"model.tiny.seed={seed}",
-        f"run.seed={seed}",
-        f"run.dir={run_dir}",
-        f"model.cache_dir={cache}",
-        "logger.progress_bar=false",
-        *extra,
-    ]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    start = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    wall = time.time() - start
+    cmd, proc, wall = train(recipe, seed, run_dir, cache, extra)
     if proc.returncode != 0:
         return {"recipe": recipe, "seed": seed, "error": proc.stderr[-3000:], "wall_s": round(wall, 1)}
     s = summarize(str(run_dir), skip=0)

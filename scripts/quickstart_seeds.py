@@ -33,8 +33,9 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def run_seed(seed: int, recipe: str, extra: list[str], workdir: Path) -> dict:
-    run_dir, cache = workdir / f"run{seed}", workdir / f"cache{seed}"  # empty cache: the model is built
+def train(recipe: str, seed: int, run_dir: Path, cache: Path, extra: list[str]):
+    """`rlpost train` of `recipe` with the tiny model and the run seeded by `seed`, from the command
+    line: (command, finished process, wall seconds)."""
     cmd = [
         sys.executable,
         "-m",
@@ -51,7 +52,12 @@ def run_seed(seed: int, recipe: str, extra: list[str], workdir: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     start = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    wall = time.time() - start
+    return cmd, proc, time.time() - start
+
+
+def run_seed(seed: int, recipe: str, extra: list[str], workdir: Path) -> dict:
+    run_dir, cache = workdir / f"run{seed}", workdir / f"cache{seed}"  # empty cache: the model is built
+    cmd, proc, wall = train(recipe, seed, run_dir, cache, extra)
     if proc.returncode != 0:
         return {"seed": seed, "error": proc.stderr[-3000:], "wall_s": wall}
     s = summarize(str(run_dir), skip=0)

@@ -38,6 +38,18 @@ from rlpost.weightsync.sync import send_weights
 from rlpost.weightsync.transport import SyncGroup, stacks_if_stuck
 
 
+def loss_denominators(minis, loss_agg_mode: str, device) -> list[torch.Tensor]:
+    """Per mini-batch, the tokens (token-mean) or sequences with a loss token that it holds over
+    every rank: one all-reduce for the whole update (the actor's and the critic's)."""
+    counts = []
+    for mini in minis:
+        mask = torch.cat([mb["loss_mask"] for mb in mini])
+        counts.append(mask.sum() if loss_agg_mode == "token-mean" else (mask.sum(-1) > 0).sum())
+    t = torch.tensor(counts, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return list(t.float())
+
+
 class ActorWorker:
     def __init__(
         self, cfg: TrainConfig, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int
@@ -134,15 +146,7 @@ class ActorWorker:
         return metrics, logprobs
 
     def _denominators(self, minis) -> list[torch.Tensor]:
-        """Per mini-batch, the tokens (token-mean) or sequences with a loss token that it holds
-        over every rank: one all-reduce for the whole update."""
-        counts = []
-        for mini in minis:
-            mask = torch.cat([mb["loss_mask"] for mb in mini])
-            counts.append(mask.sum() if self.cfg.algo.loss_agg_mode == "token-mean" else (mask.sum(-1) > 0).sum())
-        t = torch.tensor(counts, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return list(t.float())
+        return loss_denominators(minis, self.cfg.algo.loss_agg_mode, self.device)
 
     def _micro_step(self, mb: Batch, denom: torch.Tensor, stats: Stats, ref_logp=None):
         """Forward, the algorithm's loss, backward on one micro-batch; returns the log-probs of

@@ -19,6 +19,7 @@ from rlpost.algos.losses import aggregate, clipped_value_loss
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import split_shard
+from rlpost.trainer.actor import loss_denominators
 from rlpost.trainer.engine import FSDPEngine
 from rlpost.trainer.logprobs import response_values, use_packed_layout
 from rlpost.trainer.stats import Stats
@@ -53,7 +54,7 @@ class CriticWorker:
         stats = Stats(self.device)
         with self.engine.resident():
             minis = split_shard(shard)
-            denoms = self._denominators(minis)
+            denoms = loss_denominators(minis, a.loss_agg_mode, self.device)
             for _ in range(a.ppo_epochs):
                 for mini, denom in zip(minis, denoms):
                     for mb in mini:
@@ -63,15 +64,6 @@ class CriticWorker:
             metrics = stats.reduce()
         metrics["timing_s/critic_update_worker"] = time.perf_counter() - start
         return metrics
-
-    def _denominators(self, minis) -> list[torch.Tensor]:
-        counts = []
-        for mini in minis:
-            mask = torch.cat([mb["loss_mask"] for mb in mini])
-            counts.append(mask.sum() if self.cfg.algo.loss_agg_mode == "token-mean" else (mask.sum(-1) > 0).sum())
-        t = torch.tensor(counts, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return list(t.float())
 
     def _micro_step(self, mb: Batch, denom: torch.Tensor, stats: Stats) -> None:
         dev = self.device
