@@ -3,7 +3,7 @@
 
 The work: the quickstart's tiny Qwen2 model (0.8M parameters, float32), 16 prompts x 8 samples
 of 2-digit addition per step, at most 4 response tokens, exact-match reward, GRPO (group-std
-advantages, token-mean PPO-clip loss, no KL), AdamW lr 3e-4 with 10 warm-up steps then constant,
+advantages, token-mean PPO-clip loss, no KL), AdamW lr `--lr` (1e-4) with 10 warm-up steps then constant,
 gradient clip 1.0, `--steps` steps, one thread per process. rlpost runs it with one trainer rank
 and one hf rollout actor, colocated (they take turns) and split (one-step-off-policy: the next
 batch is generated while this one trains). TRL runs it in one process (generation with
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PROMPTS, N, LR, WARMUP = 16, 8, 3e-4, 10
+PROMPTS, N, WARMUP = 16, 8, 10
 RLPOST = [
     "+recipe=quickstart",
     f"data.train_batch_size={PROMPTS}",
@@ -39,7 +39,6 @@ RLPOST = [
     "trainer.world_size=1",
     "trainer.micro_batch_size=128",
     "algo.kl_coef=0",
-    f"trainer.optim.lr={LR}",
     f"trainer.optim.warmup_steps={WARMUP}",
     "trainer.optim.lr_schedule=constant",
     "cluster.num_threads=1",
@@ -59,7 +58,7 @@ def cpu_model() -> str:
 
 
 # ----------------------------------------------------------------------------------------- TRL
-def run_trl(steps: int, out: str) -> None:
+def run_trl(steps: int, lr: float, out: str) -> None:
     """In the TRL venv: GRPOTrainer on the same model, prompts and reward."""
     import torch
     from datasets import Dataset
@@ -75,7 +74,7 @@ def run_trl(steps: int, out: str) -> None:
     from rlpost.rewards.builtin import arithmetic
 
     torch.set_num_threads(1)
-    cfg = load_config(RLPOST)
+    cfg = load_config([*RLPOST, f"trainer.optim.lr={lr}"])
     path = resolve_model_path(cfg.model, cfg.data)
     tok = load_tokenizer(path)
     train_src, val_src = data_sources(cfg)
@@ -103,7 +102,7 @@ def run_trl(steps: int, out: str) -> None:
             num_generations=N,
             max_completion_length=cfg.rollout.max_response_length,
             max_steps=steps,
-            learning_rate=LR,
+            learning_rate=lr,
             lr_scheduler_type="constant_with_warmup",
             warmup_steps=WARMUP,
             max_grad_norm=1.0,
@@ -133,9 +132,9 @@ def run_trl(steps: int, out: str) -> None:
 
 
 # -------------------------------------------------------------------------------------- rlpost
-def run_rlpost(steps: int, placement: str) -> dict:
+def run_rlpost(steps: int, lr: float, placement: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "rlpost.cli", "train", *RLPOST, *PLACEMENTS[placement]]
+        cmd = [sys.executable, "-m", "rlpost.cli", "train", *RLPOST, f"trainer.optim.lr={lr}", *PLACEMENTS[placement]]
         cmd += [f"trainer.total_steps={steps}", f"trainer.val_every={steps}", f"run.dir={tmp}/run"]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode:
@@ -158,21 +157,22 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--trl-python", help="the python of a venv with trl installed")
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--skip", type=int, default=10, help="first steps left out of the median")
     ap.add_argument("--trl-only", help=argparse.SUPPRESS)  # internal: run TRL, write to this file
     args = ap.parse_args()
     if args.trl_only:
-        run_trl(args.steps, args.trl_only)
+        run_trl(args.steps, args.lr, args.trl_only)
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         trl_out = f"{tmp}/trl.json"
-        cmd = [args.trl_python, __file__, "--trl-only", trl_out, "--steps", str(args.steps)]
+        cmd = [args.trl_python, __file__, "--trl-only", trl_out, "--steps", str(args.steps), "--lr", str(args.lr)]
         subprocess.run(cmd, cwd=REPO, env=env, check=True)
         results["trl"] = json.loads(Path(trl_out).read_text())
     for placement in PLACEMENTS:
-        results[f"rlpost_{placement}"] = run_rlpost(args.steps, placement)
+        results[f"rlpost_{placement}"] = run_rlpost(args.steps, args.lr, placement)
     summary = {}
     for name, r in results.items():
         summary[name] = {
@@ -187,7 +187,9 @@ def main() -> None:
         [args.trl_python, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True
     ).stdout.strip()
     out = {
-        "command": f"python scripts/bench_trl.py --trl-python {args.trl_python} --out {args.out} --steps {args.steps}",
+        "command": f"python scripts/bench_trl.py --trl-python {args.trl_python} --out {args.out} "
+        f"--steps {args.steps} --lr {args.lr}",
+        "lr": args.lr,
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "trl_version": version,
         "steps": args.steps,

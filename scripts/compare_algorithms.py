@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from quickstart_seeds import cpu_model, train  # noqa: E402
 from summarize_run import summarize  # noqa: E402
 
-RECIPES = ["quickstart", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo"]
+RECIPES = ["quickstart", "ppo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo", "grpo_rm"]
 
 
 def run(recipe: str, seed: int, cache: Path, run_dir: Path, extra: list[str]) -> dict:

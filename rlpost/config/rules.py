@@ -167,6 +167,27 @@ def overlong_buffer_fits(cfg):
         )
 
 
+@rule("reward.model.score_fn")
+def reward_model_scorer(cfg):
+    m = cfg.reward.model
+    if m.kind == "causal_lm" and m.path and ".py:" not in m.score_fn:
+        return (
+            f"reward.model.kind=causal_lm needs reward.model.score_fn=path/to/file.py:function (got "
+            f"{m.score_fn!r}): the function that turns the model into one score per sample"
+        )
+    if m.score_fn and m.kind != "causal_lm":
+        return f"reward.model.score_fn={m.score_fn!r} is for reward.model.kind=causal_lm (kind is {m.kind!r})"
+
+
+@rule("reward.rule_weight")
+def something_scores(cfg):
+    if cfg.reward.rule_weight == 0 and not (cfg.reward.model.path and cfg.reward.model.weight):
+        return (
+            "reward.rule_weight=0 and no weighted reward model (reward.model.path, reward.model.weight): "
+            "every sample would score 0"
+        )
+
+
 def validate(cfg: TrainConfig) -> None:
     """Every key's allowed values (`choices`, ranges: declared with the key), then the rules that
     span keys (`RULES`). Raises ConfigError naming the key at fault and what would fix it."""

@@ -359,9 +359,35 @@ class WeightSyncConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    path: str = knob(
+        "",
+        "Reward model: a folder or hub id; `tiny` builds (once) a classifier of right vs wrong answers to the "
+        "offline addition task from the tiny policy. Empty = no reward model (no `reward_model` role).",
+    )
+    kind: str = knob(
+        "classifier",
+        "`classifier`: a sequence-classification model, the score its logit (2 labels: label 1 minus label 0); "
+        "`causal_lm`: a causal LM scored by `score_fn`.",
+        ("classifier", "causal_lm"),
+    )
+    score_fn: str = knob(
+        "", "`file.py:name` for `kind=causal_lm`: `name(model, tokenizer, prompts, responses)` -> one score each."
+    )
+    weight: float = knob(1.0, "Weight of the model's score in the training reward.")
+    sigmoid: bool = knob(False, "Map a classifier's logit to (0, 1) with a sigmoid.")
+    batch_size: int = knob(64, "Samples per reward-model forward pass.", ge=1)
+    max_length: int = knob(2048, "Longest prompt + response (reward model tokens) scored; longer is truncated.", ge=1)
+
+
+@dataclass
 class RewardConfig:
     fn: str = knob("auto", "`auto` (by each row's data_source), a registered name, or `file.py:function`.")
     kwargs: dict = knob({}, "Keyword arguments for an explicitly named `fn` (e.g. gsm8k `method: flexible`).")
+    rule_weight: float = knob(
+        1.0, "Weight of the rule score (`fn`) in the training reward; validation scores by the rule alone."
+    )
+    model: RewardModelConfig = section(RewardModelConfig, "A reward model served by its own worker group.")
 
 
 # -------------------------------------------------------------------------------- logger, cluster

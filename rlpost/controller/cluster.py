@@ -2,10 +2,10 @@
 
 Placement (one placement group for the whole job):
 - `colocate`: one bundle per trainer rank; rollout actor i shares bundle i % world_size with
-  trainer rank i (and its critic rank, when the algorithm has one), each taking an equal part of
-  its CPU (and GPU): they take turns on the same device.
-- `split`: trainer bundles first (shared by the actor and critic ranks), then one bundle per
-  rollout actor: disjoint devices.
+  trainer rank i (and its critic and reward-model ranks, when the run has them), each taking an
+  equal part of its CPU (and GPU): they take turns on the same device.
+- `split`: trainer bundles first (shared by the actor, critic and reward-model ranks), then one
+  bundle per rollout actor: disjoint devices.
 """
 
 from __future__ import annotations
@@ -70,17 +70,18 @@ class Placement:
         ws, nr = cfg.trainer.world_size, cfg.rollout.num_workers
         device = "GPU" if cfg.trainer.device == "cuda" else "CPU"
         bundle = {"CPU": 1, "GPU": 1} if device == "GPU" else {"CPU": 1}
-        on_trainer_bundles = 2 if "critic" in roles else 1  # the actor (trainer), and the critic
+        # on the trainer bundles: the actor (trainer), and the critic and the reward model if any
+        on_trainer_bundles = 1 + sum(role in roles for role in ("critic", "reward_model"))
         if cfg.cluster.placement == "colocate":
             bundles = [dict(bundle) for _ in range(ws)]
             trainers, rollouts = list(range(ws)), [i % ws for i in range(nr)]
             share = 1.0 / (on_trainer_bundles + 1)
-            shares = {"trainer": share, "critic": share, "rollout": share}
+            shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": share}
         else:
             bundles = [dict(bundle) for _ in range(ws + nr)]
             trainers, rollouts = list(range(ws)), list(range(ws, ws + nr))
             share = 1.0 / on_trainer_bundles
-            shares = {"trainer": share, "critic": share, "rollout": 1.0}
+            shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": 1.0}
         pg = placement_group(bundles, strategy="PACK")
         ray.get(pg.ready(), timeout=300)
         return Placement(pg, trainers, rollouts, shares)

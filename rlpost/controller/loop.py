@@ -23,7 +23,7 @@ from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
 from rlpost.controller import checkpoint
 from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
 from rlpost.controller.rollouts import Rollouts
-from rlpost.controller.setup import load_data, make_run_dir, resolve_critic_path
+from rlpost.controller.setup import load_data, make_run_dir, resolve_critic_path, resolve_reward_model_path
 from rlpost.controller.step import (
     advantages,
     batch_metrics,
@@ -45,6 +45,7 @@ from rlpost.data.microbatch import shard_batch
 from rlpost.metrics.trackers import SampleLog, Trackers
 from rlpost.models.loading import load_tokenizer, resolve_model_path, start_eval
 from rlpost.rewards import get_reward_fn
+from rlpost.rewards.model import RewardModelWorker
 from rlpost.rollout.worker import RolloutWorker
 from rlpost.trainer.actor import ActorWorker
 from rlpost.trainer.critic import CriticWorker
@@ -64,11 +65,11 @@ class Controller:
         self.algorithm = get_algorithm(cfg.algo.name)
         self.keep_groups = BATCH_FILTERS[self.algorithm.batch_filter]
         # the reference lives in the actor's group: a frozen copy, or with LoRA the adapters off
-        self.roles = needed_roles(self.algorithm, cfg.algo.kl_coef, reward_model=False)
+        self.roles = needed_roles(self.algorithm, cfg.algo.kl_coef, reward_model=bool(cfg.reward.model.path))
         log(f"algorithm {self.algorithm.name} ({self.algorithm.paper}): roles {', '.join(self.roles)}")
         self.kl = KLController(cfg.algo.kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon)
         self._adapter_probe_due = self.lora  # check_rollout_serves_adapter at the next chance
-        self.placement = self.trainers = self.rollouts = self.critics = None
+        self.placement = self.trainers = self.rollouts = self.critics = self.reward_models = None
         try:
             self._start_workers()
             if cfg.trainer.resume != "none":
@@ -93,15 +94,22 @@ class Controller:
             self.critics = WorkerGroup(
                 CriticWorker, cfg, p, p.trainer_bundles, "critic", lambda r: (cfg, critic_path, r, ws, *critic_master)
             )
+        if "reward_model" in self.roles:  # one per trainer rank, on its device
+            rm_path = resolve_reward_model_path(cfg, self.model_path, self.log)
+            self.reward_models = WorkerGroup(
+                RewardModelWorker, cfg, p, p.trainer_bundles, "reward_model", lambda r: (cfg, rm_path, r)
+            )
         if colocated_on_cuda(cfg):  # the rollout engines start only once the trainers hold their memory
-            reports = [group.call("memory_report") for group in self._trained()]
+            groups = [*self._trained(), *([self.reward_models] if self.reward_models else [])]
+            reports = [group.call("memory_report") for group in groups]
             check_colocated_memory(cfg, [merge_memory(per_rank) for per_rank in zip(*reports)])
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         self.rollouts = WorkerGroup(
             RolloutWorker, cfg, p, p.rollout_bundles, "rollout", lambda r: (cfg, self.model_path, r, pad, eos)
         )
+        reward_fn = get_reward_fn(cfg.reward.fn)
         self.batches = Rollouts(
-            cfg, self.rollouts, self.loader, pad, self.tokenizer, get_reward_fn(cfg.reward.fn), self.log
+            cfg, self.rollouts, self.loader, pad, self.tokenizer, reward_fn, self.log, self.reward_models
         )
         self.weights = WeightSync(cfg, p, self.trainers, self.rollouts, self.log)
 
@@ -285,7 +293,7 @@ class Controller:
 
     def shutdown(self) -> None:
         self.samples.close()
-        for group in (self.trainers, self.critics, self.rollouts):
+        for group in (self.trainers, self.critics, self.reward_models, self.rollouts):
             if group is not None:
                 group.kill()
         if self.placement is not None:

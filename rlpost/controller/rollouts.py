@@ -21,6 +21,7 @@ from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptLoader, PromptRow
 from rlpost.data.padding import check_masks, concat_generations
 from rlpost.rewards import RewardInput, score_samples
+from rlpost.rewards.model import combine
 from rlpost.rollout.base import SamplingParams
 
 
@@ -75,10 +76,19 @@ class Pending:
 
 class Rollouts:
     def __init__(
-        self, cfg: TrainConfig, group: WorkerGroup, loader: PromptLoader, pad_id: int, tokenizer, reward_fn, log=print
+        self,
+        cfg: TrainConfig,
+        group: WorkerGroup,
+        loader: PromptLoader,
+        pad_id: int,
+        tokenizer,
+        reward_fn,
+        log=print,
+        reward_models: WorkerGroup | None = None,
     ):
         self.cfg, self.group, self.loader, self.pad_id = cfg, group, loader, pad_id
         self.tokenizer, self.reward_fn, self.log = tokenizer, reward_fn, log
+        self.reward_models = reward_models
         self.overlap = cfg.cluster.placement == "split" and cfg.algo.max_staleness > 0
         self.pending: deque[Pending] = deque()
 
@@ -151,6 +161,15 @@ class Rollouts:
                 out = self._filtered(step, out, keep_groups)
         self.release()
         out.batch["rewards"] = shape_rewards(out.batch, out.scores, cfg)
+        if "model_scores" in out.batch:  # what each part of the reward said, over the kept samples
+            rule, model = out.batch.tensors.pop("rule_scores"), out.batch.tensors.pop("model_scores")
+            out.metrics.update(
+                {
+                    "reward/rule_mean": rule.mean().item(),
+                    "reward/model_mean": model.mean().item(),
+                    "reward/model_std": model.std().item() if len(model) > 1 else 0.0,
+                }
+            )
         out.metrics.update(timing)
         return out
 
@@ -164,8 +183,12 @@ class Rollouts:
             keeps.append(keep_groups(shape_rewards(batch, rounds[-1].scores, cfg), batch["group_ids"])[::n])
         return _fill(rounds, keeps, wanted, n, self.pad_id)
 
-    def score(self, rows: list[PromptRow], batch: Batch, n: int):
-        """(rewards [N], how many samples failed to score, the decoded responses)."""
+    def score(self, rows: list[PromptRow], batch: Batch, n: int, rule_only: bool = False):
+        """(rewards [N], how many samples failed to score, the decoded responses). The reward is
+        `reward.rule_weight` x the rule score + `reward.model.weight` x the reward model's score
+        (when one is configured; its parts go into `batch` as `rule_scores` and `model_scores`);
+        `rule_only`: the rule score alone (validation). A non-finite model score counts as an error
+        and scores 0."""
         responses = self.tokenizer.batch_decode(
             [ids[m].tolist() for ids, m in zip(batch["response_ids"], batch["response_mask"])], skip_special_tokens=True
         )
@@ -174,14 +197,39 @@ class Rollouts:
             for i, text in enumerate(responses)
         ]
         result = score_samples(samples, self.reward_fn, self.cfg.reward.kwargs)
+        rule, errors = torch.tensor(result.scores, dtype=torch.float32), result.errors
         if result.first_error:
             self.log(f"reward errors this step: {result.errors} (first: {result.first_error})")
-        return torch.tensor(result.scores, dtype=torch.float32), result.errors, responses
+        if rule_only:
+            return rule, errors, responses
+        model = None
+        if self.reward_models is not None:
+            model = self.model_scores(samples)
+            bad = ~torch.isfinite(model)
+            if bad.any():
+                first = int(bad.nonzero()[0, 0])
+                self.log(f"reward model: {int(bad.sum())} non-finite scores this step (first: sample {first})")
+                model, errors = model.masked_fill(bad, 0.0), errors + int(bad.sum())
+            batch["rule_scores"], batch["model_scores"] = rule, model
+        return combine(rule, model, self.cfg.reward.rule_weight, self.cfg.reward.model.weight), errors, responses
+
+    def model_scores(self, samples: list[RewardInput]) -> torch.Tensor:
+        """The reward model's score of each sample, the samples split over its workers."""
+        import ray
+
+        k = len(self.reward_models)
+        parts = [samples[i * len(samples) // k : (i + 1) * len(samples) // k] for i in range(k)]
+        refs = [
+            self.reward_models.submit(i, "score", [s.prompt for s in part], [s.response for s in part])
+            for i, part in enumerate(parts)
+            if part
+        ]
+        return torch.tensor([x for out in ray.get(refs) for x in out], dtype=torch.float32)
 
     def validate(self, rows: list[PromptRow], params: SamplingParams) -> dict[str, float]:
         """Accuracy and mean reward of `params` (one sample each) on the validation rows."""
         start = time.perf_counter()
-        scores, errors, _ = self.score(rows, self.generate(rows, params), params.n)
+        scores, errors, _ = self.score(rows, self.generate(rows, params), params.n, rule_only=True)
         return {
             "val/accuracy": (scores >= 1.0).float().mean().item(),
             "val/reward_mean": scores.mean().item(),

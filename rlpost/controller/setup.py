@@ -69,3 +69,17 @@ def resolve_critic_path(cfg: TrainConfig, policy_path: str) -> str:
         return policy_path
     local = Path(cfg.critic.model_path).expanduser()
     return str(local) if local.exists() else cfg.critic.model_path
+
+
+def resolve_reward_model_path(cfg: TrainConfig, policy_path: str, log=print) -> str:
+    """`reward.model.path` as a folder or hub id; `tiny` builds (once) the tiny reward model from
+    the tiny policy (`policy_path` when `model.path=tiny`, else the tiny policy is built too)."""
+    path = cfg.reward.model.path
+    if path == "tiny":
+        from rlpost.models.loading import ensure_tiny_model
+        from rlpost.models.tiny_reward import ensure_tiny_reward_model
+
+        policy = policy_path if cfg.model.path == "tiny" else str(ensure_tiny_model(cfg.model, cfg.data, log=log))
+        return str(ensure_tiny_reward_model(policy, cfg.data.arithmetic_digits, cfg.data.val_size, log))
+    local = Path(path).expanduser()
+    return str(local) if local.exists() else path

@@ -117,6 +117,14 @@ VIOLATIONS = {
         ["model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"],
     ],
     "vllm_adapter_rank": [["model.lora.rank=600", "model.lora.mode=adapter", "rollout.backend=vllm"]],
+    "reward_model_scorer": [
+        ["reward.model.path=tiny", "reward.model.kind=causal_lm"],
+        ["reward.model.path=tiny", "reward.model.score_fn=judge.py:score"],
+    ],
+    "something_scores": [
+        ["reward.rule_weight=0"],
+        ["reward.rule_weight=0", "reward.model.path=tiny", "reward.model.weight=0"],
+    ],
 }
 
 
