@@ -27,7 +27,9 @@ def cmd_train(overrides: list[str]) -> int:
     import torch
 
     torch.set_num_threads(cfg.cluster.num_threads)
-    from rlpost.controller.loop import train
+    from rlpost.controller.checkpoint import CheckpointError
+    from rlpost.controller.loop import Stopped, train
+    from rlpost.controller.rollouts import RewardFailure
     from rlpost.data.dataset import DataError
 
     try:
@@ -36,6 +38,17 @@ def cmd_train(overrides: list[str]) -> int:
         # bad input (names the file, row and field) or settings that do not fit the machine
         print(f"rlpost: {e}", file=sys.stderr)
         return 2
+    except Stopped as e:  # SIGTERM / SIGINT: the controller said where it stopped
+        return e.exit_code
+    except CheckpointError as e:  # e.g. the disk is full
+        print(f"rlpost: {e}", file=sys.stderr)
+        return 1
+    except RewardFailure as e:  # the reward function fails on most samples, step after step
+        print(f"rlpost: reward function failing: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:  # a second signal, or one during start-up: no checkpoint
+        print(f"rlpost: interrupted ({e or 'SIGINT'}), stopped at once; the actors are shut down", file=sys.stderr)
+        return 130
     print(f"done: metrics in {run_dir / 'metrics.jsonl'}")
     return 0
 

@@ -105,7 +105,7 @@ def make_batch(cfg, model_path: str):
     from rlpost.controller.setup import load_data
     from rlpost.controller.step import advantages, group_ids, sampling_params
     from rlpost.models.loading import load_tokenizer
-    from rlpost.rewards import get_reward_fn
+    from rlpost.rewards.executor import RewardPool
     from rlpost.rollout.hf import HFRolloutEngine
 
     tok = load_tokenizer(model_path)
@@ -114,8 +114,11 @@ def make_batch(cfg, model_path: str):
     engine = HFRolloutEngine(model_path, "float32", "cpu", tok.pad_token_id, tok.eos_token_id, 512)
     batch = engine.generate([r.prompt_ids for r in rows], sampling_params(cfg, seed=0))
     batch["group_ids"] = group_ids(len(rows), cfg.rollout.n)
-    scorer = Rollouts(cfg, None, loader, tok.pad_token_id, tok, get_reward_fn(cfg.reward.fn), log=lambda *_: None)
+    r = cfg.reward
+    pool = RewardPool(r.fn, r.kwargs, 1, r.timeout_s, r.memory_mb, r.error_score)
+    scorer = Rollouts(cfg, None, loader, tok.pad_token_id, tok, pool, log=lambda *_: None)
     batch["rewards"] = scorer.score(rows, batch, cfg.rollout.n)[0]
+    pool.close()
     batch["advantages"] = advantages(batch, cfg)
     return batch
 

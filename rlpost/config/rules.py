@@ -88,6 +88,31 @@ def resume_folder_exists(cfg):
         return f"trainer.resume={cfg.trainer.resume!r}: not `none`, `auto` or an existing folder"
 
 
+def looks_local(path: str) -> bool:
+    """A path, not a hub id (`org/name`): absolute, home- or dot-relative, or of 3+ parts."""
+    return path.startswith(("/", "~", "./", "../")) or path.count("/") >= 2
+
+
+def missing_folder(key: str, path: str) -> str | None:
+    if path and path != "tiny" and looks_local(path) and not Path(path).expanduser().exists():
+        return f"{key}={path!r}: no such folder (a hub id looks like `org/name`)"
+
+
+@rule("model.path")
+def model_folder_exists(cfg):
+    return missing_folder("model.path", cfg.model.path)
+
+
+@rule("critic.model_path")
+def critic_folder_exists(cfg):
+    return missing_folder("critic.model_path", cfg.critic.model_path)
+
+
+@rule("reward.model.path")
+def reward_model_folder_exists(cfg):
+    return missing_folder("reward.model.path", cfg.reward.model.path)
+
+
 @rule("trainer.device")
 def cuda_is_there(cfg):
     if cfg.trainer.device == "cuda":

@@ -79,7 +79,7 @@ class TinyModelConfig:
         "the model is built (`start_eval.json` in its folder).",
         ge=1,
     )
-    seed: int = knob(0, "Seed of the tiny model's initialisation and warm-up.")
+    seed: int = knob(0, "Seed of the tiny model's initialisation and warm-up.", ge=0)
 
 
 @dataclass
@@ -266,7 +266,7 @@ class AlgoConfig:
 # --------------------------------------------------------------------------------------- trainer
 @dataclass
 class OptimConfig:
-    lr: float = knob(1e-6, "AdamW learning rate.", ge=0)
+    lr: float = knob(1e-6, "AdamW learning rate (0 freezes the weights: the gradient tests use it).", ge=0)
     weight_decay: float = knob(0.0, "AdamW decoupled weight decay.", ge=0)
     betas: list = knob([0.9, 0.999], "AdamW betas.")
     eps: float = knob(1e-8, "AdamW epsilon.", gt=0)
@@ -313,7 +313,16 @@ class TrainerConfig:
     val_every: int = knob(10, "Validate every this many steps, before the first and after the last (0 = never).", ge=0)
     save_every: int = knob(0, "Checkpoint every this many steps (0 = never).", ge=0)
     keep_checkpoints: int = knob(2, "Complete checkpoints kept; older ones are deleted.", ge=1)
+    save_on_signal: bool = knob(
+        True, "On SIGTERM or SIGINT: finish the step, write a checkpoint, exit (a second signal exits at once)."
+    )
     resume: str = knob("none", "`none`, `auto` (newest complete checkpoint in `run.dir`), or a checkpoint folder.")
+    max_restarts: int = knob(
+        0,
+        "When an actor or its node dies: start the worker groups again and resume from the newest "
+        "complete checkpoint, at most this many times per run (`run/restarts`).",
+        ge=0,
+    )
     param_offload: bool = knob(
         False,
         "Keep the trainer's parameter shards on the CPU between trainer phases "
@@ -387,6 +396,16 @@ class RewardConfig:
     rule_weight: float = knob(
         1.0, "Weight of the rule score (`fn`) in the training reward; validation scores by the rule alone."
     )
+    num_workers: int = knob(2, "Processes that run `fn` in parallel (each sample in one of them).", ge=1)
+    timeout_s: float = knob(30.0, "Time one sample's `fn` may take; past it the sample is a timeout.", gt=0)
+    memory_mb: int = knob(4096, "Address-space cap of each reward process, MiB (0 = none).", ge=0)
+    error_score: float = knob(
+        0.0, "Score of a sample whose `fn` raised, timed out, crashed or returned a non-finite or non-number."
+    )
+    max_error_fraction: float = knob(
+        0.5, "Stop the run when more than this fraction of a training batch fails to score ...", ge=0, le=1
+    )
+    max_error_steps: int = knob(3, "... for this many consecutive batches (the first error and its traceback).", ge=1)
     model: RewardModelConfig = section(RewardModelConfig, "A reward model served by its own worker group.")
 
 
@@ -418,7 +437,7 @@ class ClusterConfig:
 @dataclass
 class RunConfig:
     dir: str = knob("", "Run folder (config, metrics, checkpoints); empty: runs/<date>_<time>.")
-    seed: int = knob(0, "Seed of data order, sampling and initialisation.")
+    seed: int = knob(0, "Seed of data order, sampling and initialisation.", ge=0)
 
 
 @dataclass

@@ -7,11 +7,16 @@ algorithm has one (`critic/`), and `controller.pt`
 incomplete and never resumed from. With LoRA the sharded model is the adapter only (the base is
 `model.path`), and `adapter/` holds it as a peft adapter folder too.
 
+`manifest.json`, written last, lists every file with its size: `damage` finds a checkpoint whose
+file went missing or was cut short (a full disk, a preempted copy), and `resume=auto` falls back
+to the newest intact one.
+
 `export` turns a checkpoint into a Hugging Face model folder (`rlpost export`).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -32,16 +37,49 @@ def complete_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_COMPLETE.match(p.name).group(1)))
 
 
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(OSError):
+    """A checkpoint could not be written (the message names it and the newest complete one)."""
+
+
+def damage(folder: Path) -> str | None:
+    """What is wrong with a complete-looking checkpoint folder, or None: its manifest is missing,
+    or a file it lists is missing or has another size."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return f"no {MANIFEST}"
+    for name, size in json.loads(manifest.read_text()).items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, the manifest says {size}"
+    return None
+
+
 def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: int) -> Path:
     """Every group's checkpoint (the actor's `trainer/`, a critic's `critic/`) and the
     controller's state into `step_<step>/`, renamed when complete; only `keep` are kept."""
     root = checkpoints_dir(run_dir)
     tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for group in groups:
-        group.call("save_checkpoint", str(tmp))
-    torch.save(controller_state, tmp / "controller.pt")
+    try:
+        tmp.mkdir(parents=True)
+        for group in groups:
+            group.call("save_checkpoint", str(tmp))
+        torch.save(controller_state, tmp / "controller.pt")
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        (tmp / MANIFEST).write_text(json.dumps({str(p.relative_to(tmp)): p.stat().st_size for p in files}, indent=0))
+    except Exception as e:  # a full disk, a lost mount: say so, leave the older checkpoints as they are
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = getattr(e, "cause", None) or e  # a Ray task error carries the actor's exception
+        older = complete_checkpoints(run_dir)
+        raise CheckpointError(
+            f"writing checkpoint {final} failed: {type(cause).__name__}: {cause}; the newest complete "
+            f"checkpoint is {older[-1] if older else 'none'}"
+        ) from e
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -50,14 +88,22 @@ def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: i
     return final
 
 
-def find(run_dir: Path, resume: str) -> Path | None:
-    """The folder `trainer.resume` points at: `auto` = the newest complete one in the run."""
+def find(run_dir: Path, resume: str, log=print) -> Path | None:
+    """The folder `trainer.resume` points at: `auto` = the newest complete and intact one in the
+    run (a damaged one is named and passed over)."""
     if resume == "auto":
-        done = complete_checkpoints(run_dir)
-        return done[-1] if done else None
+        for folder in reversed(complete_checkpoints(run_dir)):
+            problem = damage(folder)
+            if problem is None:
+                return folder
+            log(f"checkpoint {folder} is damaged ({problem}); trying the one before it")
+        return None
     folder = Path(resume).expanduser()
     if not (folder / "controller.pt").is_file():
         raise FileNotFoundError(f"trainer.resume={resume}: {folder} is not a complete checkpoint (no controller.pt)")
+    problem = damage(folder)
+    if problem is not None:
+        raise FileNotFoundError(f"trainer.resume={resume}: the checkpoint is damaged: {problem}")
     return folder
 
 

@@ -11,7 +11,9 @@ a step `controller/step.py`.
 from __future__ import annotations
 
 import random
+import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -42,18 +44,50 @@ from rlpost.controller.step import (
 from rlpost.controller.weights import WeightSync, check_colocated_memory, merge_memory
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import shard_batch
-from rlpost.metrics.trackers import SampleLog, Trackers
+from rlpost.metrics.trackers import SampleLog, Trackers, trim_logs
 from rlpost.models.loading import load_tokenizer, resolve_model_path, start_eval
-from rlpost.rewards import get_reward_fn
+from rlpost.rewards.executor import RewardPool
 from rlpost.rewards.model import RewardModelWorker
 from rlpost.rollout.worker import RolloutWorker
 from rlpost.trainer.actor import ActorWorker
 from rlpost.trainer.critic import CriticWorker
 
 
+class Stopped(Exception):
+    """The run stopped cleanly on a signal (SIGTERM, SIGINT); the exit code is 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+class StopSignals:
+    """While it is installed, the first SIGTERM or SIGINT is only noted (`signal`: the loop stops
+    after the step under way); a second one raises KeyboardInterrupt at once."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.install()
+
+    def install(self) -> None:
+        """(Again after Ray starts: its core installs a SIGTERM handler of its own that aborts.)"""
+        for s in self.previous:
+            signal.signal(s, self._note)
+
+    def _note(self, signum, frame) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+        self.signal = signum
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
 class Controller:
-    def __init__(self, cfg: TrainConfig, log=print):
-        self.cfg, self.log = cfg, log
+    def __init__(self, cfg: TrainConfig, log=print, restarts: int = 0):
+        self.cfg, self.log, self.restarts = cfg, log, restarts
         self.run_dir = make_run_dir(cfg)
         log(f"run folder: {self.run_dir}")
         self.samples = SampleLog(self.run_dir, cfg.logger.samples_per_step)
@@ -70,10 +104,12 @@ class Controller:
         self.kl = KLController(cfg.algo.kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon)
         self._adapter_probe_due = self.lora  # check_rollout_serves_adapter at the next chance
         self.placement = self.trainers = self.rollouts = self.critics = self.reward_models = None
+        self.reward_pool = None
         try:
             self._start_workers()
             if cfg.trainer.resume != "none":
                 self._resume()
+            trim_logs(self.run_dir, self.step)  # rows of steps this run will write (again) go
             self.sync_weights()  # the rollouts start from exactly the trainer's weights, verified
         except BaseException:
             self.shutdown()  # no actors or placement group outlive a failed start
@@ -107,9 +143,10 @@ class Controller:
         self.rollouts = WorkerGroup(
             RolloutWorker, cfg, p, p.rollout_bundles, "rollout", lambda r: (cfg, self.model_path, r, pad, eos)
         )
-        reward_fn = get_reward_fn(cfg.reward.fn)
+        r = cfg.reward
+        self.reward_pool = RewardPool(r.fn, r.kwargs, r.num_workers, r.timeout_s, r.memory_mb, r.error_score)
         self.batches = Rollouts(
-            cfg, self.rollouts, self.loader, pad, self.tokenizer, reward_fn, self.log, self.reward_models
+            cfg, self.rollouts, self.loader, pad, self.tokenizer, self.reward_pool, self.log, self.reward_models
         )
         self.weights = WeightSync(cfg, p, self.trainers, self.rollouts, self.log)
 
@@ -164,6 +201,7 @@ class Controller:
             **timing,
             **lora_check,
             "rollout/staleness": float(staleness),
+            "run/restarts": float(self.restarts),
             "data/dropped_prompts": float(self.dropped_prompts),
         }
 
@@ -216,7 +254,7 @@ class Controller:
         return [g for g in (self.trainers, self.critics) if g is not None]
 
     def _resume(self) -> None:
-        folder = checkpoint.find(self.run_dir, self.cfg.trainer.resume)
+        folder = checkpoint.find(self.run_dir, self.cfg.trainer.resume, self.log)
         if folder is None:
             self.log(
                 f"trainer.resume={self.cfg.trainer.resume}: no complete checkpoint in {self.run_dir}, starting fresh"
@@ -245,7 +283,7 @@ class Controller:
                 out.update(self.validate())
         return out
 
-    def run(self) -> Path:
+    def run(self, stop: "StopSignals | None" = None) -> Path:
         from tqdm import tqdm
 
         cfg = self.cfg
@@ -264,11 +302,12 @@ class Controller:
             config=config_dict(cfg),
             write=tqdm.write,
         )
+        stop = stop or StopSignals()
         try:
             start_metrics = self._start_metrics()
             if start_metrics:
                 trackers.log(start_metrics, self.step)
-            while self.step < cfg.trainer.total_steps:
+            while self.step < cfg.trainer.total_steps and stop.signal is None:
                 start = time.perf_counter()
                 metrics = self.train_step()
                 self.step += 1
@@ -286,13 +325,46 @@ class Controller:
                     **({"val_acc": f"{metrics['val/accuracy']:.3f}"} if "val/accuracy" in metrics else {}),
                 )
                 bar.update(1)
+            if stop.signal is not None and self.step < cfg.trainer.total_steps:
+                self._stop_on(stop.signal)
         finally:
+            stop.restore()
             bar.close()
             trackers.close()
         return self.run_dir
 
+    def _stop_on(self, signum: int) -> None:
+        """A SIGTERM or SIGINT arrived: the step it interrupted is finished; write a checkpoint
+        (`trainer.save_on_signal`) unless this step has one, say how to resume, and stop."""
+        cfg, name = self.cfg, signal.Signals(signum).name
+        folder = checkpoint.find(self.run_dir, "auto", log=lambda *_: None)
+        if cfg.trainer.save_on_signal and self.step > 0 and (folder is None or folder.name != f"step_{self.step}"):
+            folder = self.save()
+        where = f"checkpoint {folder}" if folder is not None else "no checkpoint"
+        self.log(
+            f"stopped by {name} after step {self.step} ({where}); to go on, run the same command with "
+            f"trainer.resume=auto run.dir={self.run_dir}"
+        )
+        raise Stopped(signum)
+
+    def dead_actors(self, timeout_s: float = 10.0) -> list[str]:
+        """The names of this run's actors that no longer answer (died, or their node did)."""
+        import ray
+
+        groups = [g for g in (self.trainers, self.critics, self.reward_models, self.rollouts) if g is not None]
+        dead = []
+        for group in groups:
+            for rank, worker in enumerate(group.workers):
+                try:
+                    ray.get(worker.__ray_ready__.remote(), timeout=timeout_s)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    dead.append(f"{group.role} {rank}")
+        return dead
+
     def shutdown(self) -> None:
         self.samples.close()
+        if self.reward_pool is not None:
+            self.reward_pool.close()
         for group in (self.trainers, self.critics, self.reward_models, self.rollouts):
             if group is not None:
                 group.kill()
@@ -301,11 +373,42 @@ class Controller:
 
 
 def train(cfg: TrainConfig, log=print) -> Path:
-    controller = Controller(cfg, log=log)
+    """Run `cfg` to its last step. SIGTERM / SIGINT (from here on) stop it cleanly after the step
+    under way, with a checkpoint: `Stopped`; a second one stops at once: KeyboardInterrupt. When an
+    actor dies (`trainer.max_restarts` > 0 times at most) the groups start again and the run
+    resumes from its newest complete checkpoint."""
+    stop = StopSignals()
+    restarts = 0
     try:
-        return controller.run()
+        while True:
+            controller = Controller(cfg, log=log, restarts=restarts)
+            stop.install()
+            try:
+                if stop.signal is not None:  # arrived while the workers started
+                    controller._stop_on(stop.signal)
+                return controller.run(stop)
+            except Exception as e:
+                dead = controller.dead_actors() if is_ray_error(e) else []
+                if not dead or restarts >= cfg.trainer.max_restarts:
+                    raise
+                restarts += 1
+                log(
+                    f"{', '.join(dead)} died ({type(e).__name__}); restart {restarts} of "
+                    f"trainer.max_restarts={cfg.trainer.max_restarts} from the newest complete checkpoint"
+                )
+                cfg = replace(  # the same run, from its newest complete checkpoint
+                    cfg, trainer=replace(cfg.trainer, resume="auto"), run=replace(cfg.run, dir=str(controller.run_dir))
+                )
+            finally:
+                controller.shutdown()
     finally:
-        controller.shutdown()
+        stop.restore()
 
 
-__all__ = ["Controller", "train"]
+def is_ray_error(e: BaseException) -> bool:
+    import ray
+
+    return isinstance(e, ray.exceptions.RayError)
+
+
+__all__ = ["Controller", "Stopped", "train"]

@@ -20,20 +20,26 @@ from rlpost.controller.step import group_ids, sampling_params, shape_rewards, ti
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptLoader, PromptRow
 from rlpost.data.padding import check_masks, concat_generations
-from rlpost.rewards import RewardInput, score_samples
+from rlpost.rewards import RewardInput
+from rlpost.rewards.executor import RewardPool, Scores
 from rlpost.rewards.model import combine
 from rlpost.rollout.base import SamplingParams
+
+
+class RewardFailure(RuntimeError):
+    """Too many samples failed to score for too long: the reward function is broken."""
 
 
 @dataclass
 class Scored:
     """A generated, scored batch: its prompts, the batch, the scores, how many samples failed to
-    score, the decoded responses, and what a batch filter did (`filter/*` metrics)."""
+    score (by kind: `rlpost.rewards.executor.ERROR_KINDS`), the decoded responses, and what a batch
+    filter did (`filter/*` metrics)."""
 
     rows: list[PromptRow]
     batch: Batch
     scores: torch.Tensor
-    errors: int
+    errors: dict[str, int]
     responses: list[str]
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -62,7 +68,7 @@ def _fill(rounds: list[Scored], keeps: list[torch.Tensor], wanted: int, n: int, 
         "filter/dropped_groups": float(len(dropped)),
         "filter/filled_groups": float(max(wanted - len(kept), 0)),
     }
-    errors = sum(part.errors for part in rounds)
+    errors = {kind: sum(part.errors[kind] for part in rounds) for kind in rounds[0].errors}
     return Scored(rows, batch, torch.cat(scores), errors, responses, metrics)
 
 
@@ -82,12 +88,13 @@ class Rollouts:
         loader: PromptLoader,
         pad_id: int,
         tokenizer,
-        reward_fn,
+        rewards: RewardPool,
         log=print,
         reward_models: WorkerGroup | None = None,
     ):
         self.cfg, self.group, self.loader, self.pad_id = cfg, group, loader, pad_id
-        self.tokenizer, self.reward_fn, self.log = tokenizer, reward_fn, log
+        self.tokenizer, self.rewards, self.log = tokenizer, rewards, log
+        self.failing = 0  # consecutive training batches of which too many samples failed to score
         self.reward_models = reward_models
         self.overlap = cfg.cluster.placement == "split" and cfg.algo.max_staleness > 0
         self.pending: deque[Pending] = deque()
@@ -196,12 +203,15 @@ class Rollouts:
             RewardInput(rows[i // n].prompt_text, text, rows[i // n].ground_truth, rows[i // n].data_source)
             for i, text in enumerate(responses)
         ]
-        result = score_samples(samples, self.reward_fn, self.cfg.reward.kwargs)
-        rule, errors = torch.tensor(result.scores, dtype=torch.float32), result.errors
+        result = self.rewards.score(samples)
+        rule, errors = torch.tensor(result.scores, dtype=torch.float32), result.counts
         if result.first_error:
-            self.log(f"reward errors this step: {result.errors} (first: {result.first_error})")
+            kinds = ", ".join(f"{v} {k}" for k, v in errors.items() if v and k != "errors")
+            first = result.first_error.splitlines()[-1]
+            self.log(f"reward: {errors['errors']} samples failed ({kinds}); first: {first}")
         if rule_only:
             return rule, errors, responses
+        self._check_failures(result, len(samples))
         model = None
         if self.reward_models is not None:
             model = self.model_scores(samples)
@@ -209,9 +219,23 @@ class Rollouts:
             if bad.any():
                 first = int(bad.nonzero()[0, 0])
                 self.log(f"reward model: {int(bad.sum())} non-finite scores this step (first: sample {first})")
-                model, errors = model.masked_fill(bad, 0.0), errors + int(bad.sum())
+                model = model.masked_fill(bad, 0.0)
+                errors = {**errors, "errors": errors["errors"] + int(bad.sum())}
+                errors["bad_values"] += int(bad.sum())
             batch["rule_scores"], batch["model_scores"] = rule, model
         return combine(rule, model, self.cfg.reward.rule_weight, self.cfg.reward.model.weight), errors, responses
+
+    def _check_failures(self, result: Scores, samples: int) -> None:
+        """Stop the run when more than `reward.max_error_fraction` of the samples failed to score
+        in `reward.max_error_steps` training batches in a row."""
+        r = self.cfg.reward
+        self.failing = self.failing + 1 if result.counts["errors"] > r.max_error_fraction * samples else 0
+        if self.failing >= r.max_error_steps:
+            raise RewardFailure(
+                f"{result.counts['errors']} of {samples} samples failed to score, more than "
+                f"reward.max_error_fraction={r.max_error_fraction} for {self.failing} batches in a row "
+                f"(reward.max_error_steps={r.max_error_steps}). The first, {result.first_error}"
+            )
 
     def model_scores(self, samples: list[RewardInput]) -> torch.Tensor:
         """The reward model's score of each sample, the samples split over its workers."""
@@ -233,7 +257,7 @@ class Rollouts:
         return {
             "val/accuracy": (scores >= 1.0).float().mean().item(),
             "val/reward_mean": scores.mean().item(),
-            "val/reward_errors": float(errors),
+            "val/reward_errors": float(errors["errors"]),
             "val/size": float(len(scores)),
             "timing_s/val": time.perf_counter() - start,
         }

@@ -143,7 +143,7 @@ def sampling_params(cfg: TrainConfig, seed: int, n: int | None = None, greedy: b
     )
 
 
-def batch_metrics(batch: Batch, rewards: torch.Tensor, reward_errors: int, n: int) -> dict[str, float]:
+def batch_metrics(batch: Batch, rewards: torch.Tensor, reward_errors: dict[str, int], n: int) -> dict[str, float]:
     """What a generated, scored batch says: rewards, lengths, rollout/trainer log-prob agreement
     (over the model's own tokens) and the weight version that generated it."""
     lengths = batch["response_mask"].sum(-1).float()
@@ -153,7 +153,7 @@ def batch_metrics(batch: Batch, rewards: torch.Tensor, reward_errors: int, n: in
     return {
         "reward/mean": rewards.mean().item(),
         "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-        "reward/errors": float(reward_errors),
+        **{f"reward/{kind}": float(count) for kind, count in reward_errors.items()},
         "reward/uniform_groups": (groups.max(1).values == groups.min(1).values).float().mean().item(),
         "response_length/mean": lengths.mean().item(),
         "response_length/max": lengths.max().item(),

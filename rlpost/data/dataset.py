@@ -105,16 +105,23 @@ def load_prompts(sources: list[str], tokenizer, max_prompt_length: int, default_
     """Read, check and tokenize every row of `sources`; drop (and count) over-long prompts."""
     rows, dropped = [], 0
     for source in sources:
+        kept, shortest_dropped = len(rows), None
         for i, raw in enumerate(read_rows(source)):
             row = check_row(raw, f"{source}: row {i}")
             text = render_prompt(row["prompt"], tokenizer)
             ids = tokenizer(text, add_special_tokens=False).input_ids
             if len(ids) > max_prompt_length:
                 dropped += 1
+                shortest_dropped = min(shortest_dropped or len(ids), len(ids))
                 continue
             if not ids:
                 raise DataError(f"{source}: row {i}: field 'prompt' is empty")
             rows.append(PromptRow(ids, text, row["ground_truth"], row["data_source"] or default_data_source))
+        if len(rows) == kept and shortest_dropped is not None:
+            raise DataError(
+                f"{source}: every prompt is longer than data.max_prompt_length={max_prompt_length} tokens "
+                f"(the shortest has {shortest_dropped}); raise data.max_prompt_length"
+            )
     return LoadResult(rows, dropped)
 
 

@@ -35,6 +35,23 @@ class JsonlTracker:
         self.file.close()
 
 
+def trim_logs(run_dir: Path, step: int) -> None:
+    """Before a run (re)starts at `step` in `run_dir`: `metrics.jsonl` and `samples.jsonl` keep
+    only the rows of steps 0..`step` (what a resumed run will not write again; a fresh start,
+    `step` 0, keeps none), so that each step has exactly one row whatever attempts came before.
+    Rewritten atomically."""
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if step > 0 and line.strip() and json.loads(line)["step"] <= step]
+        if len(kept) != len(lines):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(kept))
+            tmp.replace(path)
+
+
 class SampleLog:
     """`samples.jsonl`: the first `per_step` samples of every step (prompt, response, reward), one
     JSON object each, so that what the model wrote can be read next to the metrics."""

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 RM_EVAL = "rm_eval.json"
-BUILD = {"steps": 1500, "batch_size": 64, "lr": 1e-3, "samples": 4, "problems": 3000, "seed": 0, "format": 1}
+BUILD = {"steps": 3000, "batch_size": 64, "lr": 1e-3, "samples": 4, "problems": 3000, "seed": 0, "format": 2}
 
 
 def tiny_reward_model_dir(policy_dir: str) -> Path:
@@ -31,19 +31,24 @@ def tiny_reward_model_dir(policy_dir: str) -> Path:
 
 
 def edited_answer(row: dict, rng: random.Random) -> str:
-    """A wrong answer to `row` of the kind a learner writes: a dropped carry, one digit changed, a
-    digit missing or one too many."""
+    """A wrong answer to `row` of the kind a learner (or a policy gaming the reward model) writes:
+    a dropped carry, off by 1, 10 or 100, one digit changed, any other number, a digit missing or
+    one too many."""
     from rlpost.data.tasks import operands
 
     answer = row["ground_truth"]
     a, b = operands(row)
-    kind = rng.randrange(4)
+    kind = rng.randrange(6)
     if kind == 0 and a + b >= 10:
         wrong = str(a + b - 10).zfill(len(answer))
     elif kind == 1:
+        wrong = str(max(a + b + rng.choice([-100, -10, -1, 1, 10, 100]), 0)).zfill(len(answer))
+    elif kind == 2:
         i = rng.randrange(len(answer))
         wrong = answer[:i] + str((int(answer[i]) + rng.randrange(1, 10)) % 10) + answer[i + 1 :]
-    elif kind == 2 and len(answer) > 1:
+    elif kind == 3:
+        wrong = str(rng.randrange(10 ** len(answer))).zfill(len(answer))
+    elif kind == 4 and len(answer) > 1:
         i = rng.randrange(len(answer))
         wrong = answer[:i] + answer[i + 1 :]
     else:

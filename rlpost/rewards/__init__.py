@@ -3,8 +3,9 @@
 A reward function takes one `RewardInput` and returns a float. `reward.fn` picks it:
 `auto` (the registered scorer named by each row's `data_source`), a registered name
 (`arithmetic`, `gsm8k`, ...), or `path/to/file.py:function` for user code.
-A function that raises, or returns something that is not a finite number, scores 0 for that
-sample; the controller counts it in `reward/errors` and logs the first message of each step.
+Scoring runs in worker processes (`rlpost.rewards.executor.RewardPool`): a sample whose function
+raises, returns something that is not a finite number, times out or crashes its worker scores
+`reward.error_score` and is counted by kind (`reward/errors`, `reward/timeouts`, ...).
 """
 
 from rlpost.rewards import builtin  # noqa: F401  (registers the built-in scorers)
@@ -12,10 +13,8 @@ from rlpost.rewards.base import (
     REWARDS,
     RewardFn,
     RewardInput,
-    RewardResult,
     get_reward_fn,
     register_reward,
-    score_samples,
 )
 
-__all__ = ["REWARDS", "RewardFn", "RewardInput", "RewardResult", "get_reward_fn", "register_reward", "score_samples"]
+__all__ = ["REWARDS", "RewardFn", "RewardInput", "get_reward_fn", "register_reward"]

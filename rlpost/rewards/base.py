@@ -1,12 +1,11 @@
-"""Reward protocol, registry and batch scoring (see `rlpost.rewards`)."""
+"""Reward protocol and registry (see `rlpost.rewards`); scoring runs in `rlpost.rewards.executor`."""
 
 from __future__ import annotations
 
 import importlib.util
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 
 @dataclass(frozen=True)
@@ -65,37 +64,3 @@ def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:
             f"{sorted(REWARDS)}, 'auto', or 'path/to/file.py:function'"
         )
     return REWARDS[spec]
-
-
-@dataclass
-class RewardResult:
-    scores: list[float]
-    errors: int = 0
-    first_error: str | None = None
-    error_rows: list[int] = field(default_factory=list)
-
-
-def score_samples(
-    samples: list[RewardInput], fn: Callable[[RewardInput], float] | None, kwargs: dict[str, Any] | None = None
-) -> RewardResult:
-    """Score every sample; a failing sample scores 0 and is counted, never fatal.
-
-    `kwargs` (`reward.kwargs`) go to an explicitly chosen `fn`, not to `auto`-routed scorers."""
-    kwargs = kwargs or {}
-    result = RewardResult(scores=[])
-    for i, sample in enumerate(samples):
-        scorer = fn if fn is not None else REWARDS.get(sample.data_source)
-        try:
-            if scorer is None:
-                raise KeyError(f"no reward function registered for data_source {sample.data_source!r}; set reward.fn")
-            value = float(scorer(sample, **(kwargs if fn is not None else {})))
-            if not math.isfinite(value):
-                raise ValueError(f"reward is {value}")
-        except Exception as e:  # noqa: BLE001  (user code: any failure scores 0 and is counted)
-            value = 0.0
-            result.errors += 1
-            result.error_rows.append(i)
-            if result.first_error is None:
-                result.first_error = f"sample {i} ({sample.data_source}): {type(e).__name__}: {e}"
-        result.scores.append(value)
-    return result

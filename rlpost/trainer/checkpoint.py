@@ -49,6 +49,21 @@ def save_checkpoint(engine, folder: str) -> None:
     )
 
 
+def rank_file(engine, folder: str, layerwise: bool) -> Path:
+    """This rank's file; when the checkpoint was saved by another number of ranks (DCP reshards
+    the model and Adam's states) rank 0's (its schedule; the RNG then differs from an
+    uninterrupted run's). The layerwise optimizer's host states are per rank: they need the same
+    number of ranks."""
+    saved = sorted(Path(folder).glob(f"{engine.name}_rank*.pt"))
+    if layerwise and len(saved) != engine.world_size:
+        raise ValueError(
+            f"checkpoint {folder}: trainer.optim.offload=layerwise saved its Adam states by {len(saved)} ranks; "
+            f"resume it with trainer.world_size={len(saved)} (not {engine.world_size})"
+        )
+    own = Path(folder) / f"{engine.name}_rank{engine.rank}.pt"
+    return own if own.is_file() and len(saved) == engine.world_size else Path(folder) / f"{engine.name}_rank0.pt"
+
+
 def load_checkpoint(engine, folder: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -72,7 +87,7 @@ def load_checkpoint(engine, folder: str) -> None:
             f"checkpoint {folder}: trainable parameters {missing[:3]} not in it, or keys "
             f"{result.unexpected_keys[:3]} the model does not have"
         )
-    extra = torch.load(Path(folder) / f"{engine.name}_rank{engine.rank}.pt", weights_only=False)
+    extra = torch.load(rank_file(engine, folder, layerwise), weights_only=False)
     torch.set_rng_state(extra["rng"])
     engine.scheduler.load_state_dict(extra["scheduler"])
     if layerwise:

@@ -117,6 +117,9 @@ VIOLATIONS = {
         ["model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"],
     ],
     "vllm_adapter_rank": [["model.lora.rank=600", "model.lora.mode=adapter", "rollout.backend=vllm"]],
+    "model_folder_exists": [["model.path=/no/such/folder"], ["model.path=./nope"], ["model.path=a/b/c"]],
+    "critic_folder_exists": [["critic.model_path=/no/such/critic"]],
+    "reward_model_folder_exists": [["reward.model.path=../no/rm"]],
     "reward_model_scorer": [
         ["reward.model.path=tiny", "reward.model.kind=causal_lm"],
         ["reward.model.path=tiny", "reward.model.score_fn=judge.py:score"],
@@ -165,6 +168,21 @@ def test_every_range_refuses_the_values_just_outside_it(key, bounds, kind):
             load_config(["+recipe=quickstart", f"{key}={inside}"])
         except ConfigError as e:  # another rule may refuse it, never this range
             assert not str(e).startswith(f"{key}="), str(e)
+
+
+# numeric keys that take any real value: a weight may be negative (a penalty)
+UNBOUNDED = {"reward.rule_weight", "reward.model.weight", "reward.error_score"}
+
+
+def test_every_numeric_key_declares_its_range():
+    numeric = {k: f for k, f in iter_fields() if f.type in ("int", "float", int, float) and "choices" not in f.metadata}
+    assert len(numeric) > 40
+    assert [k for k, f in numeric.items() if "range" not in f.metadata and k not in UNBOUNDED] == []
+
+
+def test_a_hub_id_is_not_mistaken_for_a_missing_folder():
+    cfg = load_config(["+recipe=quickstart", "model.path=Qwen/Qwen2.5-0.5B"])
+    assert cfg.model.path == "Qwen/Qwen2.5-0.5B"
 
 
 CHOSEN = [k for k, f in iter_fields() if "choices" in f.metadata]

@@ -44,12 +44,13 @@ def metrics_batch() -> Batch:
 def test_batch_metrics_hand_computed():
     """Every metric of a 4-row batch against its value by hand; log-prob gaps only on loss tokens."""
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
-    m = batch_metrics(metrics_batch(), rewards, reward_errors=3, n=2)
+    m = batch_metrics(metrics_batch(), rewards, reward_errors={"errors": 3, "timeouts": 1}, n=2)
     # loss tokens: |diff| 0.5, 0.0, 1.0, 0.25, 0.125 (the holes' 8.0, 6.0, 5.0 are left out)
     assert m == {
         "reward/mean": 0.5,
         "reward/std": pytest.approx(math.sqrt((0.25 + 0.25) / 3), rel=1e-6),
         "reward/errors": 3.0,
+        "reward/timeouts": 1.0,
         "reward/uniform_groups": 0.5,  # group [1, 0] differs, group [0.5, 0.5] is uniform
         "response_length/mean": 2.0,  # lengths 3, 1, 2, 2
         "response_length/max": 3.0,
@@ -64,7 +65,7 @@ def test_batch_metrics_hand_computed():
 def test_batch_metrics_of_one_row_without_loss_tokens():
     """One row: std 0 (not NaN); no loss token: log-prob gaps 0 (not NaN or an error)."""
     b = metrics_batch().select([3])
-    m = batch_metrics(b, torch.tensor([0.75]), reward_errors=0, n=1)
+    m = batch_metrics(b, torch.tensor([0.75]), reward_errors={"errors": 0}, n=1)
     assert m["reward/std"] == 0.0 and m["reward/mean"] == 0.75 and m["reward/uniform_groups"] == 1.0
     assert m["rollout/logprob_diff_max"] == 0.0 and m["rollout/logprob_diff_mean"] == 0.0
     assert m["response_length/mean"] == 2.0 and m["rollout/weight_version"] == 3.0 and m["perf/tokens"] == 5.0
@@ -73,14 +74,14 @@ def test_batch_metrics_of_one_row_without_loss_tokens():
 def test_batch_metrics_groups_follow_n():
     """`n` cuts the rewards into contiguous groups: n=2 and n=4 see different uniform groups."""
     rewards = torch.tensor([1.0, 1.0, 0.0, 0.0])
-    assert batch_metrics(metrics_batch(), rewards, 0, n=2)["reward/uniform_groups"] == 1.0
-    assert batch_metrics(metrics_batch(), rewards, 0, n=4)["reward/uniform_groups"] == 0.0
-    assert batch_metrics(metrics_batch(), rewards, 0, n=1)["reward/uniform_groups"] == 1.0
+    assert batch_metrics(metrics_batch(), rewards, {}, n=2)["reward/uniform_groups"] == 1.0
+    assert batch_metrics(metrics_batch(), rewards, {}, n=4)["reward/uniform_groups"] == 0.0
+    assert batch_metrics(metrics_batch(), rewards, {}, n=1)["reward/uniform_groups"] == 1.0
 
 
 def test_batch_metrics_std_of_two_rows_is_unbiased():
     """Two rows already have a std: the unbiased one, sqrt(((1 - 0.5)^2 + (0 - 0.5)^2) / 1)."""
-    m = batch_metrics(metrics_batch().select([0, 1]), torch.tensor([1.0, 0.0]), 0, n=2)
+    m = batch_metrics(metrics_batch().select([0, 1]), torch.tensor([1.0, 0.0]), {}, n=2)
     assert m["reward/std"] == pytest.approx(math.sqrt(0.5), rel=1e-6)
 
 
@@ -347,13 +348,13 @@ def test_fill_keeps_passing_groups_in_order_and_fills_past_the_cap():
             }
         )
         scores = torch.arange(len(rows) * n, dtype=torch.float32)
-        return Scored(rows, batch, scores, 1, [f"{tag}{i}" for i in range(len(rows) * n)])
+        return Scored(rows, batch, scores, {"errors": 1, "timeouts": 1}, [f"{tag}{i}" for i in range(len(rows) * n)])
 
     rounds = [part("a", [1, 2, 3]), part("b", [4, 1, 2])]
     keeps = [torch.tensor([False, True, False]), torch.tensor([True, False, True])]
     out = _fill(rounds, keeps, wanted=3, n=n, pad_id=0)  # enough passed: a1, b0, b2
     assert out.rows == ["a1", "b0", "b2"] and out.responses == ["a2", "a3", "b0", "b1", "b4", "b5"]
-    assert out.scores.tolist() == [2.0, 3.0, 0.0, 1.0, 4.0, 5.0] and out.errors == 2
+    assert out.scores.tolist() == [2.0, 3.0, 0.0, 1.0, 4.0, 5.0] and out.errors == {"errors": 2, "timeouts": 2}
     assert out.batch["group_ids"].tolist() == [0, 0, 1, 1, 2, 2]
     assert out.batch["response_mask"].sum(-1).tolist() == [2, 2, 4, 4, 2, 2]  # rows travel whole, re-padded
     assert out.batch["response_ids"].shape[1] == 4 and out.batch["weight_version"].tolist() == [2, 3, 0, 1, 4, 5]

@@ -1,0 +1,187 @@
+"""Reward functions run like untrusted code: in a pool of worker processes, in parallel.
+
+`RewardPool.score(samples)` splits the samples into one contiguous chunk per worker. A worker
+scores its chunk sample by sample, each under a `reward.timeout_s` alarm, inside an address-space
+cap of `reward.memory_mb`; a sample that raises, returns something that is not a finite number,
+or runs out of time scores `reward.error_score` and is counted by kind (`ERROR_KINDS`). The parent
+waits for each chunk at most its samples' timeouts plus a grace: a worker that dies (a crash, the
+memory cap, `os._exit`) or hangs where the alarm cannot reach (inside C code) is killed and
+replaced, and the rest of its chunk is scored again one sample per message, so that the sample at
+fault is found and its neighbours still count. Each error keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+from rlpost.rewards.base import RewardInput
+
+ERROR_KINDS = ("errors", "timeouts", "bad_values", "crashes")  # `reward/<kind>` (errors: all of them)
+GRACE_S = 2.0  # on top of the timeouts: process start, pickling, a busy machine
+
+
+class SampleTimeout(BaseException):
+    """Raised in a worker by the alarm: a BaseException, so `except Exception` in user code does
+    not swallow it."""
+
+
+@dataclass
+class Scores:
+    """What scoring a batch gave: a score per sample, how many failed of each kind, and the first
+    failure with its traceback."""
+
+    scores: list[float]
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
+    first_error: str | None = None
+    error_rows: list[int] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------- in the worker
+def _alarm(signum, frame):
+    raise SampleTimeout()
+
+
+def _score_one(fn, sample: RewardInput, kwargs: dict, timeout_s: float) -> tuple[float | None, str, str]:
+    """(value, kind, message): kind is `ok`, `errors`, `timeouts` or `bad_values`."""
+    from rlpost.rewards.base import REWARDS
+
+    scorer = fn if fn is not None else REWARDS.get(sample.data_source)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        if scorer is None:
+            raise KeyError(f"no reward function registered for data_source {sample.data_source!r}; set reward.fn")
+        raw = scorer(sample, **(kwargs if fn is not None else {}))
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    except SampleTimeout:
+        return None, "timeouts", f"timed out after reward.timeout_s={timeout_s}"
+    except Exception:  # noqa: BLE001  (user code: any failure is counted, with its traceback)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        return None, "errors", traceback.format_exc(limit=-8)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+        return None, "bad_values", f"returned {raw!r} ({type(raw).__name__}), not a finite number"
+    return float(raw), "ok", ""
+
+
+def _worker(conn, spec: str, kwargs: dict, timeout_s: float, memory_mb: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    if memory_mb > 0:
+        import resource
+
+        limit = memory_mb * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    signal.signal(signal.SIGALRM, _alarm)
+    from rlpost.rewards.base import get_reward_fn
+
+    fn = get_reward_fn(spec)
+    while True:
+        try:
+            samples = conn.recv()
+        except EOFError:
+            return
+        conn.send([_score_one(fn, s, kwargs, timeout_s) for s in samples])
+
+
+# ------------------------------------------------------------------------------- in the parent
+class RewardPool:
+    """`workers` processes that score with `reward.fn` = `spec` (and `kwargs`)."""
+
+    def __init__(
+        self,
+        spec: str,
+        kwargs: dict,
+        workers: int,
+        timeout_s: float,
+        memory_mb: int,
+        error_score: float,
+    ):
+        self.spec, self.kwargs, self.timeout_s, self.memory_mb = spec, dict(kwargs), timeout_s, memory_mb
+        self.error_score = error_score
+        self.ctx = mp.get_context("spawn")  # the controller has Ray's threads: never fork it
+        self.procs: list = [None] * workers
+        self.conns: list = [None] * workers
+        for i in range(workers):
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(
+            target=_worker, args=(child, self.spec, self.kwargs, self.timeout_s, self.memory_mb), daemon=True
+        )
+        proc.start()
+        child.close()
+        self.procs[i], self.conns[i] = proc, parent
+
+    def _replace(self, i: int) -> None:
+        self.procs[i].kill()
+        self.procs[i].join()
+        self.conns[i].close()
+        self._start(i)
+
+    def score(self, samples: list[RewardInput]) -> Scores:
+        out = Scores(scores=[self.error_score] * len(samples))
+        k = len(self.procs)
+        chunks = [(i * len(samples) // k, (i + 1) * len(samples) // k) for i in range(k)]
+        waiting = {}
+        for i, (lo, hi) in enumerate(chunks):
+            if hi > lo:
+                self.conns[i].send(samples[lo:hi])
+                waiting[self.conns[i]] = (i, lo, hi, time.monotonic() + (hi - lo) * self.timeout_s + GRACE_S)
+        while waiting:
+            deadline = min(d for *_, d in waiting.values())
+            for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
+                i, lo, hi, _ = waiting.pop(conn)
+                try:
+                    results = conn.recv()
+                except (EOFError, OSError):  # the worker died inside the chunk
+                    self._replace(i)
+                    self._one_by_one(i, samples, lo, hi, out)
+                    continue
+                self._record(out, lo, results)
+            for conn, (i, lo, hi, d) in list(waiting.items()):
+                if time.monotonic() >= d and not conn.poll():  # hung where the alarm cannot reach
+                    waiting.pop(conn)
+                    self._replace(i)
+                    self._one_by_one(i, samples, lo, hi, out)
+        return out
+
+    def _one_by_one(self, i: int, samples: list[RewardInput], lo: int, hi: int, out: Scores) -> None:
+        """Score `samples[lo:hi]` again on worker `i`, one per message: the sample that kills or
+        hangs the worker is found (a crash, or a timeout) and the worker replaced again."""
+        for j in range(lo, hi):
+            conn = self.conns[i]
+            conn.send([samples[j]])
+            if wait([conn], timeout=self.timeout_s + GRACE_S):
+                try:
+                    self._record(out, j, conn.recv())
+                    continue
+                except (EOFError, OSError):
+                    kind, message = "crashes", f"the reward worker died (exit code {self.procs[i].exitcode})"
+            else:
+                kind, message = "timeouts", f"timed out after reward.timeout_s={self.timeout_s} (killed)"
+            self._replace(i)
+            self._record(out, j, [(None, kind, message)])
+
+    def _record(self, out: Scores, start: int, results: list) -> None:
+        for j, (value, kind, message) in enumerate(results, start):
+            if kind == "ok":
+                out.scores[j] = value
+                continue
+            out.counts["errors"] += 1  # every failure; the other kinds say which
+            if kind != "errors":
+                out.counts[kind] += 1
+            out.error_rows.append(j)
+            if out.first_error is None or j < min(out.error_rows[:-1], default=j + 1):
+                out.first_error = f"sample {j}: {message}"
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        for proc in self.procs:
+            proc.kill()
+            proc.join()

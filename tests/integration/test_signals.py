@@ -1,0 +1,111 @@
+"""Preemption: SIGTERM (what Slurm, Kubernetes and spot machines send) or Ctrl-C finishes the step
+under way, writes a checkpoint, says how to go on and exits 128 + signal with no traceback and no
+process left behind; the run then resumes from that checkpoint. A second signal stops at once."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def command(tiny_cache, run_dir, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "rlpost.cli",
+        "train",
+        "+recipe=quickstart",
+        f"model.cache_dir={tiny_cache}",
+        "model.tiny.warmup_steps=30",
+        f"run.dir={run_dir}",
+        "data.train_batch_size=8",
+        "rollout.n=4",
+        "data.val_size=32",
+        "trainer.val_every=0",
+        "trainer.total_steps=40",
+        "logger.progress_bar=false",
+        *extra,
+    ]
+
+
+def start_and_wait_for_step(cmd, run_dir, step, timeout=240):
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metrics.is_file() and any(json.loads(line)["step"] >= step for line in metrics.read_text().splitlines()):
+            return proc, psutil.Process(proc.pid).children(recursive=True)
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before step {step}: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"no step {step} within {timeout} s")
+
+
+def assert_all_gone(processes, grace=20.0):
+    deadline = time.monotonic() + grace
+    alive = processes
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.5)
+    assert not alive, f"left behind: {[(p.pid, p.name()) for p in alive]}"
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_checkpoints_and_the_run_resumes_from_there(tiny_cache, tmp_path):
+    run_dir = tmp_path / "run"
+    proc, children = start_and_wait_for_step(command(tiny_cache, run_dir), run_dir, 2)
+    assert children, "Ray's processes should be children of the run"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "Traceback" not in err and "SIGTERM received" not in err
+    [line] = [x for x in out.splitlines() if x.startswith("stopped by SIGTERM after step")]
+    step = int(line.split("after step ")[1].split()[0])
+    assert f"checkpoint {run_dir / 'checkpoints' / f'step_{step}'}" in line and "trainer.resume=auto" in line
+    assert (run_dir / "checkpoints" / f"step_{step}" / "controller.pt").is_file()
+    assert_all_gone(children)
+
+    resumed = subprocess.run(
+        command(tiny_cache, run_dir, "trainer.resume=auto", f"trainer.total_steps={step + 2}"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {run_dir / 'checkpoints' / f'step_{step}'}" in resumed.stdout
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [s for s in steps if s > 0] == list(range(1, step + 3))  # each step once
+
+
+SLOW_REWARD = """
+import time
+
+def slow(sample):
+    time.sleep(0.1)  # a step scores 32 samples: 3 s
+    return 0.0
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_second_ctrl_c_stops_at_once(tiny_cache, tmp_path):
+    run_dir = tmp_path / "run"
+    (tmp_path / "slow.py").write_text(SLOW_REWARD)
+    cmd = command(tiny_cache, run_dir, "trainer.save_every=1000", f"reward.fn={tmp_path / 'slow.py'}:slow")
+    proc, children = start_and_wait_for_step(cmd, run_dir, 1)
+    proc.send_signal(signal.SIGINT)  # noted: the step under way would finish ...
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)  # ... but the second one stops the run in the middle of it
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "stopped at once" in err and "Traceback" not in err
+    assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
+    assert_all_gone(children)
