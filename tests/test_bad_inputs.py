@@ -243,17 +243,17 @@ def test_a_checkpoint_that_cannot_be_written_names_the_cause_and_the_one_to_resu
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_2"]
 
 
-def test_layerwise_states_saved_by_other_ranks_are_refused_by_name(tmp_path):
+def test_a_checkpoint_missing_a_ranks_file_is_refused_by_name(tmp_path):
     from types import SimpleNamespace
 
-    from rlpost.trainer.checkpoint import rank_file
+    from rlpost.trainer.checkpoint import rank_files
 
-    for r in range(2):
+    for r in (0, 2):
         torch.save({}, tmp_path / f"trainer_rank{r}.pt")
     engine = SimpleNamespace(name="trainer", rank=0, world_size=1)
-    with pytest.raises(ValueError, match=r"saved its Adam states by 2 ranks; resume it with trainer.world_size=2"):
-        rank_file(engine, str(tmp_path), layerwise=True)
-    assert rank_file(engine, str(tmp_path), layerwise=False) == tmp_path / "trainer_rank0.pt"
+    with pytest.raises(FileNotFoundError) as info:
+        rank_files(engine, str(tmp_path))
+    assert str(info.value) == f"checkpoint {tmp_path}: its trainer_rank<r>.pt files are of ranks [0, 2], not 0..N-1"
 
 
 # ------------------------------------------------------------------------------------- signals

@@ -161,6 +161,7 @@ class RewardPool:
                     self._record(out, j, conn.recv())
                     continue
                 except (EOFError, OSError):
+                    self.procs[i].join(timeout=5)  # reaped: its exit code is known
                     kind, message = "crashes", f"the reward worker died (exit code {self.procs[i].exitcode})"
             else:
                 kind, message = "timeouts", f"timed out after reward.timeout_s={self.timeout_s} (killed)"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost.trainer.optim import LayerwiseAdamW
+from rlpost.trainer.optim import LayerwiseAdamW, reshard_host_states
 
 
 def state_dicts(engine):
@@ -49,19 +49,30 @@ def save_checkpoint(engine, folder: str) -> None:
     )
 
 
-def rank_file(engine, folder: str, layerwise: bool) -> Path:
-    """This rank's file; when the checkpoint was saved by another number of ranks (DCP reshards
-    the model and Adam's states) rank 0's (its schedule; the RNG then differs from an
-    uninterrupted run's). The layerwise optimizer's host states are per rank: they need the same
-    number of ranks."""
-    saved = sorted(Path(folder).glob(f"{engine.name}_rank*.pt"))
-    if layerwise and len(saved) != engine.world_size:
-        raise ValueError(
-            f"checkpoint {folder}: trainer.optim.offload=layerwise saved its Adam states by {len(saved)} ranks; "
-            f"resume it with trainer.world_size={len(saved)} (not {engine.world_size})"
+def rank_files(engine, folder: str) -> list[Path]:
+    """Every rank's file of this engine in the checkpoint, in rank order."""
+    found = {int(p.stem.rsplit("_rank", 1)[1]): p for p in Path(folder).glob(f"{engine.name}_rank*.pt")}
+    if sorted(found) != list(range(len(found))) or not found:
+        raise FileNotFoundError(
+            f"checkpoint {folder}: its {engine.name}_rank<r>.pt files are of ranks {sorted(found)}, not 0..N-1"
         )
-    own = Path(folder) / f"{engine.name}_rank{engine.rank}.pt"
-    return own if own.is_file() and len(saved) == engine.world_size else Path(folder) / f"{engine.name}_rank0.pt"
+    return [found[r] for r in range(len(found))]
+
+
+def rank_state(engine, folder: str, layerwise: bool) -> dict:
+    """This rank's file; when the checkpoint was saved by another number of ranks (DCP reshards
+    the model and Adam's states), rank 0's schedule and RNG (the RNG then differs from an
+    uninterrupted run's), and the layerwise optimizer's host states put together from every saved
+    rank and cut for this one."""
+    files = rank_files(engine, folder)
+    if len(files) == engine.world_size:
+        return torch.load(files[engine.rank], weights_only=False)
+    state = torch.load(files[0], weights_only=False)
+    if layerwise:
+        saved = [torch.load(f, weights_only=False)["optimizer"]["host"] for f in files]
+        hosts = reshard_host_states(saved, engine.optimizer.full_shapes(), engine.rank, engine.world_size)
+        state["optimizer"] = {**state["optimizer"], "host": hosts}
+    return state
 
 
 def load_checkpoint(engine, folder: str) -> None:
@@ -87,7 +98,7 @@ def load_checkpoint(engine, folder: str) -> None:
             f"checkpoint {folder}: trainable parameters {missing[:3]} not in it, or keys "
             f"{result.unexpected_keys[:3]} the model does not have"
         )
-    extra = torch.load(rank_file(engine, folder, layerwise), weights_only=False)
+    extra = rank_state(engine, folder, layerwise)
     torch.set_rng_state(extra["rng"])
     engine.scheduler.load_state_dict(extra["scheduler"])
     if layerwise:

@@ -17,6 +17,8 @@ Step counters are Python numbers on the host (no device synchronisation per para
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.distributed.tensor import DTensor
 
@@ -25,6 +27,37 @@ _CHUNK = 1 << 22  # elements per update chunk: bounds the temporaries to a few M
 
 def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def shard_rows(rows: int, rank: int, world: int) -> tuple[int, int]:
+    """The rows [lo, hi) of a dim-0 size `rows` that FSDP2 gives `rank` of `world` (torch.chunk:
+    ceil(rows / world) each, the last ones shorter or empty)."""
+    size = -(-rows // world)
+    return min(rank * size, rows), min((rank + 1) * size, rows)
+
+
+def reshard_host_states(saved: list[list[torch.Tensor]], shapes: list[list[torch.Size]], rank: int, world: int):
+    """The host states of `rank` of `world` from those saved by another number of ranks:
+    `saved[r][i]` is old rank r's [exp_avg | exp_avg_sq] of unit i, `shapes[i]` the full shapes of
+    unit i's parameters in order. Each parameter's moments are put back together from the old
+    ranks' rows and cut again for the new rank."""
+    out = []
+    for i, unit in enumerate(shapes):
+        per_row = [math.prod(s[1:]) for s in unit]
+        halves: list[list[list[torch.Tensor]]] = [[[] for _ in unit] for _ in range(2)]  # [half][param] -> pieces
+        for r, hosts in enumerate(saved):
+            sizes = [(hi - lo) * row for s, row in zip(unit, per_row) for lo, hi in [shard_rows(s[0], r, len(saved))]]
+            n = sum(sizes)
+            for half, flat in enumerate((hosts[i][:n], hosts[i][n:])):
+                for j, piece in enumerate(flat.split(sizes)):
+                    halves[half][j].append(piece)
+        mine = []
+        for half in range(2):
+            for j, (s, row) in enumerate(zip(unit, per_row)):
+                lo, hi = shard_rows(s[0], rank, world)
+                mine.append(torch.cat(halves[half][j])[lo * row : hi * row])
+        out.append(torch.cat(mine))
+    return out
 
 
 class LayerwiseAdamW(torch.optim.Optimizer):
@@ -147,6 +180,10 @@ class LayerwiseAdamW(torch.optim.Optimizer):
             "host": [h.clone() for h in self.host],
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups],
         }
+
+    def full_shapes(self) -> list[list[torch.Size]]:
+        """Each unit's parameters' full (unsharded) shapes, in order."""
+        return [[p.shape for p in u] for u in self.units]
 
     def load_state_dict(self, state):
         if [h.numel() for h in state["host"]] != [h.numel() for h in self.host]:

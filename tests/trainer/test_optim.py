@@ -87,3 +87,27 @@ def test_refusals_name_the_problem():
         LayerwiseAdamW([[a], [b]])
     with pytest.raises(ValueError, match="^LayerwiseAdamW does not take a closure$"):
         LayerwiseAdamW([[a]]).step(lambda: 0.0)
+
+
+@pytest.mark.parametrize("old, new", [(2, 1), (1, 3), (3, 2), (4, 4)])
+def test_layerwise_states_reshard_as_fsdp_shards_rows(old, new):
+    """Host states saved by `old` ranks, cut for `new` ranks, equal the moments split the way
+    FSDP2 splits rows (torch.chunk) for `new` ranks: nothing lost, nothing moved."""
+    from rlpost.trainer.optim import reshard_host_states
+
+    torch.manual_seed(0)
+    shapes = [[torch.Size([5, 3]), torch.Size([2]), torch.Size([7, 2, 2])], [torch.Size([1, 4])]]
+    full = [[(torch.randn(s), torch.randn(s)) for s in unit] for unit in shapes]  # (exp_avg, exp_avg_sq)
+
+    def host(rank, world):  # what LayerwiseAdamW holds on `rank`: [exp_avg of each | exp_avg_sq of each]
+        def local(t):
+            parts = list(torch.chunk(t, world, dim=0))
+            return parts[rank].reshape(-1) if rank < len(parts) else t.new_empty(0)
+
+        return [torch.cat([local(m[0]) for m in unit] + [local(m[1]) for m in unit]) for unit in full]
+
+    saved = [host(r, old) for r in range(old)]
+    for rank in range(new):
+        got = reshard_host_states(saved, shapes, rank, new)
+        want = host(rank, new)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), (old, new, rank)
