@@ -22,6 +22,10 @@
 # and after the old log-probs come from the update's own forward (one H100 with vLLM):
 #   bash scripts/gpu_session.sh L   # GPU tests; colocate GRPO (0.5B) with the separate log-prob pass, then without
 #   bash scripts/gpu_session.sh M   # +recipe=gpu_quickstart still learns (stopped after LIMIT seconds)
+# and the algorithms' roles on a GPU (one H100 with vLLM; a warm machine keeps the built models):
+#   bash scripts/gpu_session.sh N   # PPO: the critic's worker group colocated with actor and vLLM
+#   bash scripts/gpu_session.sh O   # GRPO with the tiny reward model (built on the GPU) next to the rule
+#   bash scripts/gpu_session.sh P   # the same on the CPU quickstart's model (+recipe=grpo_rm) on the GPU, hf rollout
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -115,6 +119,21 @@ L)
   ;;
 M)
   learn gpu_quickstart
+  ;;
+N)
+  learn gpu_ppo algo.name=ppo algo.kl_estimator=k1 algo.gamma=1.0 algo.lam=0.95 critic.warmup_steps=5 \
+    critic.optim.lr=1e-4 critic.optim.warmup_steps=5
+  ;;
+O)
+  learn gpu_rm reward.model.path=tiny reward.model.weight=0.5 reward.model.sigmoid=true
+  cp "$HOME"/.cache/rlpost/tiny-rm-*/rm_eval.json "$OUT/gpu_rm.rm_eval.json" 2>/dev/null
+  ;;
+P)
+  step gpu_grpo_rm python3 -m rlpost.cli train +recipe=grpo_rm trainer.device=cuda trainer.world_size=1 \
+    trainer.micro_batch_size=512 logger.progress_bar=false run.dir=/tmp/runs/gpu_grpo_rm
+  cp /tmp/runs/gpu_grpo_rm/metrics.jsonl "$OUT/gpu_grpo_rm.metrics.jsonl"
+  python3 scripts/summarize_run.py /tmp/runs/gpu_grpo_rm --skip 1 > "$OUT/gpu_grpo_rm.json"
+  cp "$HOME"/.cache/rlpost/tiny-rm-*/rm_eval.json "$OUT/gpu_grpo_rm.rm_eval.json" 2>/dev/null
   ;;
 I)
   step sync_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py

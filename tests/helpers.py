@@ -274,3 +274,30 @@ def examples(n: int) -> int:
     import os
 
     return max(n // 8, 10) if os.environ.get("RLPOST_MUTATION") else n
+
+
+def trainer_state(folder):
+    """Everything the trainer checkpointed, as plain tensors: the sharded model and optimizer
+    (torch.distributed.checkpoint) and each rank's file (RNG, scheduler, layerwise Adam)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(folder / "trainer", folder / "trainer.pt")
+    state = {"dcp": torch.load(folder / "trainer.pt", weights_only=False)}
+    for path in sorted(folder.glob("trainer_rank*.pt")):
+        state[path.name] = torch.load(path, weights_only=False)
+    return state
+
+
+def assert_equal(a, b, where=""):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_equal(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where

@@ -46,8 +46,8 @@ from rlpost.data.batch import Batch
 from rlpost.data.microbatch import shard_batch
 from rlpost.metrics.trackers import SampleLog, Trackers, trim_logs
 from rlpost.models.loading import load_tokenizer, resolve_model_path, start_eval
+from rlpost.models.reward_model import RewardModelWorker
 from rlpost.rewards.executor import RewardPool
-from rlpost.rewards.model import RewardModelWorker
 from rlpost.rollout.worker import RolloutWorker
 from rlpost.trainer.actor import ActorWorker
 from rlpost.trainer.critic import CriticWorker
@@ -86,8 +86,8 @@ class StopSignals:
 
 
 class Controller:
-    def __init__(self, cfg: TrainConfig, log=print, restarts: int = 0):
-        self.cfg, self.log, self.restarts = cfg, log, restarts
+    def __init__(self, cfg: TrainConfig, log=print, restarts: int = 0, stop: "StopSignals | None" = None):
+        self.cfg, self.log, self.restarts, self.stop = cfg, log, restarts, stop
         self.run_dir = make_run_dir(cfg)
         log(f"run folder: {self.run_dir}")
         self.samples = SampleLog(self.run_dir, cfg.logger.samples_per_step)
@@ -118,6 +118,8 @@ class Controller:
     def _start_workers(self) -> None:
         cfg = self.cfg
         start_ray(cfg)
+        if self.stop is not None:  # over Ray's own SIGTERM handler, which aborts the process
+            self.stop.install()
         self.placement = p = Placement.create(cfg, self.roles)
         ws = cfg.trainer.world_size
         master = p.address_of_bundle(p.trainer_bundles[0])
@@ -381,8 +383,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
     restarts = 0
     try:
         while True:
-            controller = Controller(cfg, log=log, restarts=restarts)
-            stop.install()
+            controller = Controller(cfg, log=log, restarts=restarts, stop=stop)
             try:
                 if stop.signal is not None:  # arrived while the workers started
                     controller._stop_on(stop.signal)

@@ -76,10 +76,14 @@ def resolve_reward_model_path(cfg: TrainConfig, policy_path: str, log=print) -> 
     the tiny policy (`policy_path` when `model.path=tiny`, else the tiny policy is built too)."""
     path = cfg.reward.model.path
     if path == "tiny":
+        import torch
+
         from rlpost.models.loading import ensure_tiny_model
         from rlpost.models.tiny_reward import ensure_tiny_reward_model
 
-        policy = policy_path if cfg.model.path == "tiny" else str(ensure_tiny_model(cfg.model, cfg.data, log=log))
-        return str(ensure_tiny_reward_model(policy, cfg.data.arithmetic_digits, cfg.data.val_size, log))
+        device = "cuda" if cfg.trainer.device == "cuda" and torch.cuda.is_available() else "cpu"
+        policy = policy_path if cfg.model.path == "tiny" else str(ensure_tiny_model(cfg.model, cfg.data, device, log))
+        data = cfg.data
+        return str(ensure_tiny_reward_model(policy, data.arithmetic_digits, data.val_size, device, log))
     local = Path(path).expanduser()
     return str(local) if local.exists() else path

@@ -25,8 +25,8 @@ RM_EVAL = "rm_eval.json"
 BUILD = {"steps": 3000, "batch_size": 64, "lr": 1e-3, "samples": 4, "problems": 3000, "seed": 0, "format": 2}
 
 
-def tiny_reward_model_dir(policy_dir: str) -> Path:
-    digest = hashlib.sha256(json.dumps({"policy": Path(policy_dir).name, **BUILD}).encode()).hexdigest()[:12]
+def tiny_reward_model_dir(policy_dir: str, build: dict = BUILD) -> Path:
+    digest = hashlib.sha256(json.dumps({"policy": Path(policy_dir).name, **build}).encode()).hexdigest()[:12]
     return Path(policy_dir).parent / f"tiny-rm-{digest}"
 
 
@@ -88,7 +88,8 @@ def train_classifier(model, tokenizer, examples: list, steps: int, batch_size: i
         batch = rng.sample(right, batch_size // 2) + rng.sample(wrong, batch_size // 2)
         texts = [p + a for p, a, _ in batch]
         enc = tokenizer(texts, add_special_tokens=False, padding=True, padding_side="right", return_tensors="pt")
-        labels = torch.tensor([float(r) for _, _, r in batch])
+        enc = enc.to(next(model.parameters()).device)
+        labels = torch.tensor([float(r) for _, _, r in batch], device=enc.input_ids.device)
         logits = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask).logits[:, 0]
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
         opt.zero_grad(set_to_none=True)
@@ -111,33 +112,50 @@ def classifier_accuracy(model, tokenizer, examples: list) -> dict[str, float]:
     return {"accuracy_right": on_right, "accuracy_wrong": on_wrong, "balanced_accuracy": (on_right + on_wrong) / 2}
 
 
-def ensure_tiny_reward_model(policy_dir: str, digits: int, val_size: int, log=print) -> Path:
-    """Build (once) and return the tiny reward model made from the tiny policy at `policy_dir`."""
-    final = tiny_reward_model_dir(policy_dir)
+def ensure_tiny_reward_model(
+    policy_dir: str, digits: int, val_size: int, device: str = "cpu", log=print, build: dict = BUILD
+) -> Path:
+    """Build (once) and return the tiny reward model made from the tiny policy at `policy_dir`
+    (`build`: steps, batch, lr, sampled answers, problems, seed). On `cuda` the build runs in a
+    child process, so that this one holds no CUDA context."""
+    final = tiny_reward_model_dir(policy_dir, build)
     if not (final / "config.json").is_file():
-        log(f"building the tiny reward model into {final} (first run only)")
-        build_tiny_reward_model(policy_dir, digits, val_size, final, log)
+        log(f"building the tiny reward model into {final} on {device} (first run only)")
+        if device == "cuda":
+            import multiprocessing
+
+            child = multiprocessing.get_context("spawn").Process(
+                target=build_tiny_reward_model, args=(policy_dir, digits, val_size, final, print, device, build)
+            )
+            child.start()
+            child.join()
+            if child.exitcode != 0:
+                raise RuntimeError(f"building the tiny reward model on {device} failed (exit code {child.exitcode})")
+        else:
+            build_tiny_reward_model(policy_dir, digits, val_size, final, log, "cpu", build)
     report = json.loads((final / RM_EVAL).read_text())
     log(f"tiny reward model: held-out balanced accuracy {report['held_out']['balanced_accuracy']:.3f}")
     return final
 
 
-def build_tiny_reward_model(policy_dir: str, digits: int, val_size: int, final: Path, log=print) -> None:
+def build_tiny_reward_model(
+    policy_dir: str, digits: int, val_size: int, final: Path, log=print, device: str = "cpu", build: dict = BUILD
+) -> None:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from rlpost.data.tasks import arithmetic_split
     from rlpost.models.loading import load_tokenizer
 
-    b, start = BUILD, time.time()
+    b, start = build, time.time()
     torch.manual_seed(b["seed"])
     tokenizer = load_tokenizer(policy_dir)
     train_rows, val_rows = arithmetic_split(digits, seed=0, num_val=val_size)
-    policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
+    policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).to(device).eval()
     problems = random.Random(b["seed"]).sample(train_rows, min(b["problems"], len(train_rows)))
     train = labelled_answers(policy, tokenizer, problems, b["samples"], digits + 2, b["seed"])
     held_out = labelled_answers(policy, tokenizer, val_rows, b["samples"], digits + 2, b["seed"] + 1)
     del policy
-    model = AutoModelForSequenceClassification.from_pretrained(policy_dir, num_labels=1, dtype=torch.float32)
+    model = AutoModelForSequenceClassification.from_pretrained(policy_dir, num_labels=1, dtype=torch.float32).to(device)
     model.config.pad_token_id = tokenizer.pad_token_id
     train_classifier(model, tokenizer, train, b["steps"], b["batch_size"], b["lr"], b["seed"])
     report = {
@@ -147,9 +165,10 @@ def build_tiny_reward_model(policy_dir: str, digits: int, val_size: int, final: 
         "held_out": {"examples": len(held_out), **classifier_accuracy(model, tokenizer, held_out)},
         "train": classifier_accuracy(model, tokenizer, train[:4000]),
         "build_s": round(time.time() - start, 1),
+        "device": device,
     }
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    model.save_pretrained(tmp)
+    model.to("cpu").save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     (tmp / RM_EVAL).write_text(json.dumps(report, indent=1) + "\n")
     try:

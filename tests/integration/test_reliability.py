@@ -12,7 +12,7 @@ import pytest
 from rlpost.config import load_config
 from rlpost.controller.loop import train
 from rlpost.controller.rollouts import RewardFailure
-from tests.integration.test_resume import assert_equal, trainer_state
+from tests.helpers import assert_equal, trainer_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -13,6 +13,7 @@ import torch
 from rlpost.config import load_config
 from rlpost.controller import loop
 from rlpost.controller.loop import train
+from tests.helpers import assert_equal, trainer_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -70,33 +71,6 @@ def samples_by_step(run_dir):
         steps.setdefault(row["step"], []).append((row["prompt"], row["response"]))
     assert all(len(rows) == ROWS for rows in steps.values())
     return steps
-
-
-def trainer_state(folder):
-    """Everything the trainer checkpointed, as plain tensors: the sharded model and optimizer
-    (torch.distributed.checkpoint) and each rank's file (RNG, scheduler, layerwise Adam)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(folder / "trainer", folder / "trainer.pt")
-    state = {"dcp": torch.load(folder / "trainer.pt", weights_only=False)}
-    for path in sorted(folder.glob("trainer_rank*.pt")):
-        state[path.name] = torch.load(path, weights_only=False)
-    return state
-
-
-def assert_equal(a, b, where=""):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_equal(a[k], b[k], f"{where}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 @pytest.mark.parametrize("placement, offload", [("colocate", "none"), ("split", "layerwise")])

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from rlpost.config import load_config
+from rlpost.models.reward_model import RewardModelWorker
 from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config
-from rlpost.rewards.model import RewardModelWorker, classifier_scores, combine
+from rlpost.rewards.model import classifier_scores, combine
 
 
 def tiny_classifier(tmp_path, labels: int):
@@ -120,17 +121,19 @@ def test_combine_weights_rule_and_model():
     assert torch.equal(combine(rule, None, 0.5, 2.0), torch.tensor([0.5, 0.0, 0.5]))
 
 
-@pytest.mark.slow  # builds the tiny policy and the tiny reward model: about 2 minutes
+@pytest.mark.slow  # builds the tiny policy and a reward model on 2/3 of the recipe's steps: ~2 min
 def test_tiny_reward_model_tells_right_from_wrong_on_held_out_problems(tmp_path):
     """Answers it never saw: the right one, the one that drops the carry, a changed digit."""
     from transformers import AutoModelForSequenceClassification
 
-    from rlpost.controller.setup import resolve_reward_model_path
     from rlpost.data.tasks import arithmetic_split, units_carry
     from rlpost.models.loading import load_tokenizer, resolve_model_path
+    from rlpost.models.tiny_reward import BUILD, ensure_tiny_reward_model
 
     cfg = load_config(["+recipe=grpo_rm", f"model.cache_dir={tmp_path}"])
-    path = resolve_reward_model_path(cfg, resolve_model_path(cfg.model, cfg.data))
+    build = {**BUILD, "steps": 2000, "problems": 1500, "samples": 2}
+    policy = resolve_model_path(cfg.model, cfg.data)
+    path = ensure_tiny_reward_model(policy, cfg.data.arithmetic_digits, cfg.data.val_size, build=build)
     model = AutoModelForSequenceClassification.from_pretrained(path).eval()
     tok = load_tokenizer(path)
     _, val = arithmetic_split(cfg.data.arithmetic_digits, seed=0, num_val=cfg.data.val_size)
