@@ -39,6 +39,12 @@ def cmd_train(overrides: list[str]) -> int:
         print(f"rlpost: {e}", file=sys.stderr)
         return 2
     except Stopped as e:  # SIGTERM / SIGINT: the controller said where it stopped
+        from rlpost.controller.cluster import local_ray_died
+
+        if local_ray_died():  # the signal took Ray's processes too: its exit hooks would wait a minute
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(e.exit_code)
         return e.exit_code
     except CheckpointError as e:  # e.g. the disk is full
         print(f"rlpost: {e}", file=sys.stderr)

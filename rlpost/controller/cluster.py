@@ -58,6 +58,14 @@ def start_ray(cfg: TrainConfig) -> None:
     )
 
 
+def local_ray_died() -> bool:
+    """Whether a process of the Ray this driver started (GCS, raylet, ...) has died: a signal sent
+    to the whole process group (`timeout`, Slurm) reaches them too. Then no call to Ray returns
+    for a minute (its client retries the GCS), so the driver must not make any."""
+    node = ray._private.worker._global_node if ray.is_initialized() else None
+    return bool(node is not None and node.head and node.dead_processes())
+
+
 @dataclass
 class Placement:
     pg: object

@@ -23,7 +23,7 @@ from rlpost.algos.filters import BATCH_FILTERS
 from rlpost.algos.kl_control import KLController
 from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
 from rlpost.controller import checkpoint
-from rlpost.controller.cluster import Placement, WorkerGroup, start_ray
+from rlpost.controller.cluster import Placement, WorkerGroup, local_ray_died, start_ray
 from rlpost.controller.rollouts import Rollouts
 from rlpost.controller.setup import load_data, make_run_dir, resolve_critic_path, resolve_reward_model_path
 from rlpost.controller.step import (
@@ -335,16 +335,24 @@ class Controller:
             trackers.close()
         return self.run_dir
 
-    def _stop_on(self, signum: int) -> None:
+    def _stop_on(self, signum: int, workers_gone: bool = False) -> None:
         """A SIGTERM or SIGINT arrived: the step it interrupted is finished; write a checkpoint
-        (`trainer.save_on_signal`) unless this step has one, say how to resume, and stop."""
+        (`trainer.save_on_signal`) unless this step has one, say how to resume, and stop. When the
+        signal reached the workers too (sent to the whole process group) and they died within the
+        step, the newest checkpoint there is is the one to go on from."""
         cfg, name = self.cfg, signal.Signals(signum).name
         folder = checkpoint.find(self.run_dir, "auto", log=lambda *_: None)
-        if cfg.trainer.save_on_signal and self.step > 0 and (folder is None or folder.name != f"step_{self.step}"):
+        saved = folder is not None and folder.name == f"step_{self.step}"
+        if cfg.trainer.save_on_signal and self.step > 0 and not saved and not workers_gone:
             folder = self.save()
         where = f"checkpoint {folder}" if folder is not None else "no checkpoint"
+        when = (
+            f"during step {self.step + 1}, which its workers did not finish"
+            if workers_gone
+            else f"after step {self.step}"
+        )
         self.log(
-            f"stopped by {name} after step {self.step} ({where}); to go on, run the same command with "
+            f"stopped by {name} {when} ({where}); to go on, run the same command with "
             f"trainer.resume=auto run.dir={self.run_dir}"
         )
         raise Stopped(signum)
@@ -365,6 +373,8 @@ class Controller:
 
     def shutdown(self) -> None:
         self.samples.close()
+        if local_ray_died():  # the signal reached Ray's processes too: its actors are gone with them
+            return
         if self.reward_pool is not None:
             self.reward_pool.close()
         for group in (self.trainers, self.critics, self.reward_models, self.rollouts):
@@ -389,6 +399,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
                     controller._stop_on(stop.signal)
                 return controller.run(stop)
             except Exception as e:
+                if stop.signal is not None and is_ray_error(e):  # the signal took the workers too
+                    controller._stop_on(stop.signal, workers_gone=True)
                 dead = controller.dead_actors() if is_ray_error(e) else []
                 if not dead or restarts >= cfg.trainer.max_restarts:
                     raise

@@ -69,7 +69,10 @@ def _score_one(fn, sample: RewardInput, kwargs: dict, timeout_s: float) -> tuple
 
 
 def _worker(conn, spec: str, kwargs: dict, timeout_s: float, memory_mb: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    # Ctrl-C and SIGTERM (sent to the whole process group by `timeout` or Slurm) are the
+    # controller's to handle; it ends this process, and so does its exit (the pipe closes)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if memory_mb > 0:
         import resource
 
@@ -130,7 +133,7 @@ class RewardPool:
         waiting = {}
         for i, (lo, hi) in enumerate(chunks):
             if hi > lo:
-                self.conns[i].send(samples[lo:hi])
+                self._send(i, samples[lo:hi])
                 waiting[self.conns[i]] = (i, lo, hi, time.monotonic() + (hi - lo) * self.timeout_s + GRACE_S)
         while waiting:
             deadline = min(d for *_, d in waiting.values())
@@ -150,12 +153,20 @@ class RewardPool:
                     self._one_by_one(i, samples, lo, hi, out)
         return out
 
+    def _send(self, i: int, samples: list[RewardInput]) -> None:
+        """To worker `i`; one that died between batches is replaced first."""
+        try:
+            self.conns[i].send(samples)
+        except OSError:  # BrokenPipeError: the worker is gone
+            self._replace(i)
+            self.conns[i].send(samples)
+
     def _one_by_one(self, i: int, samples: list[RewardInput], lo: int, hi: int, out: Scores) -> None:
         """Score `samples[lo:hi]` again on worker `i`, one per message: the sample that kills or
         hangs the worker is found (a crash, or a timeout) and the worker replaced again."""
         for j in range(lo, hi):
+            self._send(i, [samples[j]])
             conn = self.conns[i]
-            conn.send([samples[j]])
             if wait([conn], timeout=self.timeout_s + GRACE_S):
                 try:
                     self._record(out, j, conn.recv())

@@ -3,6 +3,7 @@ under way, writes a checkpoint, says how to go on and exits 128 + signal with no
 process left behind; the run then resumes from that checkpoint. A second signal stops at once."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -36,8 +37,10 @@ def command(tiny_cache, run_dir, *extra):
     ]
 
 
-def start_and_wait_for_step(cmd, run_dir, step, timeout=240):
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start_and_wait_for_step(cmd, run_dir, step, timeout=240, session=False):
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=session
+    )
     metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + timeout
     while time.monotonic() < deadline:
         if metrics.is_file() and any(json.loads(line)["step"] >= step for line in metrics.read_text().splitlines()):
@@ -84,6 +87,31 @@ def test_sigterm_checkpoints_and_the_run_resumes_from_there(tiny_cache, tmp_path
     assert f"resumed from {run_dir / 'checkpoints' / f'step_{step}'}" in resumed.stdout
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s for s in steps if s > 0] == list(range(1, step + 3))  # each step once
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_the_whole_process_group_also_stops_cleanly_and_at_once(tiny_cache, tmp_path):
+    """`timeout`, Slurm and `kill -- -PGID` signal every process of the group, Ray's own too: the
+    run stops with the step's checkpoint, or, when the workers died within the step, names the
+    newest one; either way it exits 143 at once instead of waiting a minute for a GCS that is gone."""
+    import re
+
+    from rlpost.controller.checkpoint import damage
+
+    run_dir = tmp_path / "run"
+    cmd = command(tiny_cache, run_dir, "trainer.save_every=1")
+    proc, children = start_and_wait_for_step(cmd, run_dir, 2, session=True)
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert time.monotonic() - start < 30
+    assert "Traceback" not in err and "Failed to connect to GCS" not in err
+    [line] = [x for x in out.splitlines() if x.startswith("stopped by SIGTERM ")]
+    found = re.match(r"stopped by SIGTERM (after step \d+|during step \d+, .*) \(checkpoint (\S+)\); to go on", line)
+    assert found, line
+    assert damage(Path(found.group(2))) is None
+    assert_all_gone(children)
 
 
 SLOW_REWARD = """
