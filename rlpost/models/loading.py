@@ -158,15 +158,21 @@ def build_tiny_model(model_cfg, data_cfg, final: Path, device: str = "cpu", log=
             "parameters": sum(p.numel() for p in model.parameters()),
         }
     )
+    save_built(final, model, tokenizer, START_EVAL, report)
+    log(f"tiny model ready ({report['parameters'] / 1e6:.2f}M parameters, {time.time() - start:.0f}s)")
+
+
+def save_built(final: Path, model, tokenizer, report_name: str, report: dict) -> None:
+    """A built model, its tokenizer and its report, written under a temporary name and renamed to
+    `final` when complete (an interrupted build is never mistaken for a finished one)."""
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     model.to("cpu").save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / START_EVAL).write_text(json.dumps(report, indent=1) + "\n")
+    (tmp / report_name).write_text(json.dumps(report, indent=1) + "\n")
     try:
         tmp.rename(final)
     except OSError:  # another process finished the same build first
         shutil.rmtree(tmp, ignore_errors=True)
-    log(f"tiny model ready ({report['parameters'] / 1e6:.2f}M parameters, {time.time() - start:.0f}s)")
 
 
 def evaluate_start(model, tokenizer, rows: list[dict], samples: int, max_tokens: int, seed: int) -> dict:

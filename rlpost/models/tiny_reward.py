@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
 import time
 from pathlib import Path
 
@@ -144,7 +142,7 @@ def build_tiny_reward_model(
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from rlpost.data.tasks import arithmetic_split
-    from rlpost.models.loading import load_tokenizer
+    from rlpost.models.loading import load_tokenizer, save_built
 
     b, start = build, time.time()
     torch.manual_seed(b["seed"])
@@ -167,12 +165,5 @@ def build_tiny_reward_model(
         "build_s": round(time.time() - start, 1),
         "device": device,
     }
-    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    model.to("cpu").save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / RM_EVAL).write_text(json.dumps(report, indent=1) + "\n")
-    try:
-        tmp.rename(final)
-    except OSError:  # another process finished the same build first
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_built(final, model, tokenizer, RM_EVAL, report)
     log(f"tiny reward model ready ({time.time() - start:.0f}s)")
