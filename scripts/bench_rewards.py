@@ -2,9 +2,11 @@
 """Scoring a batch of samples in the reward pool (worker processes, per-sample timeouts) against
 scoring it serially in the controller's own process, as rlpost did before the pool, side by side.
 
-Three reward functions of different cost on 512 samples of the quickstart task: `arithmetic`
-(a string comparison), `gsm8k` with `method=flexible` (a regular expression), and a user function
-that spends about a millisecond of arithmetic per sample (a verifier of some weight). Medians of
+Four reward functions of different cost on 512 samples of the quickstart task: the built-in
+`arithmetic` (a string comparison) and `gsm8k` with `method=flexible` (a regular expression),
+which are trusted and scored in the controller's process; and two user functions, which run in
+the pool's processes: the same string comparison (`user_cheap`: the pool's fixed cost alone) and
+one that spends about a millisecond of arithmetic per sample (a verifier of some weight). Medians of
 `--reps` rounds after one warm-up round; the pool's workers are started before timing.
 
     python scripts/bench_rewards.py --out benchmarks/rewards_cpu.json
@@ -27,6 +29,10 @@ sys.path.insert(0, str(REPO / "scripts"))
 from quickstart_seeds import cpu_model  # noqa: E402
 
 HEAVY = """
+def cheap(sample):
+    return float(sample.response.strip() == sample.ground_truth.strip())
+
+
 def heavy(sample):
     total = 0
     for i in range(20000):  # about a millisecond of Python
@@ -85,6 +91,7 @@ def main() -> None:
         cases = {
             "arithmetic": ("arithmetic", {}),
             "gsm8k_flexible": ("gsm8k", {"method": "flexible"}),
+            "user_cheap": (f"{tmp}/heavy.py:cheap", {}),
             "heavy_1ms": (f"{tmp}/heavy.py:heavy", {}),
         }
         for name, (spec, kwargs) in cases.items():

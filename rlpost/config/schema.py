@@ -396,7 +396,7 @@ class RewardConfig:
     rule_weight: float = knob(
         1.0, "Weight of the rule score (`fn`) in the training reward; validation scores by the rule alone."
     )
-    num_workers: int = knob(2, "Processes that run `fn` in parallel (each sample in one of them).", ge=1)
+    num_workers: int = knob(2, "Processes that run a user `fn` in parallel (built-ins score in the controller).", ge=1)
     timeout_s: float = knob(30.0, "Time one sample's `fn` may take; past it the sample is a timeout.", gt=0)
     memory_mb: int = knob(4096, "Address-space cap of each reward process, MiB (0 = none).", ge=0)
     error_score: float = knob(

@@ -23,15 +23,21 @@ class RewardFn(Protocol):
 
 
 REWARDS: dict[str, RewardFn] = {}
+TRUSTED: set[str] = set()  # registered scorers that run in the controller's process, not the pool
 
 
-def register_reward(name: str):
-    """Decorator: make a scorer available as `reward.fn=name` and for `data_source: name` rows."""
+def register_reward(name: str, trusted: bool = False):
+    """Decorator: make a scorer available as `reward.fn=name` and for `data_source: name` rows.
+    `trusted=True` is for reviewed code whose time is linear in the response and which cannot
+    crash the process (rlpost's own string and regular-expression scorers): it is scored in the
+    controller's process, where a call costs what it costs; everything else runs in the pool."""
 
     def wrap(fn: RewardFn) -> RewardFn:
         if name in REWARDS:
             raise ValueError(f"reward function {name!r} is registered twice")
         REWARDS[name] = fn
+        if trusted:
+            TRUSTED.add(name)
         return fn
 
     return wrap
