@@ -46,7 +46,7 @@ RUN pip install -c docker/requirements-gpu.txt --index-url ${TORCH_INDEX_URL} \
 
 # 3. vLLM, Ray and the rest of rlpost's dependencies from PyPI (torch stays the cu130 build)
 RUN pip install -c docker/requirements-gpu.txt vllm "ray[default]" transformers tokenizers safetensors \
-    hydra-core omegaconf peft datasets pyarrow tqdm tensorboard wandb
+    hydra-core omegaconf peft datasets pyarrow tqdm tensorboard matplotlib wandb
 
 # 4. flash-attn, built against the torch above (a prebuilt wheel is used where one matches)
 RUN FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}" MAX_JOBS=${MAX_JOBS} \

@@ -1,8 +1,10 @@
-"""`rlpost train | data | export | doctor`.
+"""`rlpost train | data | export | plan | plot | doctor`.
 
 rlpost train +recipe=quickstart trainer.total_steps=20     # Hydra overrides after the verb
 rlpost data arithmetic --out data/arithmetic                # write an offline task as jsonl
 rlpost export RUN_DIR [--step N] --out DIR                  # checkpoint -> Hugging Face folder
+rlpost plan +recipe=grpo_lora [--gpu-gb 80]                # memory per GPU, before renting it
+rlpost plot RUN_DIR [RUN_DIR ...] | FILE.json [--out PNG]   # curves of runs, or of a benchmark
 rlpost doctor [--config-docs]                               # check the install / print key docs
 """
 
@@ -28,12 +30,13 @@ def cmd_train(overrides: list[str]) -> int:
 
     torch.set_num_threads(cfg.cluster.num_threads)
     from rlpost.controller.checkpoint import CheckpointError
-    from rlpost.controller.loop import Stopped, train
     from rlpost.controller.rollouts import RewardFailure
+    from rlpost.controller.run import train
+    from rlpost.controller.signals import Stopped
     from rlpost.data.dataset import DataError
 
     try:
-        run_dir = train(cfg)
+        train(cfg)
     except (DataError, FileNotFoundError, ConfigError) as e:
         # bad input (names the file, row and field) or settings that do not fit the machine
         print(f"rlpost: {e}", file=sys.stderr)
@@ -55,7 +58,6 @@ def cmd_train(overrides: list[str]) -> int:
     except KeyboardInterrupt as e:  # a second signal, or one during start-up: no checkpoint
         print(f"rlpost: interrupted ({e or 'SIGINT'}), stopped at once; the actors are shut down", file=sys.stderr)
         return 130
-    print(f"done: metrics in {run_dir / 'metrics.jsonl'}")
     return 0
 
 
@@ -104,6 +106,73 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
+def cmd_plan(argv: list[str]) -> int:
+    """`rlpost plan [--gpu-gb N] OVERRIDES...`: the memory plan of a training config, per GPU."""
+    gpu_gb = None
+    if "--gpu-gb" in argv:
+        i = argv.index("--gpu-gb")
+        try:
+            gpu_gb = float(argv[i + 1])
+        except (IndexError, ValueError):
+            print("rlpost plan: --gpu-gb takes a number of GiB", file=sys.stderr)
+            return 2
+        argv = argv[:i] + argv[i + 2 :]
+    from rlpost.config import ConfigError, load_config
+    from rlpost.controller.plan import GIB, check_plan, format_plan, gpu_plan, shape_of
+
+    try:
+        cfg = load_config(argv, this_machine=False)
+        shape = shape_of(cfg)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"rlpost plan: {e}", file=sys.stderr)
+        return 2
+    if gpu_gb is None:
+        import torch
+
+        gpu_gb = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 80.0
+    plan = gpu_plan(cfg, shape, gpu_gb * GIB)
+    print(f"model: {shape.params / 1e9:.2f}B parameters, {shape.layers} layers, hidden {shape.hidden}")
+    print(format_plan(plan))
+    try:
+        check_plan(cfg, plan)
+    except ConfigError as e:
+        print(f"rlpost plan: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_plot(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="rlpost plot",
+        description="PNG curves of runs side by side (reward, validation accuracy, KL, entropy, response "
+        "length, step time by phase), or of a benchmark's JSON (its curves and tables).",
+    )
+    parser.add_argument("paths", nargs="+", help="run folders (with metrics.jsonl), or JSON files")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="the PNG (default: curves.png / compare.png in the first run's folder; x.png for x.json)",
+    )
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    from rlpost.metrics.plot import plot_json, plot_runs
+
+    jsons = [p for p in args.paths if Path(p).is_file() and p.endswith(".json")]
+    try:
+        if jsons and len(jsons) < len(args.paths):
+            raise ValueError("give run folders or JSON files, not both")
+        if jsons and args.out and len(jsons) > 1:
+            raise ValueError("--out takes one JSON file's picture; leave it out for several")
+        made = [plot_json(p, args.out) for p in jsons] if jsons else [plot_runs(args.paths, args.out)]
+    except (FileNotFoundError, ValueError) as e:
+        print(f"rlpost plot: {e}", file=sys.stderr)
+        return 2
+    for out, titles in made:
+        print(f"{out}: {', '.join(titles)}")
+    return 0
+
+
 def cmd_doctor(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlpost doctor")
     parser.add_argument("--config-docs", action="store_true", help="print docs/configuration.md")
@@ -141,7 +210,14 @@ def cmd_doctor(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"train": cmd_train, "data": cmd_data, "export": cmd_export, "doctor": cmd_doctor}
+    commands = {
+        "train": cmd_train,
+        "data": cmd_data,
+        "export": cmd_export,
+        "plan": cmd_plan,
+        "plot": cmd_plot,
+        "doctor": cmd_doctor,
+    }
     if not argv or argv[0] not in commands:
         print(__doc__.strip(), file=sys.stderr)
         return 2

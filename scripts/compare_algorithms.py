@@ -2,7 +2,7 @@
 """Every algorithm's recipe on the CPU quickstart task, side by side: per seed one tiny start model
 (built once, shared by all recipes of that seed, so each algorithm starts from the same weights)
 and one run per recipe, each timed from the command line to the end. Writes the held-out greedy
-accuracy curves and the final gains as JSON, and a PNG of the curves (`pip install matplotlib`).
+accuracy curves and the final gains as JSON, and beside it their picture (`rlpost plot` of the JSON).
 
     python scripts/compare_algorithms.py --seeds 0 1 --out benchmarks/algorithms.json
     python scripts/compare_algorithms.py --recipes quickstart gspo --seeds 0 --out /tmp/a.json trainer.total_steps=20
@@ -25,6 +25,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 from quickstart_seeds import cpu_model, train  # noqa: E402
 from summarize_run import summarize  # noqa: E402
 
+from rlpost.metrics.plot import plot_json  # noqa: E402
+
 RECIPES = ["quickstart", "ppo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo", "grpo_rm"]
 
 
@@ -45,28 +47,6 @@ def run(recipe: str, seed: int, cache: Path, run_dir: Path, extra: list[str]) ->
         "wall_s": round(wall, 1),
         "command": " ".join(cmd[1:]),
     }
-
-
-def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    recipes = list(dict.fromkeys(r["recipe"] for r in results))
-    for i, recipe in enumerate(recipes):
-        color = f"C{i}"
-        for j, r in enumerate(x for x in results if x["recipe"] == recipe and "error" not in x):
-            steps, acc = zip(*r["val_accuracy"])
-            ax.plot(steps, acc, color=color, alpha=0.85, label=recipe if j == 0 else None)
-    ax.set_xlabel("step")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("rlpost algorithms on the CPU quickstart (one line per seed)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main() -> None:
@@ -105,7 +85,7 @@ def main() -> None:
         "runs": results,
     }
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    plot(results, Path(args.out).with_suffix(".png"))
+    plot_json(args.out)  # the curves (one line per seed, a colour per recipe) and the gains, as a PNG beside it
     print(json.dumps(summary, indent=1))
 
 

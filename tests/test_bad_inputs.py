@@ -258,7 +258,7 @@ def test_a_checkpoint_missing_a_ranks_file_is_refused_by_name(tmp_path):
 
 # ------------------------------------------------------------------------------------- signals
 def test_a_first_signal_is_noted_and_a_second_stops_at_once():
-    from rlpost.controller.loop import StopSignals
+    from rlpost.controller.signals import StopSignals
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     stop = StopSignals()

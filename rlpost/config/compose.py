@@ -104,10 +104,11 @@ def compose(overrides: list[str]) -> TrainConfig:
         raise ConfigError(_explain(e)) from e
 
 
-def load_config(overrides: list[str]) -> TrainConfig:
-    """Compose configs/train.yaml + recipe + overrides into a validated `TrainConfig`."""
+def load_config(overrides: list[str], this_machine: bool = True) -> TrainConfig:
+    """Compose configs/train.yaml + recipe + overrides into a validated `TrainConfig` (for this
+    machine, or with `this_machine=False` for any: no check of its GPUs and packages)."""
     cfg = compose(overrides)
-    validate(cfg)
+    validate(cfg, this_machine)
     return cfg
 
 

@@ -38,14 +38,15 @@ class Rule:
     name: str
     key: str
     check: Callable[[TrainConfig], str | None]
+    this_machine: bool = False  # about the machine that reads the config (a GPU, a package)
 
 
 RULES: list[Rule] = []
 
 
-def rule(key: str):
+def rule(key: str, this_machine: bool = False):
     def wrap(fn):
-        RULES.append(Rule(fn.__name__, key, fn))
+        RULES.append(Rule(fn.__name__, key, fn, this_machine))
         return fn
 
     return wrap
@@ -113,7 +114,7 @@ def reward_model_folder_exists(cfg):
     return missing_folder("reward.model.path", cfg.reward.model.path)
 
 
-@rule("trainer.device")
+@rule("trainer.device", this_machine=True)
 def cuda_is_there(cfg):
     if cfg.trainer.device == "cuda":
         import torch
@@ -122,7 +123,7 @@ def cuda_is_there(cfg):
             return "trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu"
 
 
-@rule("rollout.backend")
+@rule("rollout.backend", this_machine=True)
 def vllm_is_installed(cfg):
     if cfg.rollout.backend == "vllm" and not installed("vllm"):
         return (
@@ -213,9 +214,10 @@ def something_scores(cfg):
         )
 
 
-def validate(cfg: TrainConfig) -> None:
+def validate(cfg: TrainConfig, this_machine: bool = True) -> None:
     """Every key's allowed values (`choices`, ranges: declared with the key), then the rules that
-    span keys (`RULES`). Raises ConfigError naming the key at fault and what would fix it."""
+    span keys (`RULES`; those about this machine only with `this_machine`: `rlpost plan` sizes a
+    GPU run on a laptop). Raises ConfigError naming the key at fault and what would fix it."""
     for key, f in iter_fields():
         value = _get(cfg, key)
         choices = f.metadata.get("choices")
@@ -225,6 +227,8 @@ def validate(cfg: TrainConfig) -> None:
         if broken:
             raise ConfigError(f"{key}={value!r} must be {broken}")
     for r in RULES:
+        if r.this_machine and not this_machine:
+            continue
         problem = r.check(cfg)
         if problem:
             raise ConfigError(problem)

@@ -415,7 +415,13 @@ class LoggerConfig:
     backends: list = knob(["console", "jsonl"], "Trackers: console, jsonl, tensorboard, wandb.")
     project: str = knob("rlpost", "Project name for wandb.")
     wandb_mode: str = knob("offline", "wandb mode; `offline` needs no network.", ("offline", "online", "disabled"))
-    progress_bar: bool = knob(True, "Show a progress bar with step, reward and step time.")
+    progress_bar: bool = knob(True, "Show a progress bar with step, reward, accuracy, step time and ETA.")
+    verbose: bool = knob(
+        False,
+        "Show the libraries' own output too (Ray's start-up notices, model-loading progress bars, "
+        "vLLM's info lines); off: rlpost's lines and the warnings and errors of every process.",
+    )
+    plot: bool = knob(True, "At the end of a run, draw its curves into `curves.png` (needs matplotlib).")
     samples_per_step: int = knob(
         4,
         "Samples (prompt, response, reward) of each step written to `samples.jsonl` in the run folder (0 = none).",

@@ -10,6 +10,7 @@ Placement (one placement group for the whole job):
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -21,6 +22,22 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
 
+# the libraries' own output that a run does not need to show (`logger.verbose=true` keeps it):
+# model-loading progress bars (transformers, huggingface_hub) and vLLM's info lines
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def quiet_libraries(verbose: bool) -> None:
+    """In this process and (through `actor_env`) the actors: the libraries' progress bars and info
+    lines off, unless `verbose` or the user set the variable; warnings and errors stay."""
+    if verbose:
+        return
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # read at import: this process imported it
+
 
 def actor_env(cfg: TrainConfig) -> dict[str, str]:
     threads = str(cfg.cluster.num_threads)
@@ -28,15 +45,16 @@ def actor_env(cfg: TrainConfig) -> dict[str, str]:
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
         "TOKENIZERS_PARALLELISM": "false",
-        "PYTHONWARNINGS": "ignore",
     }
+    if not cfg.logger.verbose:  # the libraries' deprecation notices (logged warnings still show)
+        env["PYTHONWARNINGS"] = "ignore"
     # the driver's NCCL and vLLM settings (e.g. NCCL_NVLS_ENABLE=0: NVLink multicast off, see
     # docs/multinode.md) and import path reach every actor
     env.update(
         {
             k: v
             for k, v in os.environ.items()
-            if k.startswith(("NCCL_", "VLLM_")) or k in ("HF_HUB_OFFLINE", "PYTHONPATH")
+            if k.startswith(("NCCL_", "VLLM_")) or k in ("HF_HUB_OFFLINE", "PYTHONPATH", *QUIET_ENV)
         }
     )
     return env
@@ -45,8 +63,11 @@ def actor_env(cfg: TrainConfig) -> dict[str, str]:
 def start_ray(cfg: TrainConfig) -> None:
     if ray.is_initialized():
         return
+    level = logging.INFO if cfg.logger.verbose else logging.WARNING  # "Started a local Ray instance"
+    if not cfg.logger.verbose:  # a notice on each start that a local cluster uses a token
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if cfg.cluster.address:
-        ray.init(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)})
+        ray.init(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)}, logging_level=level)
         return
     # logical CPUs: enough for every bundle even on a 2-core machine (actors take turns)
     needed = cfg.trainer.world_size + cfg.rollout.num_workers
@@ -54,7 +75,8 @@ def start_ray(cfg: TrainConfig) -> None:
         num_cpus=max(os.cpu_count() or 1, needed),
         include_dashboard=False,
         runtime_env={"env_vars": actor_env(cfg)},
-        log_to_driver=True,
+        log_to_driver=True,  # the actors' warnings and errors, with their name and pid
+        logging_level=level,
     )
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 import signal
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,9 +22,11 @@ from rlpost.algos.filters import BATCH_FILTERS
 from rlpost.algos.kl_control import KLController
 from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
 from rlpost.controller import checkpoint
-from rlpost.controller.cluster import Placement, WorkerGroup, local_ray_died, start_ray
+from rlpost.controller.cluster import Placement, WorkerGroup, local_ray_died, quiet_libraries, start_ray
+from rlpost.controller.plan import check_plan, gpu_plan, shape_of
 from rlpost.controller.rollouts import Rollouts
 from rlpost.controller.setup import load_data, make_run_dir, resolve_critic_path, resolve_reward_model_path
+from rlpost.controller.signals import Stopped, StopSignals
 from rlpost.controller.step import (
     advantages,
     batch_metrics,
@@ -44,6 +45,7 @@ from rlpost.controller.step import (
 from rlpost.controller.weights import WeightSync, check_colocated_memory, merge_memory
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import shard_batch
+from rlpost.metrics.summary import write_report
 from rlpost.metrics.trackers import SampleLog, Trackers, trim_logs
 from rlpost.models.loading import load_tokenizer, resolve_model_path, start_eval
 from rlpost.models.reward_model import RewardModelWorker
@@ -53,41 +55,18 @@ from rlpost.trainer.actor import ActorWorker
 from rlpost.trainer.critic import CriticWorker
 
 
-class Stopped(Exception):
-    """The run stopped cleanly on a signal (SIGTERM, SIGINT); the exit code is 128 + signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.exit_code = 128 + signum
-
-
-class StopSignals:
-    """While it is installed, the first SIGTERM or SIGINT is only noted (`signal`: the loop stops
-    after the step under way); a second one raises KeyboardInterrupt at once."""
-
-    def __init__(self):
-        self.signal: int | None = None
-        self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-        self.install()
-
-    def install(self) -> None:
-        """(Again after Ray starts: its core installs a SIGTERM handler of its own that aborts.)"""
-        for s in self.previous:
-            signal.signal(s, self._note)
-
-    def _note(self, signum, frame) -> None:
-        if self.signal is not None:
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
-        self.signal = signum
-
-    def restore(self) -> None:
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-
 class Controller:
-    def __init__(self, cfg: TrainConfig, log=print, restarts: int = 0, stop: "StopSignals | None" = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        log=print,
+        restarts: int = 0,
+        stop: StopSignals | None = None,
+        started: float | None = None,
+    ):
         self.cfg, self.log, self.restarts, self.stop = cfg, log, restarts, stop
+        self.started = time.monotonic() if started is None else started  # for the summary's wall time
+        quiet_libraries(cfg.logger.verbose)
         self.run_dir = make_run_dir(cfg)
         log(f"run folder: {self.run_dir}")
         self.samples = SampleLog(self.run_dir, cfg.logger.samples_per_step)
@@ -137,10 +116,13 @@ class Controller:
             self.reward_models = WorkerGroup(
                 RewardModelWorker, cfg, p, p.trainer_bundles, "reward_model", lambda r: (cfg, rm_path, r)
             )
-        if colocated_on_cuda(cfg):  # the rollout engines start only once the trainers hold their memory
+        if cfg.trainer.device == "cuda":  # the rollout engines start only once the trainers hold their memory
             groups = [*self._trained(), *([self.reward_models] if self.reward_models else [])]
             reports = [group.call("memory_report") for group in groups]
-            check_colocated_memory(cfg, [merge_memory(per_rank) for per_rank in zip(*reports)])
+            if colocated_on_cuda(cfg):
+                check_colocated_memory(cfg, [merge_memory(per_rank) for per_rank in zip(*reports)])
+            if Path(self.model_path, "config.json").is_file():  # the plan, for this GPU (`rlpost plan`)
+                check_plan(cfg, gpu_plan(cfg, shape_of(cfg, self.model_path), reports[0][0]["total"]), self.log)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         self.rollouts = WorkerGroup(
             RolloutWorker, cfg, p, p.rollout_bundles, "rollout", lambda r: (cfg, self.model_path, r, pad, eos)
@@ -285,14 +267,14 @@ class Controller:
                 out.update(self.validate())
         return out
 
-    def run(self, stop: "StopSignals | None" = None) -> Path:
+    def run(self, stop: StopSignals | None = None) -> Path:
         from tqdm import tqdm
 
         cfg = self.cfg
         bar = tqdm(
             total=cfg.trainer.total_steps,
             initial=self.step,
-            desc="grpo",
+            desc=self.algorithm.name,
             dynamic_ncols=True,
             disable=not cfg.logger.progress_bar,
         )
@@ -309,6 +291,7 @@ class Controller:
             start_metrics = self._start_metrics()
             if start_metrics:
                 trackers.log(start_metrics, self.step)
+            val_acc = start_metrics.get("val/accuracy")  # the bar shows the newest
             while self.step < cfg.trainer.total_steps and stop.signal is None:
                 start = time.perf_counter()
                 metrics = self.train_step()
@@ -321,10 +304,11 @@ class Controller:
                 if cfg.trainer.save_every and (self.step % cfg.trainer.save_every == 0 or last):
                     self.save()
                 trackers.log(metrics, self.step)
+                val_acc = metrics.get("val/accuracy", val_acc)
                 bar.set_postfix(
                     reward=f"{metrics['reward/mean']:.3f}",
+                    **({"val_acc": f"{val_acc:.3f}"} if val_acc is not None else {}),
                     step_s=f"{metrics['timing_s/step']:.2f}",
-                    **({"val_acc": f"{metrics['val/accuracy']:.3f}"} if "val/accuracy" in metrics else {}),
                 )
                 bar.update(1)
             if stop.signal is not None and self.step < cfg.trainer.total_steps:
@@ -333,7 +317,18 @@ class Controller:
             stop.restore()
             bar.close()
             trackers.close()
+        self.report()
         return self.run_dir
+
+    def report(self) -> None:
+        """The summary of the run so far (printed, `summary.json`) and its curves (`curves.png`)."""
+        newest = checkpoint.find(self.run_dir, "auto", log=lambda *_: None)
+        where = (
+            f"{newest} (the newest)"
+            if newest
+            else "none written" + " (trainer.save_every=0)" * (not self.cfg.trainer.save_every)
+        )
+        write_report(self.run_dir, time.monotonic() - self.started, where, self.cfg.logger.plot, self.log)
 
     def _stop_on(self, signum: int, workers_gone: bool = False) -> None:
         """A SIGTERM or SIGINT arrived: the step it interrupted is finished; write a checkpoint
@@ -351,6 +346,7 @@ class Controller:
             if workers_gone
             else f"after step {self.step}"
         )
+        self.report()
         self.log(
             f"stopped by {name} {when} ({where}); to go on, run the same command with "
             f"trainer.resume=auto run.dir={self.run_dir}"
@@ -384,44 +380,4 @@ class Controller:
             self.placement.remove()
 
 
-def train(cfg: TrainConfig, log=print) -> Path:
-    """Run `cfg` to its last step. SIGTERM / SIGINT (from here on) stop it cleanly after the step
-    under way, with a checkpoint: `Stopped`; a second one stops at once: KeyboardInterrupt. When an
-    actor dies (`trainer.max_restarts` > 0 times at most) the groups start again and the run
-    resumes from its newest complete checkpoint."""
-    stop = StopSignals()
-    restarts = 0
-    try:
-        while True:
-            controller = Controller(cfg, log=log, restarts=restarts, stop=stop)
-            try:
-                if stop.signal is not None:  # arrived while the workers started
-                    controller._stop_on(stop.signal)
-                return controller.run(stop)
-            except Exception as e:
-                if stop.signal is not None and is_ray_error(e):  # the signal took the workers too
-                    controller._stop_on(stop.signal, workers_gone=True)
-                dead = controller.dead_actors() if is_ray_error(e) else []
-                if not dead or restarts >= cfg.trainer.max_restarts:
-                    raise
-                restarts += 1
-                log(
-                    f"{', '.join(dead)} died ({type(e).__name__}); restart {restarts} of "
-                    f"trainer.max_restarts={cfg.trainer.max_restarts} from the newest complete checkpoint"
-                )
-                cfg = replace(  # the same run, from its newest complete checkpoint
-                    cfg, trainer=replace(cfg.trainer, resume="auto"), run=replace(cfg.run, dir=str(controller.run_dir))
-                )
-            finally:
-                controller.shutdown()
-    finally:
-        stop.restore()
-
-
-def is_ray_error(e: BaseException) -> bool:
-    import ray
-
-    return isinstance(e, ray.exceptions.RayError)
-
-
-__all__ = ["Controller", "Stopped", "train"]
+__all__ = ["Controller"]

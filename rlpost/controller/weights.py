@@ -121,6 +121,7 @@ class WeightSync:
             **out,
             "weight_sync/version": float(version),
             "weight_sync/adapter_only": float(kinds == ["adapter"]),
+            "weight_sync/verified": float(self.cfg.weight_sync.verify),  # a failed check raises
             "weight_sync/readback_tensors": min(readback),
             "timing_s/weight_sync": time.perf_counter() - start,
         }

@@ -116,6 +116,7 @@ class ActorWorker:
         fused = "old_logprobs" not in shard
         with_ref = a.kl_coef > 0 or (base and self.lora is not None)
         out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": [], "row_index": []}
+        self.engine.phase_peak(start=True)
         with self.engine.resident():
             minis = split_shard(shard)
             if fused and (a.ppo_epochs > 1 or len(minis) > 1):
@@ -140,6 +141,8 @@ class ActorWorker:
                     self.engine.optimizer_step(stats)
                     first = False
             stats.set("actor/lr", self.engine.scheduler.get_last_lr()[0])
+            if self.device.type == "cuda":  # what the memory plan (controller/plan.py) predicts
+                stats.max("perf/update_peak_gb", self.engine.phase_peak())
             metrics = stats.reduce()
             logprobs = Batch({k: torch.cat(v).cpu() for k, v in out.items() if v})
         metrics["timing_s/update_worker"] = time.perf_counter() - start  # the rest of update's time is Ray's

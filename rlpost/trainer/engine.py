@@ -69,6 +69,7 @@ class FSDPEngine:
             self.optimizer, partial(lr_factor, o, total_optimizer_steps(cfg))
         )
         self.frozen: list[torch.nn.Module] = []  # other models of the role (a reference) offloaded alike
+        self.peak = 0  # bytes: the allocator's peak of the phase under way (`phase_peak`)
 
     def load_model(self):
         """The role's model in float32 (the master weights), not yet sharded."""
@@ -107,6 +108,7 @@ class FSDPEngine:
         if math.isfinite(norm):
             cuda = self.device.type == "cuda"
             if cuda:  # (the GPU is idle here: the norm's .item() waited for it)
+                self.peak = max(self.peak, torch.cuda.max_memory_allocated(self.device))  # the phase's so far
                 torch.cuda.reset_peak_memory_stats(self.device)
                 before = torch.cuda.memory_allocated(self.device)
             start = time.perf_counter()
@@ -130,6 +132,16 @@ class FSDPEngine:
         load_checkpoint(self, folder)
 
     # -------------------------------------------------------------------------------- memory
+    def phase_peak(self, start: bool = False) -> float:
+        """GiB: the allocator's peak since `phase_peak(start=True)` (on a GPU; 0 elsewhere),
+        across the optimizer step's own measurement (`perf/optimizer_peak_gb`)."""
+        if self.device.type != "cuda":
+            return 0.0
+        if start:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.peak = 0
+        return max(self.peak, torch.cuda.max_memory_allocated(self.device)) / 2**30
+
     def memory_report(self) -> dict[str, float]:
         """GPU memory (bytes) this rank keeps between phases once training runs: what is
         allocated now plus Adam's two moments when they will live on the GPU (created lazily at

@@ -38,5 +38,6 @@ def base_overrides(tiny_cache):
         "data.val_size=32",
         "trainer.val_every=1",
         "logger.progress_bar=false",
+        "logger.plot=false",  # drawn and checked by the quickstart's test
         "trainer.optim.lr=1e-3",
     ]

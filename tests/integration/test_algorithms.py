@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rlpost.config import load_config
-from rlpost.controller.loop import train
+from rlpost.controller.run import train
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # 7 runs, 90 s together: CI runs them
 

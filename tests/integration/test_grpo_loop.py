@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rlpost.config import load_config
-from rlpost.controller.loop import train
+from rlpost.controller.run import train
 
 pytestmark = pytest.mark.integration
 

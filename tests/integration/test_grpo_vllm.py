@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from rlpost.config import load_config  # noqa: E402
-from rlpost.controller.loop import train  # noqa: E402
+from rlpost.controller.run import train  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -55,11 +55,11 @@ def run_quickstart(tmp_path: Path, *overrides: str, limit_s: int = 480):
         pytest.fail(f"the quickstart ran past {limit_s} s:\n{failure(stderr)}")
     assert result.returncode == 0, failure(result.stderr)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return rows, (time.time() - start) / 60
+    return rows, (time.time() - start) / 60, result
 
 
 def test_quickstart_learns(tmp_path):
-    rows, minutes = run_quickstart(tmp_path)
+    rows, minutes, result = run_quickstart(tmp_path)
     val = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
     steps = [r for r in rows if r["step"] > 0]
     start = rows[0]
@@ -76,11 +76,23 @@ def test_quickstart_learns(tmp_path):
     assert max(r["actor/first_ratio_dev"] for r in steps) <= 1e-6
     assert diff <= 1e-3  # measured 1e-4 on this recipe; float32 round-off, see docs/token-layout.md
     assert minutes <= 7
+    # a quiet console: rlpost's lines; no model-loading bars from the actors, no Ray start-up notices
+    for noise in ("Loading weights", "Token authentication", "Started a local Ray instance", "[repeated"):
+        assert noise not in result.stderr + result.stdout, noise
+    # the summary at the end, with the numbers of metrics.jsonl; summary.json and the curves beside it
+    run_dir = tmp_path / "quickstart"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 100 and summary["weight_syncs"] == {"done": 100, "verified": 100}
+    assert summary["val_accuracy"]["start"] == val[0] and summary["val_accuracy"]["final"] == val[-1]
+    assert summary["val_accuracy"]["best"] == max(val)
+    assert f"validation accuracy: start {val[0]:.3f}, best {max(val):.3f}" in result.stdout
+    assert "checkpoints: none written (trainer.save_every=0)" in result.stdout
+    assert f"curves: {run_dir / 'curves.png'}" in result.stdout and (run_dir / "curves.png").stat().st_size > 10_000
 
 
 def test_quickstart_learns_from_another_tiny_model(tmp_path):
     """Another seed of the tiny model (its initialisation and warm-up) and of the run: 40 steps."""
-    rows, minutes = run_quickstart(tmp_path, "model.tiny.seed=11", "run.seed=11", "trainer.total_steps=40")
+    rows, minutes, _ = run_quickstart(tmp_path, "model.tiny.seed=11", "run.seed=11", "trainer.total_steps=40")
     val = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
     print(f"quickstart, tiny seed 11: {minutes:.1f} min, val/accuracy {val[0]:.3f} -> {val[-1]:.3f}")
     assert val[-1] - val[0] >= 0.2, f"val/accuracy rose only {val[0]:.3f} -> {val[-1]:.3f}"

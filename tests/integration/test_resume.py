@@ -12,7 +12,7 @@ import torch
 
 from rlpost.config import load_config
 from rlpost.controller import loop
-from rlpost.controller.loop import train
+from rlpost.controller.run import train
 from tests.helpers import assert_equal, trainer_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlpost.config import load_config
-from rlpost.controller.loop import train
+from rlpost.controller.run import train
 from rlpost.data.tasks import arithmetic_answer
 from rlpost.models.loading import resolve_model_path
 from rlpost.rewards import RewardInput

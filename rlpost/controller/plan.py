@@ -1,0 +1,233 @@
+"""The memory plan: what each GPU of a run will hold at its peak, from the model's shape and the
+settings, before anything starts (`rlpost plan`, and the check at start-up).
+
+A trainer rank (FSDP2 over `trainer.world_size` ranks, float32 master weights, `model.dtype` for
+compute) holds between phases its shard of the weights, of the frozen reference (KL) and of
+Adam's two moments (`trainer.optim.offload=none`); `trainer.param_offload` moves the weight
+shards to the host between phases, `layerwise` keeps only two FSDP units' moments on the GPU at a
+time, `cpu` all of them on the host. During the update it adds the gradient shards, two gathered
+decoder layers (the one computing and the one prefetched) and the gathered root (embeddings, LM
+head) in the compute dtype, one unsharded float32 gradient unit, and the activations of one
+micro-batch: per token, each decoder layer's saved tensors, and the logits (compute dtype, their
+float32 log-softmax and its gradient). A vLLM engine takes `rollout.gpu_memory_utilization` of its
+GPU while awake (weights, KV cache, activations; over `rollout.tensor_parallel_size` GPUs) and
+about nothing while asleep (colocated, during the trainer's phases).
+
+Colocated, a GPU's peak is the larger of (the trainer's update + the engine asleep) and (the
+trainer's resident memory + the engine awake); split, the trainer's GPUs and the engines' are
+separate. The numbers are the allocator's (torch's `max_memory_allocated`): the CUDA context and
+the allocator's fragmentation come on top (`CONTEXT_GIB`, checked with a margin).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlpost.config import ConfigError, TrainConfig
+
+GIB = 2**30
+CONTEXT_GIB = 1.0  # the CUDA context, NCCL's buffers and the allocator's slack, per process
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    layers: int
+    intermediate: int
+    vocab: int
+    heads: int
+    kv_heads: int
+    tied: bool
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    def module_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of a decoder layer."""
+        h, kv, i = self.hidden, self.kv_width, self.intermediate
+        return {
+            "q_proj": (h, h),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (h, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    @property
+    def layer_params(self) -> int:
+        linear = sum(a * b for a, b in self.module_shapes().values())
+        return linear + self.hidden + 2 * self.kv_width + 2 * self.hidden  # q/k/v biases, two norms
+
+    @property
+    def root_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.root_params
+
+    def lora_params(self, rank: int, targets: list) -> int:
+        names = LORA_MODULES if "all-linear" in targets else [m for m in LORA_MODULES if m in targets]
+        return self.layers * sum(rank * (a + b) for m, (a, b) in self.module_shapes().items() if m in names)
+
+    def activation_bytes_per_token(self, dtype_bytes: int) -> int:
+        """What one decoder layer keeps for the backward pass, per token: the inputs of its
+        linear layers and attention (6 h + 2 kv in the compute dtype), the MLP's 4 products, and
+        the two norms' float32 inputs."""
+        h = self.hidden
+        return dtype_bytes * (6 * h + 2 * self.kv_width + 4 * self.intermediate) + 2 * 4 * h
+
+
+def model_shape(path: str) -> ModelShape:
+    """The shape of the model in the local folder `path` (its `config.json`)."""
+    file = Path(path).expanduser() / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"model.path={path!r}: no config.json there; the memory plan needs the model's folder")
+    c = json.loads(file.read_text())
+    c = c.get("text_config", c)
+    try:
+        return ModelShape(
+            hidden=c["hidden_size"],
+            layers=c["num_hidden_layers"],
+            intermediate=c["intermediate_size"],
+            vocab=c["vocab_size"],
+            heads=c["num_attention_heads"],
+            kv_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
+            tied=bool(c.get("tie_word_embeddings", False)),
+        )
+    except KeyError as e:
+        raise ValueError(f"{file}: no {e} (the memory plan reads decoder-only transformer configs)") from None
+
+
+def shape_of(cfg: TrainConfig, path: str | None = None) -> ModelShape:
+    """The policy's shape: `model.tiny` for the tiny model, else the config.json of the local
+    folder `path` (default `model.path`)."""
+    path = path or cfg.model.path
+    if path == "tiny":
+        from rlpost.models.tiny import build_char_tokenizer
+
+        t = cfg.model.tiny
+        vocab = len(build_char_tokenizer())
+        return ModelShape(t.hidden_size, t.num_layers, t.intermediate_size, vocab, t.num_heads, t.num_kv_heads, True)
+    return model_shape(path)
+
+
+def micro_batch_tokens(cfg: TrainConfig) -> int:
+    """The most tokens one micro-batch can hold: the token budget, or full-length rows."""
+    t = cfg.trainer
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    return t.max_tokens_per_microbatch or t.micro_batch_size * longest
+
+
+def trainer_plan(cfg: TrainConfig, shape: ModelShape) -> dict[str, float]:
+    """Bytes of each part of a trainer rank's memory at its peak (the update), and `resident`:
+    what stays between phases."""
+    w, o = cfg.trainer.world_size, cfg.trainer.optim
+    b = DTYPE_BYTES[cfg.model.dtype]
+    lora = cfg.model.lora.rank > 0
+    trainable = shape.lora_params(cfg.model.lora.rank, cfg.model.lora.target_modules) if lora else shape.params
+    master = 4 * (shape.params + (trainable if lora else 0)) / w
+    reference = 4 * shape.params / w if cfg.algo.kl_coef > 0 and not lora else 0.0
+    if o.offload == "none":
+        adam = 2 * 4 * trainable / w
+    elif o.offload == "layerwise":  # two units' moments in flight (one stepping, one arriving)
+        unit = max(shape.layer_params, shape.root_params) * (trainable / shape.params)
+        adam = 2 * 2 * 4 * unit / w
+    else:
+        adam = 0.0
+    tokens = micro_batch_tokens(cfg)
+    parts = {
+        "weights": master,
+        "reference": reference,
+        "adam": adam,
+        "gradients": 4 * trainable / w,
+        "gathered": b * (2 * shape.layer_params + shape.root_params) + 4 * (shape.layer_params if not lora else 0),
+        "activations": tokens * shape.layers * shape.activation_bytes_per_token(b),
+        "logits": tokens * shape.vocab * (b + 4 + 4),
+    }
+    if o.offload == "cpu":  # FSDP's CPU offload: weights and gradients live on the host too
+        parts["weights"] = parts["gradients"] = 0.0
+    resident = (0.0 if cfg.trainer.param_offload else parts["weights"] + parts["reference"]) + (
+        adam if o.offload == "none" else 0.0
+    )
+    return {**parts, "peak": sum(parts.values()), "resident": resident}
+
+
+def gpu_plan(cfg: TrainConfig, shape: ModelShape, gpu_bytes: float) -> dict:
+    """The plan of every kind of GPU of the run: `trainer` (its parts), `rollout` (awake), and
+    `gpus`: for each kind of GPU (colocated: one; split: trainer and rollout) its peak."""
+    trainer = trainer_plan(cfg, shape)
+    awake = cfg.rollout.gpu_memory_utilization * gpu_bytes if cfg.rollout.backend == "vllm" else 0.0
+    if cfg.cluster.placement == "colocate":
+        gpus = {"colocated": max(trainer["peak"], trainer["resident"] + awake)}
+    else:
+        gpus = {"trainer": trainer["peak"], "rollout": awake}
+    return {"trainer": trainer, "rollout_awake": awake, "gpus": gpus, "gpu_bytes": gpu_bytes}
+
+
+# the knob that shrinks each part, for the error that refuses a plan
+KNOBS = {
+    "weights": "trainer.world_size (more ranks) or trainer.param_offload=true (between phases)",
+    "reference": "trainer.world_size (more ranks), or algo.kl_coef=0 (no reference)",
+    "adam": "trainer.optim.offload=layerwise",
+    "gradients": "trainer.world_size (more ranks) or model.lora.rank",
+    "activations": "trainer.micro_batch_size or trainer.max_tokens_per_microbatch",
+    "logits": "trainer.micro_batch_size or trainer.max_tokens_per_microbatch",
+    "gathered": "a smaller model (the gathered layers do not shard)",
+}
+
+
+def check_plan(cfg: TrainConfig, plan: dict, log=print) -> None:
+    """Refuse a run whose plan cannot fit its GPUs whatever its data, naming the knob that frees
+    the most; warn when only the worst case of the activations (micro-batches filled to
+    `micro_batch_tokens`, every row at full length) does not fit."""
+    room = plan["gpu_bytes"] - CONTEXT_GIB * GIB * (2 if cfg.cluster.placement == "colocate" else 1)
+    t = plan["trainer"]
+    fixed = t["peak"] - t["activations"] - t["logits"]
+    for kind, peak in plan["gpus"].items():
+        awake = plan["rollout_awake"] if kind != "trainer" else 0.0
+        need = max(fixed if kind != "rollout" else 0.0, (t["resident"] if kind != "rollout" else 0.0) + awake)
+        where = f"a {kind} GPU needs at least {need / GIB:.1f} GiB of {plan['gpu_bytes'] / GIB:.1f} GiB"
+        if need > room:
+            if awake and (t["resident"] if kind != "rollout" else 0.0) + awake >= fixed:
+                knob = (
+                    f"rollout.gpu_memory_utilization (now {cfg.rollout.gpu_memory_utilization}) or the trainer's "
+                    f"memory between phases ({t['resident'] / GIB:.1f} GiB: trainer.param_offload=true, "
+                    "trainer.optim.offload=layerwise)"
+                )
+            else:
+                largest = max(("weights", "reference", "adam", "gradients", "gathered"), key=lambda part: t[part])
+                knob = f"{KNOBS[largest]} (the largest part: {largest}, {t[largest] / GIB:.1f} GiB)"
+            raise ConfigError(
+                f"the memory plan does not fit: {where} ({room / GIB:.1f} GiB after the CUDA contexts); "
+                f"change {knob}. `rlpost plan` prints the whole plan."
+            )
+        if kind != "rollout" and peak > room:
+            log(
+                f"memory plan: a {kind} GPU may need up to {peak / GIB:.1f} GiB of {plan['gpu_bytes'] / GIB:.1f} GiB "
+                f"with micro-batches of {micro_batch_tokens(cfg)} tokens at full length (activations "
+                f"{t['activations'] / GIB:.1f}, logits {t['logits'] / GIB:.1f} GiB); if the update runs out of "
+                f"memory, lower {KNOBS['activations']}"
+            )
+
+
+def format_plan(plan: dict) -> str:
+    t = plan["trainer"]
+    lines = [f"memory plan per GPU ({plan['gpu_bytes'] / GIB:.0f} GiB), GiB:"]
+    lines.append(
+        "  trainer rank at its peak (the update): "
+        + ", ".join(f"{part} {t[part] / GIB:.2f}" for part in KNOBS if t[part] > 0)
+        + f" = {t['peak'] / GIB:.2f}; between phases {t['resident'] / GIB:.2f}"
+    )
+    if plan["rollout_awake"]:
+        lines.append(f"  vLLM engine awake: {plan['rollout_awake'] / GIB:.2f} (rollout.gpu_memory_utilization)")
+    for kind, peak in plan["gpus"].items():
+        lines.append(f"  {kind} GPU peak: {peak / GIB:.2f} (+{CONTEXT_GIB:.0f} per process: CUDA context)")
+    return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""Signals: the first SIGTERM or SIGINT stops the run after the step under way (with a checkpoint,
+`trainer.save_on_signal`), a second one at once."""
+
+from __future__ import annotations
+
+import signal
+
+
+class Stopped(Exception):
+    """The run stopped cleanly on a signal (SIGTERM, SIGINT); the exit code is 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+class StopSignals:
+    """While it is installed, the first SIGTERM or SIGINT is only noted (`signal`: the loop stops
+    after the step under way); a second one raises KeyboardInterrupt at once."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.install()
+
+    def install(self) -> None:
+        """(Again after Ray starts: its core installs a SIGTERM handler of its own that aborts.)"""
+        for s in self.previous:
+            signal.signal(s, self._note)
+
+    def _note(self, signum, frame) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+        self.signal = signum
+
+    def restore(self) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)

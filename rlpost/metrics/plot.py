@@ -1,0 +1,239 @@
+"""`rlpost plot`: PNG curves of one run or several side by side, or of a benchmark's JSON.
+
+Runs: six panels (reward, validation accuracy, KL, entropy, response length, step time by phase),
+a line per run. A JSON file (those of `benchmarks/`): every curve in it (a list of `[step, value]`
+pairs, or a list of numbers), one panel per name, a line per run or row it belongs to, coloured by
+what the rows compare (`recipe`, `name`, ...); and every small table of numbers (a dict of rows
+of up to 8 numbers, or one such row) as bars. The panel titles are written into the PNG's
+`Description` so that a test, or a reader's script, can tell what the picture holds.
+
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlpost.metrics.summary import PHASES, read_metrics
+
+RUN_PANELS = (
+    ("reward (mean)", "reward/mean"),
+    ("validation accuracy", "val/accuracy"),
+    ("KL to the reference", "actor/kl"),
+    ("entropy", "actor/entropy"),
+    ("response length (tokens)", "response_length/mean"),
+)
+PHASE_PANEL = "step time by phase (s)"
+ROW_LABELS = ("recipe", "name", "algo", "placement", "kind")  # what a row of a benchmark compares
+SETTINGS = ("settings", "setting", "machine", "config")
+MAX_PANELS = 12
+MAX_COLUMNS = 8
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _grid(plt, n: int, width: float = 4.6, height: float = 3.2):
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _save(fig, plt, out: Path, titles: list[str]) -> None:
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100, metadata={"Title": "rlpost", "Description": "panels: " + " | ".join(titles)})
+    plt.close(fig)
+
+
+def _names(dirs: list[Path]) -> list[str]:
+    names = [d.name for d in dirs]
+    if len(set(names)) < len(names):  # e.g. runs/a/seed0 and runs/b/seed0
+        names = [f"{d.parent.name}/{d.name}" for d in dirs]
+    return names
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> tuple[Path, list[str]]:
+    """Curves of the runs in `run_dirs`, a line per run; written to `out` (default: the first
+    run's folder, `curves.png` for one run, `compare.png` for several). Returns the file and the
+    panel titles."""
+    plt = _pyplot()
+    dirs = [Path(d) for d in run_dirs]
+    runs = [read_metrics(d) for d in dirs]
+    names = _names(dirs)
+    titles = [title for title, _ in RUN_PANELS] + [PHASE_PANEL]
+    fig, axes = _grid(plt, len(titles))
+    for ax, (title, key) in zip(axes, RUN_PANELS):
+        for i, (name, rows) in enumerate(zip(names, runs)):
+            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if points:
+                ax.plot(*zip(*points), color=f"C{i}", label=name, marker="o" if len(points) < 30 else None, ms=3)
+        _dress(ax, title, "step", legend=len(runs) > 1)
+    ax = axes[-1]
+    phases = [p for p in PHASES if any(r.get(f"timing_s/{p}") for rows in runs for r in rows)]
+    if len(runs) == 1:  # stacked over the steps
+        rows = [r for r in runs[0] if "timing_s/step" in r]
+        if rows and phases:
+            ax.stackplot(
+                [r["step"] for r in rows],
+                [[r.get(f"timing_s/{p}", 0.0) for r in rows] for p in phases],
+                labels=phases,
+            )
+    else:  # the mean per step of each phase, a bar per run
+        width = 0.8 / len(runs)
+        for i, (name, rows) in enumerate(zip(names, runs)):
+            rows = [r for r in rows if "timing_s/step" in r] or [{}]
+            means = [sum(r.get(f"timing_s/{p}", 0.0) for r in rows) / len(rows) for p in phases]
+            ax.bar([j + i * width for j in range(len(phases))], means, width, color=f"C{i}", label=name)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(phases))], phases, rotation=30, fontsize=8)
+    _dress(ax, PHASE_PANEL, "step" if len(runs) == 1 else "", legend=bool(phases))
+    out = Path(out) if out else dirs[0] / ("curves.png" if len(dirs) == 1 else "compare.png")
+    _save(fig, plt, out, titles)
+    return out, titles
+
+
+def _dress(ax, title: str, xlabel: str, legend: bool) -> None:
+    ax.set_title(title, fontsize=10)
+    if xlabel:
+        ax.set_xlabel(xlabel, fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    if not ax.has_data():
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    elif legend:
+        ax.legend(fontsize=7)
+
+
+# ------------------------------------------------------------------------------ benchmark JSON
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _numbers(d: dict) -> dict:
+    return {k: v for k, v in d.items() if _number(v) and k != "seed"}  # a seed names a row
+
+
+def _row_label(item: dict, index: int) -> tuple[str, str]:
+    """(label, group) of a list item: e.g. (`dapo seed 1`, `dapo`)."""
+    group = " ".join(str(item[k]) for k in ROW_LABELS if isinstance(item.get(k), str))
+    label = f"{group} seed {item['seed']}".strip() if "seed" in item else group
+    return label or f"#{index}", group or label or f"#{index}"
+
+
+def collect(data) -> tuple[dict[str, list], dict[str, dict]]:
+    """The curves of a JSON document by name (each `(label, group, xs, ys)`: the row of a list it
+    sits in, or else the path of the dict that holds it) and its tables by title (`{row: {column:
+    number}}`; the items of a list are the rows of one table). Settings (`settings`, `machine`)
+    and the document's top-level numbers are not results: left out."""
+    curves: dict[str, list] = {}
+    tables: dict[str, dict] = {}
+
+    def walk(node, path: list[str], row: tuple[str, str] | None, in_table: bool) -> None:
+        if isinstance(node, dict):
+            if path and path[-1] in SETTINGS:
+                return
+            rows = {k: _numbers(v) for k, v in node.items() if isinstance(v, dict) and k not in SETTINGS}
+            columns = list(dict.fromkeys(c for r in rows.values() for c in r))
+            table = len(rows) >= 2 and all(rows.values()) and 2 <= len(columns) <= MAX_COLUMNS
+            title = ".".join(path) or "results"
+            if table:
+                tables.setdefault(title, {}).update({f"{row[0]} {k}" if row else k: r for k, r in rows.items()})
+            elif path and not in_table and 2 <= len(_numbers(node)) <= MAX_COLUMNS:
+                tables.setdefault(title, {})[row[0] if row else ""] = _numbers(node)
+            for k, v in node.items():
+                walk(v, [*path, str(k)], row, table)
+        elif isinstance(node, list) and node:
+            name = path[-1] if path else "values"
+            label, group = row or (".".join(path[:-1]),) * 2
+            if len(node) >= 2 and all(isinstance(p, list) and len(p) == 2 and all(map(_number, p)) for p in node):
+                curves.setdefault(name, []).append((label, group, [p[0] for p in node], [p[1] for p in node]))
+            elif len(node) >= 3 and all(map(_number, node)) and not _index(node):
+                curves.setdefault(name, []).append((label, group, list(range(len(node))), node))
+            else:
+                for i, item in enumerate(node):
+                    if isinstance(item, dict):
+                        walk(item, path, _row_label(item, i), False)
+
+    walk(data, [], None, False)
+    for name, lines in curves.items():  # paths as labels: what tells the lines apart
+        short = _shorten([label for label, *_ in lines])
+        group = _shorten([group for _, group, *_ in lines])
+        curves[name] = [(s, g, xs, ys) for s, g, (_, _, xs, ys) in zip(short, group, lines)]
+    return curves, tables
+
+
+def _index(values: list) -> bool:
+    """Step numbers or positions (increasing integers), not measurements."""
+    return all(isinstance(v, int) for v in values) and all(a < b for a, b in zip(values, values[1:]))
+
+
+def _shorten(labels: list[str]) -> list[str]:
+    """Dotted paths without the components that they all share at the start and the end."""
+    parts = [label.split(".") for label in labels]
+    if len(parts) < 2:
+        return [parts[0][-1]] if parts else []
+    head = 0
+    while all(len(p) > head + 1 and p[head] == parts[0][head] for p in parts):
+        head += 1
+    tail = 0
+    while all(len(p) > head + tail + 1 and p[-1 - tail] == parts[0][-1 - tail] for p in parts):
+        tail += 1
+    return [".".join(p[head : len(p) - tail]) for p in parts]
+
+
+def plot_json(path: str | Path, out: str | Path | None = None) -> tuple[Path, list[str]]:
+    """The curves and tables of the JSON file `path` (see the module's text); written to `out`
+    (default: next to it, `.png` for `.json`)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    curves, tables = collect(data)
+    panels = [("curve", name, lines) for name, lines in curves.items()]
+    panels += [("table", title, rows) for title, rows in tables.items()]
+    if not panels:
+        raise ValueError(f"{path}: no curve ([step, value] pairs, or a list of numbers) and no table of numbers")
+    if len(panels) > MAX_PANELS:
+        print(f"rlpost plot: {path} holds {len(panels)} panels, the first {MAX_PANELS} are drawn")
+        panels = panels[:MAX_PANELS]
+    plt = _pyplot()
+    fig, axes = _grid(plt, len(panels))
+    titles = []
+    for ax, (kind, title, content) in zip(axes, panels):
+        titles.append(title)
+        if kind == "curve":
+            groups = list(dict.fromkeys(group for _, group, _, _ in content))
+            seen = set()
+            for label, group, xs, ys in content:
+                color = f"C{groups.index(group) % 10}"
+                ax.plot(xs, ys, color=color, alpha=0.85, label=None if group in seen else (group or None))
+                seen.add(group)
+            _dress(ax, title, "step", legend=len(groups) > 1 and len(groups) <= 12)
+        else:
+            _bars(ax, content)
+            _dress(ax, title, "", legend=1 < len(content) <= 10)
+    _save(fig, plt, Path(out) if out else path.with_suffix(".png"), titles)
+    return Path(out) if out else path.with_suffix(".png"), titles
+
+
+def _bars(ax, rows: dict[str, dict]) -> None:
+    """A group of bars per column, a bar per row (one row: a bar per column)."""
+    columns = list(dict.fromkeys(c for r in rows.values() for c in r))
+    width = 0.8 / len(rows)
+    for i, (row, values) in enumerate(rows.items()):
+        xs = [j + i * width for j, c in enumerate(columns) if c in values]
+        ax.bar(xs, [values[c] for c in columns if c in values], width, color=f"C{i % 10}", label=row or None)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(columns))], columns, rotation=30, ha="right", fontsize=7)
+    positive = [v for r in rows.values() for v in r.values() if v > 0]
+    if positive and max(positive) / min(positive) > 100:
+        ax.set_yscale("log")

@@ -1,0 +1,111 @@
+"""`rlpost plot`: the PNG is written where it should be and holds the panels it should (their
+titles are in the PNG's Description); runs side by side and benchmark JSON alike."""
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from rlpost.cli import main
+from rlpost.metrics.plot import PHASE_PANEL, RUN_PANELS, collect, plot_json, plot_runs
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TITLES = [title for title, _ in RUN_PANELS] + [PHASE_PANEL]
+
+
+def panels(png: Path) -> list[str]:
+    description = Image.open(png).text["Description"]
+    assert description.startswith("panels: ")
+    return description[len("panels: ") :].split(" | ")
+
+
+def fake_run(folder: Path, steps: int = 5, reward0: float = 0.2) -> Path:
+    folder.mkdir(parents=True)
+    rows = [{"step": 0, "val/accuracy": 0.5}]
+    for s in range(1, steps + 1):
+        rows.append(
+            {
+                "step": s,
+                "reward/mean": reward0 + 0.1 * s,
+                "actor/kl": 0.01 * s,
+                "actor/entropy": 1.0 - 0.1 * s,
+                "response_length/mean": 4.0,
+                "timing_s/step": 1.0,
+                "timing_s/gen": 0.4,
+                "timing_s/update": 0.5,
+                **({"val/accuracy": 0.5 + 0.05 * s} if s % 2 == 0 else {}),
+            }
+        )
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def test_one_run_gives_its_folder_a_png_of_six_panels(tmp_path):
+    run = fake_run(tmp_path / "a")
+    out, titles = plot_runs([run])
+    assert out == run / "curves.png" and titles == RUN_TITLES and panels(out) == RUN_TITLES
+    assert Image.open(out).size[0] > 1000
+
+
+def test_several_runs_side_by_side_through_the_cli(tmp_path, capsys):
+    a, b = fake_run(tmp_path / "x" / "seed0"), fake_run(tmp_path / "y" / "seed0", reward0=0.5)
+    assert main(["plot", str(a), str(b)]) == 0
+    assert panels(a / "compare.png") == RUN_TITLES
+    assert capsys.readouterr().out.startswith(f"{a / 'compare.png'}: reward (mean), validation accuracy")
+    assert main(["plot", str(a), str(b), "--out", str(tmp_path / "both.png")]) == 0
+    assert (tmp_path / "both.png").is_file()
+
+
+def test_json_curves_are_grouped_by_name_and_tables_become_bars(tmp_path):
+    doc = {
+        "machine": {"cpu": "x", "cores": 2, "threads": 4},  # settings: no panel
+        "runs": [
+            {"recipe": "grpo", "seed": 0, "val_accuracy": [[0, 0.5], [10, 0.7]], "gain": 0.2, "wall_s": 90.0},
+            {"recipe": "grpo", "seed": 1, "val_accuracy": [[0, 0.5], [10, 0.8]], "gain": 0.3, "wall_s": 95.0},
+            {"recipe": "ppo", "seed": 0, "val_accuracy": [[0, 0.5], [10, 0.9]], "gain": 0.4, "wall_s": 99.0},
+        ],
+        "results": {"fast": {"serial_ms": 1.0, "pool_ms": 2.0}, "slow": {"serial_ms": 300.0, "pool_ms": 150.0}},
+        "per_step": {"colocate": {"step_s": [1.0, 0.9, 0.8]}, "split": {"step_s": [0.6, 0.5, 0.5]}},
+        "summarized_steps": [2, 3, 4],  # step numbers, not a measurement
+    }
+    curves, tables = collect(doc)
+    assert [(label, group) for label, group, _, _ in curves["val_accuracy"]] == [
+        ("grpo seed 0", "grpo"),
+        ("grpo seed 1", "grpo"),
+        ("ppo seed 0", "ppo"),
+    ]
+    assert [label for label, *_ in curves["step_s"]] == ["colocate", "split"]
+    assert curves["step_s"][1][2:] == ([0, 1, 2], [0.6, 0.5, 0.5])
+    assert "summarized_steps" not in curves
+    assert tables == {
+        "runs": {
+            "grpo seed 0": {"gain": 0.2, "wall_s": 90.0},
+            "grpo seed 1": {"gain": 0.3, "wall_s": 95.0},
+            "ppo seed 0": {"gain": 0.4, "wall_s": 99.0},
+        },
+        "results": {"fast": {"serial_ms": 1.0, "pool_ms": 2.0}, "slow": {"serial_ms": 300.0, "pool_ms": 150.0}},
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    out, titles = plot_json(path)
+    assert out == tmp_path / "bench.png" and panels(out) == titles == ["val_accuracy", "step_s", "runs", "results"]
+
+
+@pytest.mark.parametrize("name", ["algorithms", "quickstart_seeds", "rewards_cpu", "grpo_h200", "trl_vs_rlpost"])
+def test_the_benchmarks_json_are_pictures(tmp_path, name):
+    out, titles = plot_json(REPO / "benchmarks" / f"{name}.json", tmp_path / f"{name}.png")
+    assert panels(out) == titles and titles
+    if name in ("algorithms", "quickstart_seeds"):
+        assert titles[0] == "val_accuracy"
+
+
+def test_bad_plot_arguments_are_named(tmp_path, capsys):
+    run = fake_run(tmp_path / "a")
+    (tmp_path / "notes.json").write_text(json.dumps({"note": "text only"}))
+    assert main(["plot", str(tmp_path / "nowhere")]) == 2
+    assert "no metrics.jsonl" in capsys.readouterr().err
+    assert main(["plot", str(run), str(tmp_path / "notes.json")]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "notes.json")]) == 2
+    assert "no curve" in capsys.readouterr().err
