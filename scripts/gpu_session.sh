@@ -26,13 +26,17 @@
 #   bash scripts/gpu_session.sh N   # PPO: the critic's worker group colocated with actor and vLLM
 #   bash scripts/gpu_session.sh O   # GRPO with the tiny reward model (built on the GPU) next to the rule
 #   bash scripts/gpu_session.sh P   # the same on the CPU quickstart's model (+recipe=grpo_rm) on the GPU, hf rollout
+# and several GPUs (2 x H200 with vLLM), each run with its memory plan against the measured peak:
+#   bash scripts/gpu_session.sh Q   # 3B: FSDP2 world 2 + 2 vLLM replicas colocated
+#   bash scripts/gpu_session.sh R   # 7B: world 2 + 2 replicas, trainer.param_offload + trainer.optim.offload=layerwise
+#   bash scripts/gpu_session.sh S   # 3B: split 1 + 1, synchronous vs one-step-off
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 M=/tmp/qwen2-0.5b
-[ -f $M/config.json ] || python3 scripts/random_model.py --shape 0.5b --out $M > /dev/null
+case "${1:-A}" in Q|R|S) ;; *) [ -f $M/config.json ] || python3 scripts/random_model.py --shape 0.5b --out $M > /dev/null ;; esac
 step() { local name=$1; shift; local t=$SECONDS; echo "=== $name"; "$@" > "$OUT/$name.log" 2>&1;
          echo "=== $name rc=$? $((SECONDS - t))s"; tail -3 "$OUT/$name.log"; }
 grpo() {  # grpo NAME overrides...: a short GRPO run on the 0.5B model, summarised to $OUT/NAME.json
@@ -53,7 +57,40 @@ learn() {  # learn NAME overrides...: the gpu_quickstart recipe (stopped at LIMI
   python3 scripts/summarize_run.py /tmp/runs/$name --skip 1 > "$OUT/$name.json"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('val', d['val_accuracy'], 'start', d['start_model'])" "$OUT/$name.json"
 }
+multi() {  # multi NAME MODEL overrides...: a short GRPO run over both GPUs, with its memory plan
+  local name=$1 model=$2; shift 2
+  local args=(model.path=$model model.dtype=bfloat16 model.attn_implementation=rlpost_varlen trainer.device=cuda
+    rollout.backend=vllm data.task=arithmetic data.max_prompt_length=32 data.train_batch_size=32 rollout.n=8
+    rollout.max_response_length=256 trainer.micro_batch_size=256 trainer.max_tokens_per_microbatch=8192
+    trainer.total_steps=${STEPS:-4} trainer.val_every=0 trainer.optim.lr=1e-6 algo.kl_coef=0.001
+    reward.fn=/tmp/digit_share.py:score "$@")
+  step "$name" python3 -m rlpost.cli train "${args[@]}" logger.progress_bar=false run.dir=/tmp/runs/$name
+  python3 scripts/summarize_run.py /tmp/runs/$name --skip 1 > "$OUT/$name.json"
+  cp /tmp/runs/$name/metrics.jsonl "$OUT/$name.metrics.jsonl"
+  python3 scripts/plan_vs_measured.py /tmp/runs/$name "${args[@]}" > "$OUT/$name.plan.json" 2> "$OUT/$name.plan.err"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('plan', round(d['plan_gib']['peak'],2), 'measured', d['measured_update_peak_gib'], 'ratio', d['plan_over_measured'])" "$OUT/$name.plan.json"
+}
+# a reward that random weights can move (the share of digits in the response): rewards vary, so the
+# gradients are not zero and each sync sends new weights
+printf 'def score(sample):\n    text = sample.response\n    return sum(c.isdigit() for c in text) / max(len(text), 1)\n' > /tmp/digit_share.py
 case "${1:-A}" in
+Q)  # 2 x H200: FSDP2 over 2 GPUs with 2 vLLM replicas (3B), colocated
+  [ -f /tmp/qwen2-3b/config.json ] || python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  multi grpo_3b_colocate_w2r2 /tmp/qwen2-3b cluster.placement=colocate trainer.world_size=2 rollout.num_workers=2 \
+    rollout.gpu_memory_utilization=0.4
+  ;;
+S)  # 2 x H200: 3B split over 1 trainer GPU + 1 vLLM GPU, synchronous vs one-step-off
+  [ -f /tmp/qwen2-3b/config.json ] || python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  multi grpo_3b_split_sync /tmp/qwen2-3b cluster.placement=split trainer.world_size=1 rollout.num_workers=1 \
+    rollout.gpu_memory_utilization=0.8 algo.max_staleness=0
+  multi grpo_3b_split_offpolicy /tmp/qwen2-3b cluster.placement=split trainer.world_size=1 rollout.num_workers=1 \
+    rollout.gpu_memory_utilization=0.8 algo.max_staleness=1
+  ;;
+R)  # 2 x H200: a 7B shape with the parameters and Adam's states offloaded, colocated with 2 vLLM replicas
+  [ -f /tmp/qwen2-7b/config.json ] || python3 scripts/random_model.py --shape 7b --out /tmp/qwen2-7b > /dev/null
+  multi grpo_7b_offload_w2r2 /tmp/qwen2-7b cluster.placement=colocate trainer.world_size=2 rollout.num_workers=2 \
+    rollout.gpu_memory_utilization=0.4 trainer.param_offload=true trainer.optim.offload=layerwise
+  ;;
 A)
   step gpu_tests python3 -m pytest -q tests/gpu
   step weight_sync python3 scripts/bench_weight_sync.py --model $M --out "$OUT/weight_sync.json"

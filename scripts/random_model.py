@@ -22,6 +22,7 @@ SHAPES = {  # hidden, intermediate, layers, heads, kv heads, tied embeddings
     "0.5b": (896, 4864, 24, 14, 2, True),
     "1.5b": (1536, 8960, 28, 12, 2, True),
     "3b": (2048, 11008, 36, 16, 2, True),
+    "7b": (3584, 18944, 28, 28, 4, False),
     "test": (128, 256, 2, 4, 2, True),  # for trying the scripts on a CPU
 }
 
