@@ -46,8 +46,9 @@ def actor_env(cfg: TrainConfig) -> dict[str, str]:
         "MKL_NUM_THREADS": threads,
         "TOKENIZERS_PARALLELISM": "false",
     }
-    if not cfg.logger.verbose:  # the libraries' deprecation notices (logged warnings still show)
-        env["PYTHONWARNINGS"] = "ignore"
+    if not cfg.logger.verbose:  # the libraries' deprecation notices (logged warnings still show) and
+        env["PYTHONWARNINGS"] = "ignore"  # progress bars (vLLM's CUDA-graph capture, weight loading):
+        env["TQDM_DISABLE"] = "1"  # an actor has no bar of its own to show
     # the driver's NCCL and vLLM settings (e.g. NCCL_NVLS_ENABLE=0: NVLink multicast off, see
     # docs/multinode.md) and import path reach every actor
     env.update(

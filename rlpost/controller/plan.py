@@ -8,10 +8,13 @@ shards to the host between phases, `layerwise` keeps only two FSDP units' moment
 time, `cpu` all of them on the host. During the update it adds the gradient shards, two gathered
 decoder layers (the one computing and the one prefetched) and the gathered root (embeddings, LM
 head) in the compute dtype, one unsharded float32 gradient unit, and the activations of one
-micro-batch: per token, each decoder layer's saved tensors, and the logits (compute dtype, their
-float32 log-softmax and its gradient). A vLLM engine takes `rollout.gpu_memory_utilization` of its
-GPU while awake (weights, KV cache, activations; over `rollout.tensor_parallel_size` GPUs) and
-about nothing while asleep (colocated, during the trainer's phases).
+micro-batch: per token, each decoder layer's saved tensors, and the logits (in the compute dtype,
+then five float32 tensors of their size: the cast, the temperature's division, the log-softmax,
+the entropy's two: fitted on 2 x H200, where the measured update peak was 91.5 GiB for a 3B shape
+colocated and 129.4 GiB for a 7B one offloaded, and then checked on a 3B split run: plan 119.9 GiB,
+measured 120.2; `scripts/gpu_session.sh` Q, R, S and `scripts/plan_vs_measured.py`). A vLLM engine takes
+`rollout.gpu_memory_utilization` of its GPU while awake (weights, KV cache, activations) and about
+nothing while asleep (colocated, during the trainer's phases).
 
 Colocated, a GPU's peak is the larger of (the trainer's update + the engine asleep) and (the
 trainer's resident memory + the engine awake); split, the trainer's GPUs and the engines' are
@@ -150,7 +153,7 @@ def trainer_plan(cfg: TrainConfig, shape: ModelShape) -> dict[str, float]:
         "gradients": 4 * trainable / w,
         "gathered": b * (2 * shape.layer_params + shape.root_params) + 4 * (shape.layer_params if not lora else 0),
         "activations": tokens * shape.layers * shape.activation_bytes_per_token(b),
-        "logits": tokens * shape.vocab * (b + 4 + 4),
+        "logits": tokens * shape.vocab * (b + 5 * 4),
     }
     if o.offload == "cpu":  # FSDP's CPU offload: weights and gradients live on the host too
         parts["weights"] = parts["gradients"] = 0.0

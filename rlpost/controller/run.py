@@ -47,10 +47,16 @@ def train(cfg: TrainConfig, log=print) -> Path:
         stop.restore()
 
 
-def is_ray_error(e: BaseException) -> bool:
+def is_ray_error(e: BaseException | None) -> bool:
+    """Whether `e` is, or was caused by, an error of Ray (an actor that died, a lost node): a
+    checkpoint that could not be written because its actors are gone is one too."""
     import ray
 
-    return isinstance(e, ray.exceptions.RayError)
+    while e is not None:
+        if isinstance(e, ray.exceptions.RayError):
+            return True
+        e = e.__cause__
+    return False
 
 
 __all__ = ["train"]

@@ -21,6 +21,7 @@ keep serving the old adapter). Sleep keeps the base weights (level 1): they are 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -174,6 +175,11 @@ class VLLMRolloutEngine:
             max_num_seqs=max_num_seqs,
             trust_remote_code=trust_remote_code,
             **kwargs,
+        )
+        # each sync reloads the weights layer by layer; vLLM then warns that the rotary embeddings
+        # (a cache computed from the config, in no checkpoint) got none, and keeps their tensors
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+            lambda record: record.getMessage() != "RotaryEmbedding: Failed to load weights"
         )
         # modules vLLM wrapped for LoRA: their base weights load as `<module>.base_layer.<leaf>`
         self._held: dict[str, torch.Tensor] | None = None  # vLLM's parameters, looked up once per sync

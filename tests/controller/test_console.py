@@ -25,7 +25,7 @@ def test_verbose_keeps_the_libraries_output(clean_env):
     assert not any(key in os.environ for key in QUIET_ENV)
     assert transformers.utils.logging.is_progress_bar_enabled()
     env = actor_env(cfg)
-    assert not any(key in env for key in QUIET_ENV) and "PYTHONWARNINGS" not in env
+    assert not any(key in env for key in (*QUIET_ENV, "PYTHONWARNINGS", "TQDM_DISABLE"))
 
 
 def test_quiet_by_default_here_and_in_the_actors(clean_env):
@@ -35,6 +35,7 @@ def test_quiet_by_default_here_and_in_the_actors(clean_env):
     assert not transformers.utils.logging.is_progress_bar_enabled()
     env = actor_env(cfg)
     assert {key: env[key] for key in QUIET_ENV} == QUIET_ENV and env["PYTHONWARNINGS"] == "ignore"
+    assert env["TQDM_DISABLE"] == "1"  # the actors' bars (vLLM's CUDA-graph capture); the driver keeps its own
 
 
 def test_what_the_user_set_wins(clean_env, monkeypatch):

@@ -1,0 +1,76 @@
+"""`train`'s handling of errors: a checkpoint that fails because the signal took the workers too
+still stops cleanly (the CI failure of a SIGTERM sent to the whole process group), and an actor
+that dies while writing one restarts the run."""
+
+import signal
+
+import pytest
+import ray
+
+from rlpost.config import TrainConfig
+from rlpost.controller import run as run_module
+from rlpost.controller.checkpoint import CheckpointError
+from rlpost.controller.signals import Stopped
+
+
+def checkpoint_error_from_a_dead_actor() -> CheckpointError:
+    try:
+        try:
+            raise ray.exceptions.RayActorError()
+        except ray.exceptions.RayError as cause:
+            raise CheckpointError("writing checkpoint step_3 failed") from cause
+    except CheckpointError as e:
+        return e
+
+
+class FakeController:
+    calls: list = []
+
+    def __init__(self, cfg, log, restarts, stop, started):
+        self.stop, self.restarts, self.run_dir = stop, restarts, "run"
+        FakeController.calls.append(("start", restarts))
+
+    def run(self, stop):
+        if self.restarts == 0:
+            if FakeController.signal:
+                stop.signal = signal.SIGTERM
+            raise checkpoint_error_from_a_dead_actor()
+        return "done"
+
+    def _stop_on(self, signum, workers_gone=False):
+        FakeController.calls.append(("stop", signum, workers_gone))
+        raise Stopped(signum)
+
+    def dead_actors(self):
+        return ["trainer 0"]
+
+    def shutdown(self):
+        FakeController.calls.append(("shutdown",))
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(run_module, "Controller", FakeController)
+    FakeController.calls = []
+    yield FakeController
+
+
+def test_a_checkpoint_lost_with_the_workers_to_a_signal_stops_cleanly(fake):
+    fake.signal = True
+    with pytest.raises(Stopped) as stopped:
+        run_module.train(TrainConfig(), log=lambda *_: None)
+    assert stopped.value.exit_code == 128 + signal.SIGTERM
+    assert fake.calls == [("start", 0), ("stop", signal.SIGTERM, True), ("shutdown",)]
+
+
+def test_an_actor_lost_while_writing_a_checkpoint_restarts_the_run(fake):
+    fake.signal = False
+    cfg = TrainConfig()
+    cfg.trainer.max_restarts = 1
+    assert run_module.train(cfg, log=lambda *_: None) == "done"
+    assert fake.calls == [("start", 0), ("shutdown",), ("start", 1), ("shutdown",)]
+
+
+def test_is_ray_error_follows_the_cause():
+    assert run_module.is_ray_error(checkpoint_error_from_a_dead_actor())
+    assert not run_module.is_ray_error(CheckpointError("disk full"))
