@@ -180,7 +180,9 @@ def build_optimizer(model, o) -> torch.optim.Optimizer:
     if o.offload == "layerwise":  # units left without a trainable parameter are dropped
         units = [[p for p in unit if p.requires_grad] for unit in fsdp_units(model)]
         return LayerwiseAdamW(units, prefetch_layers=o.prefetch_layers, **kwargs)
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], **kwargs)
+    # foreach: one dispatch per list instead of one per tensor (torch picks it on GPUs, not on a
+    # CPU, where FSDP2's DTensor dispatch per tensor then doubles the step's time)
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=True, **kwargs)
 
 
 def total_optimizer_steps(cfg: TrainConfig) -> int:
