@@ -75,14 +75,16 @@ def sync_from_thread(named, expected, load, loaded, version: int, bucket_bytes: 
     return stats
 
 
-def ragged_generation(seed: int, rows: int = 8):
+def ragged_generation(seed: int, rows: int = 8, multi_turn: bool = False):
     """(a generation-layout batch of `rows` rows of random tokens: left-padded prompts of 2-5 tokens,
-    right-padded responses of 1-4, loss on every response token; the generator, for further draws)."""
+    right-padded responses of 1-4, loss on every response token; the generator, for further draws).
+    `multi_turn`: responses of 4-10 tokens, each a model turn, an environment's answer (no loss)
+    and a second model turn, of random lengths."""
     from rlpost.data.batch import Batch
     from rlpost.data.padding import left_pad, right_pad
 
     g = torch.Generator().manual_seed(seed)
-    lengths = [(2, 6), (1, 5)]
+    lengths = [(2, 6), (4, 11) if multi_turn else (1, 5)]
     prompts, responses = (
         [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(lo, hi, (rows,), generator=g)]
         for lo, hi in lengths
@@ -98,6 +100,11 @@ def ragged_generation(seed: int, rows: int = 8):
             "loss_mask": response_mask.clone(),
         }
     )
+    if multi_turn:  # the environment's tokens: a segment strictly inside each response
+        for i, n in enumerate(response_mask.sum(-1).tolist()):
+            start = int(torch.randint(1, n - 2, (1,), generator=g))
+            end = int(torch.randint(start + 1, n - 1, (1,), generator=g))
+            batch["loss_mask"][i, start:end] = False
     return batch, g
 
 

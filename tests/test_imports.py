@@ -38,10 +38,22 @@ MAY_IMPORT = {
     "metrics": {"data"},
     "weightsync": {"data"},
     "models": {"data", "rewards", "metrics"},
-    "config": {"algos", "metrics"},  # allowed choices come from the registries
-    "rollout": {"config", "data", "models", "weightsync"},
+    "envs": set(),
+    "config": {"algos", "envs", "metrics"},  # allowed choices come from the registries
+    "rollout": {"config", "data", "envs", "models", "weightsync"},
     "trainer": {"algos", "config", "data", "models", "weightsync"},
-    "controller": {"algos", "config", "data", "metrics", "models", "rewards", "rollout", "trainer", "weightsync"},
+    "controller": {
+        "algos",
+        "config",
+        "data",
+        "envs",
+        "metrics",
+        "models",
+        "rewards",
+        "rollout",
+        "trainer",
+        "weightsync",
+    },
 }
 RLPOST = TESTS.parent / "rlpost"
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from rlpost.algos.algorithms import ALGORITHMS
 from rlpost.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from rlpost.envs import ENVS, PARSERS
 
 
 def knob(
@@ -409,6 +410,24 @@ class RewardConfig:
     model: RewardModelConfig = section(RewardModelConfig, "A reward model served by its own worker group.")
 
 
+# ------------------------------------------------------------------------------------------- env
+@dataclass
+class EnvConfig:
+    name: str = knob(
+        "",
+        "Multi-turn episodes with this environment (`calculator`, or one registered with "
+        "`rlpost.envs.register_env`); empty: single-turn. Its tokens get no loss; `rollout.max_response_length` "
+        "is the budget of the whole episode (the model's and the environment's tokens).",
+        ("", *ENVS),
+    )
+    max_turns: int = knob(4, "Most turns of the model in one episode.", ge=1)
+    timeout_s: float = knob(300.0, "Wall-clock time of one episode; past it no further turn starts (counted).", gt=0)
+    tool_parser: str = knob(
+        "hermes", "How tool calls are read from the model's text (`<tool_call>` JSON).", tuple(PARSERS)
+    )
+    tool_timeout_s: float = knob(10.0, "Time one tool call may take; past it the model reads an error.", gt=0)
+
+
 # -------------------------------------------------------------------------------- logger, cluster
 @dataclass
 class LoggerConfig:
@@ -457,6 +476,7 @@ class TrainConfig:
     critic: CriticConfig = section(CriticConfig, "Value model of the algorithms with a critic (PPO).")
     weight_sync: WeightSyncConfig = section(WeightSyncConfig, "Trainer -> rollout weight transfer.")
     reward: RewardConfig = section(RewardConfig, "Reward functions.")
+    env: EnvConfig = section(EnvConfig, "Multi-turn episodes: an environment with tools.")
     logger: LoggerConfig = section(LoggerConfig, "Metrics.")
     cluster: ClusterConfig = section(ClusterConfig, "Ray and placement.")
 

@@ -16,10 +16,11 @@ import torch
 
 from rlpost.config import TrainConfig
 from rlpost.controller.cluster import WorkerGroup
-from rlpost.controller.step import group_ids, sampling_params, shape_rewards, timed
+from rlpost.controller.step import env_metrics, group_ids, sampling_params, shape_rewards, timed
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptLoader, PromptRow
 from rlpost.data.padding import check_masks, concat_generations
+from rlpost.envs import EpisodeRow
 from rlpost.rewards import RewardInput
 from rlpost.rewards.executor import RewardPool, Scores
 from rlpost.rewards.model import combine
@@ -102,6 +103,18 @@ class Rollouts:
     def launch(self, rows: list[PromptRow], params: SamplingParams) -> list:
         k = len(self.group)
         per = [rows[i * len(rows) // k : (i + 1) * len(rows) // k] for i in range(k)]
+        if self.cfg.env.name:  # multi-turn: each rollout actor runs its rows' episodes
+            return [
+                self.group.submit(
+                    i,
+                    "run_episodes",
+                    [EpisodeRow(r.prompt_text, r.ground_truth, r.data_source) for r in part],
+                    [r.prompt_ids for r in part],
+                    replace(params, seed=params.seed + i),
+                )
+                for i, part in enumerate(per)
+                if part
+            ]
         return [
             self.group.submit(i, "generate", [r.prompt_ids for r in part], replace(params, seed=params.seed + i))
             for i, part in enumerate(per)
@@ -196,8 +209,11 @@ class Rollouts:
         (when one is configured; its parts go into `batch` as `rule_scores` and `model_scores`);
         `rule_only`: the rule score alone (validation). A non-finite model score counts as an error
         and scores 0."""
+        # (multi-turn: the reward function reads the model's last turn, its answer)
+        starts = batch["last_turn_start"].tolist() if "last_turn_start" in batch else [0] * len(batch)
         responses = self.tokenizer.batch_decode(
-            [ids[m].tolist() for ids, m in zip(batch["response_ids"], batch["response_mask"])], skip_special_tokens=True
+            [ids[m][s:].tolist() for ids, m, s in zip(batch["response_ids"], batch["response_mask"], starts)],
+            skip_special_tokens=True,
         )
         samples = [
             RewardInput(rows[i // n].prompt_text, text, rows[i // n].ground_truth, rows[i // n].data_source)
@@ -223,7 +239,10 @@ class Rollouts:
                 errors = {**errors, "errors": errors["errors"] + int(bad.sum())}
                 errors["bad_values"] += int(bad.sum())
             batch["rule_scores"], batch["model_scores"] = rule, model
-        return combine(rule, model, self.cfg.reward.rule_weight, self.cfg.reward.model.weight), errors, responses
+        reward = combine(rule, model, self.cfg.reward.rule_weight, self.cfg.reward.model.weight)
+        if "env_reward" in batch:  # multi-turn: the environment's rewards of the episode's turns
+            reward = reward + batch["env_reward"]
+        return reward, errors, responses
 
     def _check_failures(self, result: Scores, samples: int) -> None:
         """Stop the run when more than `reward.max_error_fraction` of the samples failed to score
@@ -253,8 +272,11 @@ class Rollouts:
     def validate(self, rows: list[PromptRow], params: SamplingParams) -> dict[str, float]:
         """Accuracy and mean reward of `params` (one sample each) on the validation rows."""
         start = time.perf_counter()
-        scores, errors, _ = self.score(rows, self.generate(rows, params), params.n, rule_only=True)
+        batch = self.generate(rows, params)
+        scores, errors, _ = self.score(rows, batch, params.n, rule_only=True)
+        episodes = {f"val/env_{k[4:]}": v for k, v in env_metrics(batch).items()} if "env_turns" in batch else {}
         return {
+            **episodes,
             "val/accuracy": (scores >= 1.0).float().mean().item(),
             "val/reward_mean": scores.mean().item(),
             "val/reward_errors": float(errors["errors"]),

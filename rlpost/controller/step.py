@@ -161,6 +161,21 @@ def batch_metrics(batch: Batch, rewards: torch.Tensor, reward_errors: dict[str, 
         "rollout/logprob_diff_mean": diff.mean().item() if diff.numel() else 0.0,
         "rollout/weight_version": batch["weight_version"].float().mean().item(),
         "perf/tokens": float(batch["prompt_mask"].sum() + batch["response_mask"].sum()),
+        **(env_metrics(batch) if "env_turns" in batch else {}),
+    }
+
+
+def env_metrics(batch: Batch) -> dict[str, float]:
+    """Multi-turn episodes: turns and tool calls per episode, the tool calls that failed and the
+    episodes that ran out of time in the batch, and the share of response tokens that are the
+    model's (the rest are the environment's)."""
+    return {
+        "env/turns_mean": batch["env_turns"].mean().item(),
+        "env/tool_calls_mean": batch["env_tool_calls"].mean().item(),
+        "env/tool_errors": batch["env_tool_errors"].sum().item(),
+        "env/timeouts": batch["env_timeouts"].sum().item(),
+        "env/reward_mean": batch["env_reward"].mean().item(),
+        "env/model_token_frac": (batch["loss_mask"].sum() / batch["response_mask"].sum().clamp(min=1)).item(),
     }
 
 

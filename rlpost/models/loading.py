@@ -58,9 +58,17 @@ def load_value_model(path: str, dtype: str, attn_implementation: str = "sdpa", t
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
+    """The tokenizer of a model folder or hub id. One saved from a plain `tokenizers` object
+    (rlpost's character tokenizer: `tokenizer_class` TokenizersBackend) loads as it was saved:
+    AutoTokenizer would take the class of the model's type (Qwen2Tokenizer), whose own
+    pre-tokenizer drops spaces and newlines."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    config = Path(path).expanduser() / "tokenizer_config.json"
+    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") == "TokenizersBackend":
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -8,7 +8,9 @@ import torch
 
 from rlpost.config import TrainConfig, colocated_on_cuda
 from rlpost.data.batch import Batch
+from rlpost.envs import EpisodeRow, make_env
 from rlpost.rollout.base import RolloutEngine, SamplingParams
+from rlpost.rollout.episodes import run_episodes
 from rlpost.weightsync.kinds import sync_kinds
 from rlpost.weightsync.manifest import WeightSyncError
 from rlpost.weightsync.sync import receive_weights
@@ -63,12 +65,24 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
 class RolloutWorker:
     def __init__(self, cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_id: int):
         torch.set_num_threads(cfg.cluster.num_threads)
-        self.cfg, self.rank = cfg, rank
+        self.cfg, self.rank, self.model_path = cfg, rank, model_path
         self.engine = make_engine(cfg, model_path, rank, pad_id, eos_id)
+        self._tokenizer = None  # multi-turn episodes only: decodes turns, renders the environment's messages
         self.sync_group: SyncGroup | None = None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
         return self.engine.generate(prompts, params)
+
+    def run_episodes(self, rows: list[EpisodeRow], prompts: list[list[int]], params: SamplingParams) -> Batch:
+        """Multi-turn episodes (`env.name`): `params.n` per prompt, each with its own environment
+        made from its row (`rlpost.rollout.episodes`)."""
+        if self._tokenizer is None:
+            from rlpost.models.loading import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.model_path, self.cfg.model.trust_remote_code)
+        e = self.cfg.env
+        envs = [make_env(e.name, row, e) for row in rows for _ in range(params.n)]
+        return run_episodes(self.engine, self._tokenizer, prompts, envs, params, e.max_turns, e.timeout_s)
 
     def weight_version(self) -> int:
         return self.engine.weight_version

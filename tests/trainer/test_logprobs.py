@@ -1,7 +1,8 @@
 """Property tests of the token layout and log-prob alignment (docs/token-layout.md).
 
 Random ragged batches: prompt lengths 1..P, response lengths 0..R (empty and full included), EOS
-inside responses, batch sizes 1..16. In float32, packed == padded == a per-sequence reference
+inside responses (multi-turn: several), holes in the loss mask (an environment's tokens), batch
+sizes 1..16. In float32, packed == padded == a per-sequence reference
 computed with no padding at all; results do not depend on micro-batch size or sample order; and
 pack -> unpack is the identity for per-token tensors.
 """
@@ -36,6 +37,8 @@ def ragged_batches(draw):
         resp = draw(st.lists(token, min_size=0, max_size=R))
         if resp and draw(st.booleans()):
             resp[-1] = EOS  # finished with EOS inside the width
+        for j in draw(st.lists(st.integers(0, max(len(resp) - 1, 0)), max_size=3)) if resp else []:
+            resp[j] = EOS  # multi-turn: each of the model's turns ends with EOS inside the response
         responses.append(resp)
     width = max(max(len(r) for r in responses), draw(st.integers(0, R)))
     prompt_ids, prompt_mask = left_pad(prompts, PAD)

@@ -35,9 +35,9 @@ CASES = {  # (overrides, whether the controller asks for the base model's log-pr
 }
 
 
-def generation(model, seed: int = 0) -> Batch:
+def generation(model, seed: int = 0, multi_turn: bool = False) -> Batch:
     """8 ragged rows as the rollouts deliver them: no old or reference log-probs yet."""
-    batch, g = ragged_generation(seed)
+    batch, g = ragged_generation(seed, multi_turn=multi_turn)
     noise = (torch.rand(batch["response_ids"].shape, generator=g) - 0.5) * batch["response_mask"]
     batch["rollout_logprobs"] = reference_logprobs(model, batch, 0.8) + noise  # TIS bites both ways
     batch["advantages"] = torch.randn(8, generator=g)
@@ -128,10 +128,12 @@ def test_a_shard_without_old_logprobs_must_train_in_one_step(tmp_path):
             worker.shutdown()
 
 
-def test_two_mini_batches_first_ratio_lr_and_timing(tmp_path):
-    """A separate pass, then two optimizer steps: the first step's ratios are exactly 1, the
-    second mini-batch's moved (so `first_ratio_dev` looks at the first step only); the reported
-    lr is the schedule's and the worker's time lies within the call's."""
+@pytest.mark.parametrize("multi_turn", [False, True], ids=["single_turn", "multi_turn"])
+def test_two_mini_batches_first_ratio_lr_and_timing(tmp_path, multi_turn):
+    """A separate pass, then two optimizer steps: the first step's ratios are exactly 1 (also on
+    multi-turn rows, whose environment tokens get no loss), the second mini-batch's moved (so
+    `first_ratio_dev` looks at the first step only); the reported lr is the schedule's and the
+    worker's time lies within the call's."""
     import time
 
     from rlpost.controller.step import step_plan
@@ -140,7 +142,8 @@ def test_two_mini_batches_first_ratio_lr_and_timing(tmp_path):
 
     model, _ = save_tiny_model(tmp_path / "model")
     cfg = load_config(COMMON + ["algo.kl_coef=0", "algo.ppo_mini_batch_size=2", "algo.rollout_is=none"])
-    batch = generation(model)
+    batch = generation(model, multi_turn=multi_turn)
+    assert multi_turn == bool((batch["response_mask"] & ~batch["loss_mask"]).any())
     shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
     assert len(set(shard["mini_batch_ids"].tolist())) == 2
     worker = ActorWorker(cfg, str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())

@@ -1,0 +1,69 @@
+"""The environment of a multi-turn episode (agentic RL), and the registry of environments.
+
+An episode starts from a prompt row (its first messages are the row's prompt, rendered with the
+environment's `tools` where the prompt is chat messages). The model takes a turn; the environment
+reads it (`step(Turn)`) and answers with the next messages (tool results, feedback), a reward for
+the turn if it has one, and whether the episode is over. The runner (`rlpost.rollout.episodes`)
+keeps the model's tokens exactly as sampled and renders the environment's messages through the
+chat template as tokens that get no loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of the model: its text (special tokens left out) and its tokens as sampled."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    index: int  # 0 for the first turn of the episode
+
+
+@dataclass
+class EnvStep:
+    """What the environment answers to a turn."""
+
+    messages: list[dict] = field(default_factory=list)  # chat messages: {"role": "tool", "content": ...}
+    reward: float = 0.0  # added to the episode's reward
+    done: bool = False
+    tool_calls: int = 0  # calls the turn made (metrics)
+    tool_errors: int = 0  # of them: unparsable, unknown tool, bad arguments, raised, timed out
+
+
+class Environment(Protocol):
+    tools: list  # `rlpost.envs.tools.Tool`s the prompt advertises (may be empty)
+
+    def step(self, turn: Turn) -> EnvStep: ...
+
+
+@dataclass(frozen=True)
+class EpisodeRow:
+    """What an environment is created from: one prompt row."""
+
+    prompt_text: str
+    ground_truth: str
+    data_source: str
+
+
+ENVS: dict[str, Callable[[EpisodeRow, object], Environment]] = {}
+
+
+def register_env(name: str):
+    """Decorator: a factory `(row, options) -> Environment` becomes `env.name=<name>`; `options` is
+    the run's `env` config section (`tool_parser`, `tool_timeout_s`, ...)."""
+
+    def wrap(factory):
+        ENVS[name] = factory
+        return factory
+
+    return wrap
+
+
+def make_env(name: str, row: EpisodeRow, options) -> Environment:
+    if name not in ENVS:
+        raise KeyError(f"env.name={name!r} is not a registered environment; choose one of {sorted(ENVS)}")
+    return ENVS[name](row, options)

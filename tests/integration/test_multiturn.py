@@ -1,0 +1,42 @@
+"""Multi-turn episodes in the real loop (Ray, 2 gloo trainer ranks, the hf rollout actor): the
+`retry` environment tells the tiny model to try again while its sum is wrong, so episodes run
+several turns; their environment tokens get no loss, the PPO ratio still starts at exactly 1, the
+reward reads the last answer and the episode metrics are logged, in training and validation."""
+
+import json
+
+import pytest
+
+from rlpost.config import load_config
+from rlpost.controller.run import train
+
+pytestmark = pytest.mark.integration
+
+
+def test_retry_episodes_train(ray_session, base_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = load_config(
+        base_overrides(run_dir)
+        + [
+            "trainer.total_steps=2",
+            "env.name=retry",
+            "env.max_turns=3",
+            "rollout.max_response_length=64",  # 3 answers and 2 "No, try again." between them
+            "logger.samples_per_step=32",  # every sample of the step
+        ]
+    )
+    train(cfg, log=lambda *_: None)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    assert len(steps) == 2
+    for r in steps:
+        assert 1 < r["env/turns_mean"] <= 3  # the tiny model gets some sums wrong: they retry
+        assert r["env/tool_calls_mean"] == 0 and r["env/tool_errors"] == 0 and r["env/timeouts"] == 0
+        assert 0 < r["env/model_token_frac"] < 1  # "No, try again." is the environment's
+        assert r["actor/first_ratio_dev"] == 0.0
+        assert r["rollout/logprob_diff_max"] < 1e-4  # over the model's tokens only
+        assert r["response_length/mean"] > 4
+    assert 1 <= rows[-1]["val/env_turns_mean"] <= 3 and 0 <= rows[-1]["val/accuracy"] <= 1
+    # the reward read the last answer: a sample's logged response is its final turn
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 64 and all("try again" not in s["response"] for s in samples)

@@ -1,0 +1,139 @@
+"""Multi-turn episodes, token in, token out: the model's tokens go into the trajectory and into
+the next turn's context exactly as sampled, the environment's answers are rendered through the
+chat template and get no loss and no log-prob, and every limit (turns, token budget, time) ends
+an episode where it should."""
+
+import pytest
+import torch
+
+from rlpost.data.batch import Batch
+from rlpost.data.padding import check_masks, right_pad
+from rlpost.envs import EnvStep, Turn
+from rlpost.models.tiny import build_char_tokenizer
+from rlpost.rollout.base import SamplingParams
+from rlpost.rollout.episodes import render_suffix, run_episodes
+
+TOK = build_char_tokenizer()
+EOS, UNK = TOK.eos_token_id, TOK.unk_token_id
+
+
+def ids(text: str) -> list[int]:
+    return TOK(text, add_special_tokens=False).input_ids
+
+
+class ScriptedEngine:
+    """Answers each context with the next turn of its prompt's script (the turn number is the
+    number of EOS tokens in the context); a token's log-prob is -(its id) / 100."""
+
+    weight_version = 7
+
+    def __init__(self, scripts: dict[str, list[list[int]]]):
+        self.scripts, self.calls = scripts, []
+
+    def generate(self, prompts, params):
+        self.calls.append(([list(p) for p in prompts], params))
+        outs = []
+        for context in prompts:
+            prompt = TOK.decode(context).split("=")[0] + "="  # the scripts' prompts end with "="
+            turn = self.scripts[prompt][context.count(EOS)]
+            outs.append(turn[: params.max_tokens])
+        response_ids, mask = right_pad(outs, TOK.pad_token_id)
+        return Batch({"response_ids": response_ids, "response_mask": mask, "rollout_logprobs": -response_ids / 100.0})
+
+
+class ScriptedEnv:
+    """Answers `R<turn>` as a tool result with reward 0.5, ends on a turn that says `done`."""
+
+    tools = []
+
+    def step(self, turn: Turn) -> EnvStep:
+        self.seen = getattr(self, "seen", []) + [turn]
+        if turn.text == "done":
+            return EnvStep(done=True, reward=1.0)
+        return EnvStep(messages=[{"role": "tool", "content": f"R{turn.index}"}], reward=0.5, tool_calls=1)
+
+
+def suffix(index: int) -> list[int]:
+    return render_suffix(TOK, [{"role": "tool", "content": f"R{index}"}])
+
+
+def test_the_suffix_is_what_the_template_puts_after_a_model_turn():
+    assert TOK.decode(suffix(0)) == "\ntool: R0\nassistant: "  # the tiny template writes no EOS itself
+
+    class QwenLike:  # a template that writes the EOS after each turn (Qwen's <|im_end|>)
+        eos_token = "<|im_end|>"
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            out = ""
+            for m in messages:
+                if m["role"] == "tool":
+                    out += f"<|im_start|>user\n<tool_response>\n{m['content']}\n</tool_response><|im_end|>\n"
+                else:
+                    out += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+            return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+        def __call__(self, text, add_special_tokens):
+            class Out:
+                input_ids = [ord(c) for c in text]
+
+            return Out()
+
+    got = "".join(map(chr, render_suffix(QwenLike(), [{"role": "tool", "content": "42"}])))
+    assert got == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_token_in_token_out_with_loss_only_on_the_model_tokens():
+    # turn 1 holds <unk>, which decoding drops: re-tokenizing the text would lose it
+    turn1, turn2, turn3 = ids("ab") + [UNK] + [EOS], ids("c") + [EOS], ids("done") + [EOS]
+    engine = ScriptedEngine({"P1=": [turn1, turn2, turn3], "Q=": [ids("done") + [EOS]]})
+    envs = [ScriptedEnv(), ScriptedEnv()]
+    prompts = [ids("P1="), ids("Q=")]
+    batch = run_episodes(engine, TOK, prompts, envs, SamplingParams(n=1, max_tokens=64, seed=5), 4, 60.0)
+    check_masks(batch)
+
+    want = turn1 + suffix(0) + turn2 + suffix(1) + turn3
+    n = len(want)
+    assert batch["response_ids"][0, :n].tolist() == want
+    assert batch["response_mask"][0].tolist() == [True] * n + [False] * (batch["response_ids"].shape[1] - n)
+    model = [True] * len(turn1) + [False] * len(suffix(0)) + [True] * len(turn2) + [False] * len(suffix(1))
+    model += [True] * len(turn3)
+    assert batch["loss_mask"][0, :n].tolist() == model and not batch["loss_mask"][0, n:].any()
+    expected_lp = torch.tensor(want, dtype=torch.float32) / -100 * torch.tensor(model)
+    assert torch.equal(batch["rollout_logprobs"][0, :n], expected_lp)
+    assert batch["last_turn_start"].tolist() == [n - len(turn3), 0]
+    assert batch["env_turns"].tolist() == [3, 1] and batch["env_tool_calls"].tolist() == [2, 0]
+    assert batch["env_reward"].tolist() == [2.0, 1.0] and batch["weight_version"].tolist() == [7, 7]
+    assert batch["prompt_ids"].tolist() == [prompts[0], [TOK.pad_token_id] + prompts[1]]  # left-padded
+    # each round's contexts: the prompt and everything so far, as tokens; the turns the env saw
+    contexts = [c for contexts, _ in engine.calls for c in contexts]
+    assert contexts == [prompts[0], prompts[1], prompts[0] + turn1 + suffix(0), prompts[0] + want[: -len(turn3)]]
+    assert [t.token_ids for t in envs[0].seen] == [tuple(turn1), tuple(turn2), tuple(turn3)]
+    assert envs[0].seen[0].text == "ab" and [t.index for t in envs[0].seen] == [0, 1, 2]
+    assert [p.seed for _, p in engine.calls] == [5, 5 + 7919, 5 + 2 * 7919] and all(p.n == 1 for _, p in engine.calls)
+
+
+def test_each_limit_ends_the_episode():
+    forever = [ids("x") + [EOS]] * 10
+    engine = ScriptedEngine({"A=": forever})
+    params = SamplingParams(n=1, max_tokens=200)
+    turns = run_episodes(engine, TOK, [ids("A=")], [ScriptedEnv()], params, 3, 60.0)
+    assert turns["env_turns"].tolist() == [3] and turns["env_timeouts"].tolist() == [0]
+    timed = run_episodes(engine, TOK, [ids("A=")], [ScriptedEnv()], params, 3, 0.0)
+    assert timed["env_turns"].tolist() == [1] and timed["env_timeouts"].tolist() == [1]
+    # the budget: turn 1 (2 tokens) and its suffix fit in 20, turn 2 is cut at the budget
+    budget = 2 + len(suffix(0)) + 1
+    cut = run_episodes(engine, TOK, [ids("A=")], [ScriptedEnv()], SamplingParams(n=1, max_tokens=budget), 9, 60.0)
+    assert cut["response_mask"].sum().item() == budget and cut["env_turns"].tolist() == [2]
+    assert cut["response_ids"][0, budget - 1].item() == ids("x")[0]  # no EOS: truncated
+    # a suffix that leaves no room for a model token ends the episode before it
+    tight = run_episodes(engine, TOK, [ids("A=")], [ScriptedEnv()], SamplingParams(n=1, max_tokens=budget - 1), 9, 60.0)
+    assert tight["response_mask"].sum().item() == 2 and tight["env_turns"].tolist() == [1]
+
+
+def test_n_episodes_per_prompt_in_generate_order():
+    engine = ScriptedEngine({"A=": [ids("done") + [EOS]], "B=": [ids("a") + [EOS], ids("done") + [EOS]]})
+    envs = [ScriptedEnv() for _ in range(4)]
+    batch = run_episodes(engine, TOK, [ids("A="), ids("B=")], envs, SamplingParams(n=2, max_tokens=64), 4, 60.0)
+    assert batch["env_turns"].tolist() == [1, 1, 2, 2]
+    with pytest.raises(ValueError, match="3 environments for 2 prompts x 2 episodes"):
+        run_episodes(engine, TOK, [ids("A="), ids("B=")], envs[:3], SamplingParams(n=2), 4, 60.0)
