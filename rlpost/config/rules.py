@@ -83,6 +83,25 @@ def rows_to_train_on(cfg):
         return "data.train_files is empty and data.task is not set: give rows to train on"
 
 
+@rule("env.name")
+def environment_exists(cfg):
+    from rlpost.envs import ENVS, PARSERS
+
+    name = cfg.env.name
+    if not name:
+        return None
+    if ":" in name:  # a user's file: imported where the episodes run, checked here as far as it can be
+        path = Path(name.rpartition(":")[0]).expanduser()
+        return None if path.is_file() else f"env.name={name!r}: no file {path}"
+    if name not in ENVS:
+        return f"env.name={name!r} is not allowed; choose one of {sorted(ENVS)} or give file.py:factory"
+    if cfg.env.tool_parser not in PARSERS:
+        return (
+            f"env.tool_parser={cfg.env.tool_parser!r} is not allowed with env.name={name!r}; "
+            f"choose one of {sorted(PARSERS)}"
+        )
+
+
 @rule("trainer.resume")
 def resume_folder_exists(cfg):
     if cfg.trainer.resume not in ("none", "auto") and not Path(cfg.trainer.resume).expanduser().is_dir():

@@ -14,7 +14,6 @@ from typing import Any
 
 from rlpost.algos.algorithms import ALGORITHMS
 from rlpost.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES
-from rlpost.envs import ENVS, PARSERS
 
 
 def knob(
@@ -415,15 +414,15 @@ class RewardConfig:
 class EnvConfig:
     name: str = knob(
         "",
-        "Multi-turn episodes with this environment (`calculator`, or one registered with "
-        "`rlpost.envs.register_env`); empty: single-turn. Its tokens get no loss; `rollout.max_response_length` "
-        "is the budget of the whole episode (the model's and the environment's tokens).",
-        ("", *ENVS),
+        "Multi-turn episodes with this environment: `calculator`, `python`, `retry`, or "
+        "`file.py:factory` (docs/environments.md); empty: single-turn. Its tokens get no loss; "
+        "`rollout.max_response_length` is the budget of the whole episode (the model's and the environment's tokens).",
     )
     max_turns: int = knob(4, "Most turns of the model in one episode.", ge=1)
     timeout_s: float = knob(300.0, "Wall-clock time of one episode; past it no further turn starts (counted).", gt=0)
     tool_parser: str = knob(
-        "hermes", "How tool calls are read from the model's text (`<tool_call>` JSON).", tuple(PARSERS)
+        "hermes",
+        "How tool calls are read from the model's text (`hermes`: `<tool_call>` JSON; an env file may register more).",
     )
     tool_timeout_s: float = knob(10.0, "Time one tool call may take; past it the model reads an error.", gt=0)
 

@@ -10,7 +10,9 @@ chat template as tokens that get no loss.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Protocol
 
 
@@ -63,7 +65,28 @@ def register_env(name: str):
     return wrap
 
 
+def env_factory(name: str) -> Callable[[EpisodeRow, object], Environment]:
+    """A registered environment, or `path/to/file.py:factory` (the file may register tool parsers
+    too: it is imported before the environment is made)."""
+    if name in ENVS:
+        return ENVS[name]
+    if ":" not in name:
+        raise KeyError(
+            f"env.name={name!r} is not a registered environment; choose one of {sorted(ENVS)} or give file.py:factory"
+        )
+    path_str, _, attr = name.rpartition(":")
+    path = Path(path_str).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"env.name={name!r}: no file {path}")
+    spec = importlib.util.spec_from_file_location(f"rlpost_user_env_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise AttributeError(f"env.name={name!r}: {path} defines no function {attr!r}")
+    ENVS[name] = factory
+    return factory
+
+
 def make_env(name: str, row: EpisodeRow, options) -> Environment:
-    if name not in ENVS:
-        raise KeyError(f"env.name={name!r} is not a registered environment; choose one of {sorted(ENVS)}")
-    return ENVS[name](row, options)
+    return env_factory(name)(row, options)

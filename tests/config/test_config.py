@@ -101,6 +101,11 @@ VIOLATIONS = {
     "ranks_divide_mini_batch": [["trainer.world_size=3"]],
     "rows_to_train_on": [["data.task=", "data.train_files=[]"]],
     "resume_folder_exists": [["trainer.resume=/nonexistent/ckpt"]],
+    "environment_exists": [
+        ["env.name=nope"],
+        ["env.name=/no/such/env.py:make"],
+        ["env.name=calculator", "env.tool_parser=xml"],
+    ],
     "cuda_is_there": [["trainer.device=cuda"]],
     "vllm_is_installed": [["rollout.backend=vllm"]],
     "one_parameter_offload": [["trainer.param_offload=true", "trainer.optim.offload=cpu"]],

@@ -149,3 +149,34 @@ def test_retry_says_try_again_until_the_answer_is_right():
     env = make_env("retry", EpisodeRow("1+2=", "3", "arithmetic"), None)
     assert env.step(turn("4")).messages == [{"role": "user", "content": TRY_AGAIN}]
     assert env.step(turn(" 3 ")).done
+
+
+USER_ENV = '''
+import re
+from rlpost.envs import ToolCall, ToolEnv, register_parser, tool
+from rlpost.envs.tools import Parsed
+
+@tool
+def double(x: int) -> int:
+    """Twice x."""
+    return 2 * x
+
+@register_parser("bracket")
+def bracket(text):
+    return Parsed([ToolCall(n, {"x": int(a)}) for n, a in re.findall(r"\\[(\\w+) (\\d+)\\]", text)], [])
+
+def make(row, options):
+    return ToolEnv([double], options.tool_parser, options.tool_timeout_s)
+'''
+
+
+def test_an_environment_from_a_users_file_with_its_own_parser(tmp_path):
+    from rlpost.config import load_config
+
+    (tmp_path / "myenv.py").write_text(USER_ENV)
+    spec = f"{tmp_path / 'myenv.py'}:make"
+    cfg = load_config(["+recipe=quickstart", f"env.name={spec}", "env.tool_parser=bracket"])  # checked later
+    env = make_env(spec, EpisodeRow("p", "1", "s"), cfg.env)
+    assert env.step(turn("[double 21]")).messages == [{"role": "tool", "content": "42"}]
+    with pytest.raises(AttributeError, match="defines no function 'nope'"):
+        make_env(f"{tmp_path / 'myenv.py'}:nope", EpisodeRow("p", "1", "s"), cfg.env)
