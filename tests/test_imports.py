@@ -38,7 +38,7 @@ MAY_IMPORT = {
     "metrics": {"data"},
     "weightsync": {"data"},
     "models": {"data", "rewards", "metrics"},
-    "envs": set(),
+    "envs": {"data"},  # (data.userfile: an environment from a user's file)
     "config": {"algos", "envs", "metrics"},  # allowed choices come from the registries
     "rollout": {"config", "data", "envs", "models", "weightsync"},
     "trainer": {"algos", "config", "data", "models", "weightsync"},

@@ -10,10 +10,10 @@ chat template as tokens that get no loss.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Protocol
+
+from rlpost.data.userfile import load_from_file
 
 
 @dataclass(frozen=True)
@@ -74,16 +74,7 @@ def env_factory(name: str) -> Callable[[EpisodeRow, object], Environment]:
         raise KeyError(
             f"env.name={name!r} is not a registered environment; choose one of {sorted(ENVS)} or give file.py:factory"
         )
-    path_str, _, attr = name.rpartition(":")
-    path = Path(path_str).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"env.name={name!r}: no file {path}")
-    spec = importlib.util.spec_from_file_location(f"rlpost_user_env_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise AttributeError(f"env.name={name!r}: {path} defines no function {attr!r}")
+    factory = load_from_file(name, "env.name")
     ENVS[name] = factory
     return factory
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Protocol
+
+from rlpost.data.userfile import load_from_file
 
 
 @dataclass(frozen=True)
@@ -45,17 +45,7 @@ def register_reward(name: str, trusted: bool = False):
 
 def load_user_fn(spec: str) -> RewardFn:
     """`path/to/file.py:name` -> the function `name` defined in that file."""
-    path_str, _, name = spec.rpartition(":")
-    path = Path(path_str).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"reward.fn={spec!r}: no file {path}")
-    module_spec = importlib.util.spec_from_file_location(f"rlpost_user_reward_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise AttributeError(f"reward.fn={spec!r}: {path} defines no function {name!r}")
-    return fn
+    return load_from_file(spec, "reward.fn")
 
 
 def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:

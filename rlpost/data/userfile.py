@@ -1,0 +1,23 @@
+"""A user's own function named on the command line as `path/to/file.py:name` (a reward function,
+an environment factory), with errors that name the config key."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Callable
+
+
+def load_from_file(spec: str, key: str) -> Callable:
+    """`path/to/file.py:name` -> the callable `name` defined in that file (the file is run)."""
+    path_str, _, name = spec.rpartition(":")
+    path = Path(path_str).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{key}={spec!r}: no file {path}")
+    module_spec = importlib.util.spec_from_file_location(f"rlpost_user_{key.replace('.', '_')}_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise AttributeError(f"{key}={spec!r}: {path} defines no function {name!r}")
+    return fn
