@@ -103,23 +103,19 @@ class Rollouts:
     def launch(self, rows: list[PromptRow], params: SamplingParams) -> list:
         k = len(self.group)
         per = [rows[i * len(rows) // k : (i + 1) * len(rows) // k] for i in range(k)]
-        if self.cfg.env.name:  # multi-turn: each rollout actor runs its rows' episodes
-            return [
-                self.group.submit(
-                    i,
-                    "run_episodes",
-                    [EpisodeRow(r.prompt_text, r.ground_truth, r.data_source) for r in part],
-                    [r.prompt_ids for r in part],
-                    replace(params, seed=params.seed + i),
-                )
-                for i, part in enumerate(per)
-                if part
-            ]
         return [
-            self.group.submit(i, "generate", [r.prompt_ids for r in part], replace(params, seed=params.seed + i))
+            self.group.submit(i, *self._job(part), replace(params, seed=params.seed + i))
             for i, part in enumerate(per)
             if part
         ]
+
+    def _job(self, rows: list[PromptRow]) -> tuple:
+        """A rollout actor's method and arguments for `rows`: generation, or with `env.name` the
+        rows' multi-turn episodes."""
+        prompts = [r.prompt_ids for r in rows]
+        if self.cfg.env.name:
+            return "run_episodes", [EpisodeRow(r.prompt_text, r.ground_truth, r.data_source) for r in rows], prompts
+        return "generate", prompts
 
     def gather(self, refs: list, num_prompts: int, n: int) -> Batch:
         import ray

@@ -80,10 +80,7 @@ def run_episodes(
         raise ValueError(f"{len(envs)} environments for {len(prompts)} prompts x {n} episodes")
     episodes = [Episode(env, list(prompts[i // n]), time.monotonic()) for i, env in enumerate(envs)]
     round_ = 0
-    while True:
-        active = [e for e in episodes if not e.done]
-        if not active:
-            break
+    while active := [e for e in episodes if not e.done]:
         budget = [params.max_tokens - len(e.response) for e in active]
         out = engine.generate(
             [e.prompt + e.response for e in active],
