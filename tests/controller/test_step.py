@@ -13,6 +13,7 @@ from rlpost.controller.step import (
     batch_metrics,
     check_rollout_serves_adapter,
     check_staleness,
+    env_metrics,
     plan_padding_fraction,
     sampling_params,
 )
@@ -81,6 +82,12 @@ def test_batch_metrics_of_multi_turn_episodes_hand_computed():
         "env/model_token_frac": 5 / 8,  # loss tokens 2 + 1 + 2 + 0 of response tokens 3 + 1 + 2 + 2
     }
     assert not any(k.startswith("env/") for k in batch_metrics(metrics_batch(), torch.ones(4), {}, 2))
+    # one response token, the model's: the share is 1 (the guard against 0 tokens does not bite)
+    one = batch.select([1])
+    assert env_metrics(one)["env/model_token_frac"] == 1.0
+    one["loss_mask"] = torch.zeros_like(one["loss_mask"])
+    one["response_mask"] = torch.zeros_like(one["response_mask"])
+    assert env_metrics(one)["env/model_token_frac"] == 0.0  # no response token at all
 
 
 def test_batch_metrics_of_one_row_without_loss_tokens():
