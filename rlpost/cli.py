@@ -63,16 +63,16 @@ def cmd_train(overrides: list[str]) -> int:
 
 def cmd_data(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="rlpost data", description="Write an offline task as jsonl.")
-    parser.add_argument("task", choices=["arithmetic"])
+    parser.add_argument("task", choices=["arithmetic", "multiply"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--digits", type=int, default=2)
     parser.add_argument("--num-val", type=int, default=256)
     args = parser.parse_args(argv)
     from pathlib import Path
 
-    from rlpost.data.tasks import arithmetic_split, write_jsonl
+    from rlpost.data.tasks import task_split, write_jsonl
 
-    train, val = arithmetic_split(args.digits, seed=0, num_val=args.num_val)
+    train, val = task_split(args.task, args.digits, args.num_val)
     out = Path(args.out)
     print(write_jsonl(train, out / "train.jsonl"), len(train), "rows")
     print(write_jsonl(val, out / "val.jsonl"), len(val), "rows")

@@ -22,6 +22,14 @@ if os.environ.get("RLPOST_MUTATION"):
     (x @ x).sum().backward()
 
 
+@pytest.fixture(scope="session")
+def built_models(tmp_path_factory):
+    """A model cache shared by the session: the quickstart test leaves its built start model here
+    and the tiny reward model's test starts from it (run alone, that test builds it itself: the
+    build is deterministic, so the model is the same either way)."""
+    return tmp_path_factory.mktemp("built-models")
+
+
 def pytest_collection_modifyitems(config, items):
     """GPU tests skip cleanly on machines without CUDA."""
     import torch

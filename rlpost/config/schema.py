@@ -72,6 +72,14 @@ class TinyModelConfig:
         ge=0,
         le=1,
     )
+    warmup_tool_share: float = knob(
+        0.3,
+        "`data.task=multiply`: the share of the warm-up's calculator episodes in which the "
+        "teacher calls the tool; in the rest it answers in its head, wrongly. The start model "
+        "knows how to use the tool but mostly does not: headroom for RL.",
+        ge=0,
+        le=1,
+    )
     warmup_threads: int = knob(2, "torch threads of the warm-up (it runs before the actors start).", ge=1)
     eval_samples: int = knob(
         16,
@@ -134,8 +142,9 @@ class DataConfig:
     task: str = knob(
         "",
         "Offline task that generates its own rows (written as jsonl into "
-        "`model.cache_dir`); empty to read `train_files`/`val_files`.",
-        ("", "arithmetic"),
+        "`model.cache_dir`): `arithmetic` (a+b=), `multiply` (a*b=, for the calculator tool); "
+        "empty to read `train_files`/`val_files`.",
+        ("", "arithmetic", "multiply"),
     )
     train_files: list = knob(
         [],
@@ -147,7 +156,7 @@ class DataConfig:
     max_prompt_length: int = knob(512, "Prompts with more tokens are dropped at load and counted.", ge=1)
     train_batch_size: int = knob(32, "Prompts per training step (each sampled `rollout.n` times).", ge=1)
     val_size: int = knob(256, "Held-out problems of an offline task (validation uses all val rows).", ge=1)
-    arithmetic_digits: int = knob(2, "Digits of each operand of the arithmetic task.", ge=1)
+    arithmetic_digits: int = knob(2, "Digits of each operand of the arithmetic and multiply tasks.", ge=1)
     shuffle: bool = knob(True, "Reshuffle the training rows every epoch (seeded by `run.seed`).")
     default_data_source: str = knob("", "`data_source` of rows that have none (routes `reward.fn=auto`).")
 
@@ -425,6 +434,9 @@ class EnvConfig:
         "How tool calls are read from the model's text (`hermes`: `<tool_call>` JSON; an env file may register more).",
     )
     tool_timeout_s: float = knob(10.0, "Time one tool call may take; past it the model reads an error.", gt=0)
+    workers: int = knob(
+        16, "Environment steps (tool calls) run at once in each rollout actor, in a thread pool.", ge=1
+    )
 
 
 # -------------------------------------------------------------------------------- logger, cluster

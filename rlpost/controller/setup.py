@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rlpost.config import TrainConfig, to_yaml
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
-from rlpost.data.tasks import ARITHMETIC_FORMAT, arithmetic_split, write_jsonl
+from rlpost.data.tasks import task_format, task_split, write_jsonl
 from rlpost.rewards import REWARDS
 
 
@@ -20,14 +20,15 @@ def make_run_dir(cfg: TrainConfig) -> Path:
 
 def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """Train and validation sources; an offline task writes its rows as jsonl first."""
-    if cfg.data.task == "arithmetic":
+    task = cfg.data.task
+    if task:
         folder = (
             Path(cfg.model.cache_dir).expanduser()
             / "data"
-            / f"arithmetic-d{cfg.data.arithmetic_digits}-v{cfg.data.val_size}-f{ARITHMETIC_FORMAT}"
+            / f"{task}-d{cfg.data.arithmetic_digits}-v{cfg.data.val_size}-f{task_format(task)}"
         )
-        train, val = arithmetic_split(cfg.data.arithmetic_digits, seed=0, num_val=cfg.data.val_size)
         if not (folder / "val.jsonl").is_file():
+            train, val = task_split(task, cfg.data.arithmetic_digits, cfg.data.val_size)
             write_jsonl(train, folder / "train.jsonl")
             write_jsonl(val, folder / "val.jsonl")
         return [str(folder / "train.jsonl")], [str(folder / "val.jsonl")]

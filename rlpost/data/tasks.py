@@ -13,16 +13,23 @@ train and validation never overlap.
 units column carries, it forgets the carry (writes the sum minus 10) with a given probability. A
 model warmed up on its answers knows the right answer but prefers the wrong one, which is the
 headroom RL needs (docs/learnable-start.md).
+
+`multiply`: two-operand multiplication written as ``"a*b="`` (``"347*281="`` -> ``"97507"``), a
+problem a tiny model cannot do in its head: the multi-turn recipe (`+recipe=multiturn_tools`)
+solves it by calling the calculator tool. Split like `arithmetic` (the same operand pairs).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 ARITHMETIC = "arithmetic"
 ARITHMETIC_FORMAT = 2  # bump when the rows change: cached copies are keyed by it
+MULTIPLY = "multiply"
+MULTIPLY_FORMAT = 1
 
 
 def arithmetic_pairs(digits: int, seed: int) -> list[tuple[int, int]]:
@@ -55,8 +62,28 @@ def arithmetic_split(digits: int, seed: int, num_val: int) -> tuple[list[dict], 
     return train, val
 
 
+def multiply_split(digits: int, seed: int, num_val: int) -> tuple[list[dict], list[dict]]:
+    """(train rows, validation rows) for the multiplication task; the answer is the plain product
+    (reward `arithmetic`: exact match)."""
+    pairs = arithmetic_pairs(digits, seed)
+    if not 0 < num_val < len(pairs):
+        raise ValueError(f"multiply task: num_val must be in 1..{len(pairs) - 1}, got {num_val}")
+    rows = [{"prompt": f"{a}*{b}=", "ground_truth": str(a * b), "data_source": ARITHMETIC} for a, b in pairs]
+    return rows[num_val:], rows[:num_val]
+
+
+def task_split(task: str, digits: int, num_val: int) -> tuple[list[dict], list[dict]]:
+    """(train rows, validation rows) of an offline task by name."""
+    split = {ARITHMETIC: arithmetic_split, MULTIPLY: multiply_split}[task]
+    return split(digits, seed=0, num_val=num_val)
+
+
+def task_format(task: str) -> int:
+    return {ARITHMETIC: ARITHMETIC_FORMAT, MULTIPLY: MULTIPLY_FORMAT}[task]
+
+
 def operands(row: dict) -> tuple[int, int]:
-    a, b = row["prompt"].rstrip("=").split("+")
+    a, b = re.split(r"[+*]", row["prompt"].rstrip("="))
     return int(a), int(b)
 
 

@@ -1,8 +1,9 @@
 """Load a causal LM and its tokenizer from a hub id or a local folder, or build the tiny one.
 
 `model.path=tiny` resolves to a folder in `model.cache_dir` holding a Qwen2-style model and a
-character tokenizer, built and warm-started on the offline arithmetic task the first time and
-reused afterwards, with the start model's held-out greedy accuracy and pass@k (`start_eval.json`).
+character tokenizer, built and warm-started on the run's offline task (`data.task`: arithmetic, or
+calculator episodes of the multiply task) the first time and reused afterwards, with the start
+model's held-out greedy accuracy and pass@k (`start_eval.json`).
 The folder is written under a temporary name and renamed when complete, so an interrupted build is
 never mistaken for a finished one.
 """
@@ -74,17 +75,26 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return tokenizer
 
 
+def tiny_task(data_cfg) -> str:
+    """The offline task the tiny model is warmed up on: the run's, or arithmetic for user files."""
+    return data_cfg.task or "arithmetic"
+
+
 def tiny_model_dir(model_cfg, data_cfg) -> Path:
     """Cache folder of the tiny model for these settings (content-addressed)."""
-    from rlpost.data.tasks import ARITHMETIC_FORMAT
+    from rlpost.data.tasks import ARITHMETIC, task_format
 
+    task = tiny_task(data_cfg)
+    unused = "warmup_carry_slip" if task != ARITHMETIC else "warmup_tool_share"  # (another task's knob)
     spec = {
-        "tiny": asdict(model_cfg.tiny),
+        "tiny": {k: v for k, v in asdict(model_cfg.tiny).items() if k != unused},
         "digits": data_cfg.arithmetic_digits,
         "val_size": data_cfg.val_size,
         "format": 2,
-        "task_format": ARITHMETIC_FORMAT,
+        "task_format": task_format(task),
     }
+    if task != ARITHMETIC:  # (the arithmetic model's folder name is kept as it was)
+        spec["task"] = task
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     return Path(model_cfg.cache_dir).expanduser() / f"tiny-qwen2-{digest}"
 
@@ -115,18 +125,27 @@ def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print) -> Pa
 
 
 def build_tiny_model(model_cfg, data_cfg, final: Path, device: str = "cpu", log=print) -> None:
-    """A Qwen2-style model and character tokenizer, warmed up on the arithmetic task by a sloppy
-    teacher (`model.tiny.warmup_carry_slip`), then measured on the held-out problems
-    (`START_EVAL`), written to a temporary folder and renamed to `final` when complete."""
+    """A Qwen2-style model and character tokenizer, warmed up on the run's offline task: arithmetic
+    by a sloppy teacher (`model.tiny.warmup_carry_slip`), or multiply by a teacher that calls the
+    calculator on a share of the problems (`model.tiny.warmup_tool_share`); then measured on the
+    held-out problems (`START_EVAL`), written to a temporary folder and renamed to `final` when
+    complete."""
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.data.tasks import arithmetic_split, carry_slip
-    from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config, warm_up
+    from rlpost.data.tasks import MULTIPLY, carry_slip, task_split
+    from rlpost.models.tiny import (
+        TOOL_CHARS,
+        answer_example,
+        build_char_tokenizer,
+        calculator_trace,
+        tiny_qwen2_config,
+        warm_up,
+    )
 
-    t = model_cfg.tiny
+    t, task = model_cfg.tiny, tiny_task(data_cfg)
     start = time.time()
     torch.manual_seed(t.seed)
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(extra_chars=TOOL_CHARS if task == MULTIPLY else "")
     config = tiny_qwen2_config(
         len(tokenizer),
         t.hidden_size,
@@ -139,23 +158,23 @@ def build_tiny_model(model_cfg, data_cfg, final: Path, device: str = "cpu", log=
         tokenizer.eos_token_id,
     )
     model = Qwen2ForCausalLM(config).to(device)
-    train_rows, val_rows = arithmetic_split(data_cfg.arithmetic_digits, seed=0, num_val=data_cfg.val_size)
+    train_rows, val_rows = task_split(task, data_cfg.arithmetic_digits, data_cfg.val_size)
+    if task == MULTIPLY:
+        example = lambda row, rng: calculator_trace(tokenizer, row, rng, t.warmup_tool_share)  # noqa: E731
+    else:
+        example = lambda row, rng: answer_example(tokenizer, carry_slip(row, rng, t.warmup_carry_slip))  # noqa: E731
     threads = torch.get_num_threads()
     torch.set_num_threads(t.warmup_threads)
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
     try:
-        warm_up(
-            model,
-            tokenizer,
-            train_rows,
-            t.warmup_steps,
-            t.warmup_batch_size,
-            t.warmup_lr,
-            t.seed,
-            label=lambda row, rng: carry_slip(row, rng, t.warmup_carry_slip),
-            log=log,
-        )
+        warm_up(model, tokenizer, train_rows, t.warmup_steps, t.warmup_batch_size, t.warmup_lr, t.seed, example, log)
         warmup_s = time.time() - start
-        report = evaluate_start(model, tokenizer, val_rows, t.eval_samples, data_cfg.arithmetic_digits + 2, t.seed)
+        if task == MULTIPLY:  # episodes with the calculator, through the rollout engine
+            model.to("cpu").save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            report = evaluate_start_episodes(str(tmp), val_rows, t.eval_samples, t.max_position, t.seed)
+        else:
+            report = evaluate_start(model, tokenizer, val_rows, t.eval_samples, data_cfg.arithmetic_digits + 2, t.seed)
     finally:
         torch.set_num_threads(threads)
     report.update(
@@ -204,6 +223,54 @@ def evaluate_start(model, tokenizer, rows: list[dict], samples: int, max_tokens:
         "samples": samples,
         "greedy_accuracy": sum(right(g[0], row) for g, row in zip(greedy, rows)) / len(rows),
         **pass_at_ks(correct, ks),
+    }
+
+
+def evaluate_start_episodes(path: str, rows: list[dict], samples: int, max_position: int, seed: int) -> dict:
+    """Held-out greedy success and pass@k of the model at `path` on episodes with the calculator
+    (`env.name=calculator` with its default settings), the last turn scored by the task's reward."""
+    from rlpost.config.schema import EnvConfig
+    from rlpost.envs import EpisodeRow, make_env
+    from rlpost.metrics.passk import pass_at_ks
+    from rlpost.rewards import RewardInput, get_reward_fn
+    from rlpost.rollout.base import SamplingParams
+    from rlpost.rollout.episodes import run_episodes
+    from rlpost.rollout.hf import HFRolloutEngine
+
+    options = EnvConfig()
+    tokenizer = load_tokenizer(path)
+    engine = HFRolloutEngine(path, "float32", "cpu", tokenizer.pad_token_id, tokenizer.eos_token_id, 2048)
+    prompts = [tokenizer(r["prompt"], add_special_tokens=False).input_ids for r in rows]
+    budget = max_position - max(len(p) for p in prompts)
+
+    def successes(n: int, greedy: bool) -> list[list[bool]]:
+        envs = [
+            make_env("calculator", EpisodeRow(r["prompt"], r["ground_truth"], r["data_source"]), options)
+            for r in rows
+            for _ in range(n)
+        ]
+        params = SamplingParams(n=n, max_tokens=budget, greedy=greedy, seed=seed)
+        batch = run_episodes(engine, tokenizer, prompts, envs, params, options.max_turns, options.timeout_s)
+        right = []
+        for i in range(len(batch)):
+            response = batch["response_ids"][i][batch["response_mask"][i]][batch["last_turn_start"][i] :]
+            row = rows[i // n]
+            answer = RewardInput(
+                row["prompt"],
+                tokenizer.decode(response, skip_special_tokens=True),
+                row["ground_truth"],
+                row["data_source"],
+            )
+            right.append(get_reward_fn(row["data_source"])(answer) >= 1.0)
+        return [right[j * n : (j + 1) * n] for j in range(len(rows))]
+
+    greedy = successes(1, greedy=True)
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples]
+    return {
+        "problems": len(rows),
+        "samples": samples,
+        "greedy_accuracy": sum(g[0] for g in greedy) / len(rows),
+        **pass_at_ks(successes(samples, greedy=False), ks),
     }
 
 

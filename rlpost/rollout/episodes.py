@@ -5,8 +5,15 @@ and tokenized again), each turn ended by EOS, interleaved with the environment's
 through the chat template (`render_suffix`), which get no loss (`loss_mask` False) and no rollout
 log-prob. It ends when the environment says so, after `env.max_turns` turns of the model, when
 the next turn would not fit in `rollout.max_response_length` tokens (the budget of the whole
-episode), or past `env.timeout_s`. On the `hf` backend the turns of all the episodes that wait for
-the model are generated together, in one `generate` call per round.
+episode), or past `env.timeout_s`.
+
+Turns and environment steps overlap. The environments' steps (tool calls) run in a thread pool,
+each episode's as soon as its turn is sampled. An engine with `turns()` (vLLM) batches
+continuously: a turn starts as soon as its episode's environment has answered, while other
+episodes' turns are being decoded or their tools are still running, so a slow tool holds back
+only its own episode. Any other engine (`hf`) goes in rounds: the turns of all the episodes that
+wait for the model are generated together, in one `generate` call, once every environment step
+of the round has answered (the same batches every time: reproducible).
 
 The result is a generation-layout `Batch` like a single-turn one, plus per episode: `env_turns`,
 `env_tool_calls`, `env_tool_errors`, `env_timeouts`, `env_reward` (the sum of the turns' rewards)
@@ -17,7 +24,9 @@ reward function reads).
 from __future__ import annotations
 
 import time
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import torch
 
@@ -64,6 +73,48 @@ class Episode:
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
 
 
+class Turns(Protocol):
+    """Turns of many episodes in flight on one engine, each keyed by its episode's index."""
+
+    continuous: bool  # a turn may start while others are decoding
+
+    def add(self, key: int, context: list[int], max_tokens: int) -> None: ...
+
+    def busy(self) -> bool: ...
+
+    def step(self) -> list[tuple[int, list[int], list[float]]]:
+        """Run the engine on; the turns that finished: (key, tokens as sampled, their log-probs)."""
+
+
+class RoundTurns:
+    """Turns through `engine.generate`: every waiting turn in one call, with a seed per round."""
+
+    continuous = False
+
+    def __init__(self, engine: RolloutEngine, params: SamplingParams):
+        self.engine, self.params, self.round = engine, params, 0
+        self.queue: list[tuple[int, list[int], int]] = []
+
+    def add(self, key: int, context: list[int], max_tokens: int) -> None:
+        self.queue.append((key, context, max_tokens))
+
+    def busy(self) -> bool:
+        return bool(self.queue)
+
+    def step(self) -> list[tuple[int, list[int], list[float]]]:
+        queue, self.queue = sorted(self.queue), []
+        budget = max(m for _, _, m in queue)
+        params = replace(self.params, n=1, max_tokens=budget, seed=self.params.seed + 7919 * self.round)
+        out = self.engine.generate([context for _, context, _ in queue], params)
+        self.round += 1
+        done = []
+        for i, (key, _, max_tokens) in enumerate(queue):
+            mask = out["response_mask"][i]
+            tokens = out["response_ids"][i][mask].tolist()[:max_tokens]
+            done.append((key, tokens, out["rollout_logprobs"][i][mask].tolist()[: len(tokens)]))
+        return done
+
+
 def run_episodes(
     engine: RolloutEngine,
     tokenizer,
@@ -72,44 +123,55 @@ def run_episodes(
     params: SamplingParams,
     max_turns: int,
     timeout_s: float,
+    env_workers: int = 16,
 ) -> Batch:
     """`params.n` episodes per prompt (rows i*n .. i*n+n-1 of the batch, as in `generate`), the
-    environment of each in `envs`. `params.max_tokens` is each episode's token budget."""
+    environment of each in `envs`. `params.max_tokens` is each episode's token budget; up to
+    `env_workers` environment steps run at once."""
     n, eos, pad = params.n, tokenizer.eos_token_id, tokenizer.pad_token_id
     if len(envs) != len(prompts) * n:
         raise ValueError(f"{len(envs)} environments for {len(prompts)} prompts x {n} episodes")
     episodes = [Episode(env, list(prompts[i // n]), time.monotonic()) for i, env in enumerate(envs)]
-    round_ = 0
-    while active := [e for e in episodes if not e.done]:
-        budget = [params.max_tokens - len(e.response) for e in active]
-        out = engine.generate(
-            [e.prompt + e.response for e in active],
-            replace(params, n=1, max_tokens=max(budget), seed=params.seed + 7919 * round_),
-        )
-        round_ += 1
-        for i, e in enumerate(active):
-            mask = out["response_mask"][i]
-            tokens = out["response_ids"][i][mask].tolist()[: budget[i]]
-            logprobs = out["rollout_logprobs"][i][mask].tolist()[: len(tokens)]
-            e.last_turn_start = len(e.response)
-            e.add(tokens, True, logprobs)
-            e.turns += 1
-            if not tokens or tokens[-1] != eos:  # the budget ran out within the turn
-                e.done = True
+    turns: Turns = engine.turns(params) if hasattr(engine, "turns") else RoundTurns(engine, params)
+    for i, e in enumerate(episodes):
+        turns.add(i, e.prompt, params.max_tokens)
+    stepping: dict = {}  # the environment steps under way: future -> episode index
+    with ThreadPoolExecutor(env_workers, thread_name_prefix="rlpost-env") as pool:
+        while turns.busy() or stepping:
+            if turns.busy():
+                for i, tokens, logprobs in turns.step():
+                    e = episodes[i]
+                    e.last_turn_start = len(e.response)
+                    e.add(tokens, True, logprobs)
+                    e.turns += 1
+                    if not tokens or tokens[-1] != eos:  # the budget ran out within the turn
+                        e.done = True
+                        continue
+                    turn = Turn(tokenizer.decode(tokens, skip_special_tokens=True), tuple(tokens), e.turns - 1)
+                    stepping[pool.submit(e.env.step, turn)] = i
+            if not stepping:
                 continue
-            step = e.env.step(Turn(tokenizer.decode(tokens, skip_special_tokens=True), tuple(tokens), e.turns - 1))
-            e.reward += step.reward
-            e.tool_calls += step.tool_calls
-            e.tool_errors += step.tool_errors
-            e.timed_out = time.monotonic() - e.started > timeout_s
-            if step.done or e.turns >= max_turns or e.timed_out:
-                e.done = True
-                continue
-            suffix = render_suffix(tokenizer, step.messages)
-            if len(e.response) + len(suffix) >= params.max_tokens:  # no room for another turn
-                e.done = True
-                continue
-            e.add(suffix, False)
+            if turns.continuous and turns.busy():  # decode on; take the answers that are in
+                answered = [f for f in stepping if f.done()]
+            else:  # the engine waits for the environments: all of them (rounds), or the first
+                answered = wait(stepping, return_when=FIRST_COMPLETED if turns.continuous else ALL_COMPLETED).done
+            for future in sorted(answered, key=stepping.get):
+                i = stepping.pop(future)
+                e = episodes[i]
+                step = future.result()
+                e.reward += step.reward
+                e.tool_calls += step.tool_calls
+                e.tool_errors += step.tool_errors
+                e.timed_out = time.monotonic() - e.started > timeout_s
+                if step.done or e.turns >= max_turns or e.timed_out:
+                    e.done = True
+                    continue
+                suffix = render_suffix(tokenizer, step.messages)
+                if len(e.response) + len(suffix) >= params.max_tokens:  # no room for another turn
+                    e.done = True
+                    continue
+                e.add(suffix, False)
+                turns.add(i, e.prompt + e.response, params.max_tokens - len(e.response))
     return episodes_batch(episodes, pad, engine.weight_version)
 
 

@@ -21,6 +21,7 @@ keep serving the old adapter). Sleep keeps the base weights (level 1): they are 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -124,6 +125,68 @@ def fused_view(params: dict[str, torch.Tensor], manifest: dict[str, TensorSpec],
     return held[start : start + spec.shape[0]]  # vocab rows past the checkpoint's are vLLM padding
 
 
+def sampling(params: SamplingParams, n: int, max_tokens: int, seed: int, eos_id: int):
+    """vLLM's sampling settings for `params`: the log-prob of each sampled token, stop at EOS."""
+    from vllm import SamplingParams as VSamplingParams
+
+    return VSamplingParams(
+        n=n,
+        temperature=0.0 if params.greedy else params.temperature,
+        top_p=1.0 if params.greedy else params.top_p,
+        top_k=0 if params.greedy else params.top_k,
+        max_tokens=max_tokens,
+        logprobs=0,
+        stop_token_ids=[eos_id],
+        detokenize=False,
+        seed=seed,
+    )
+
+
+REQUESTS = itertools.count()  # request ids of turns, unique in the process
+
+
+class VLLMTurns:
+    """Turns of multi-turn episodes on vLLM's engine: a request per turn, added as soon as its
+    episode is ready, decoded alongside every other request in flight (continuous batching);
+    `step` runs one scheduler step. Turn t of episode k samples with seed `seed + k + 7919 t`,
+    whatever the timing."""
+
+    continuous = True
+
+    def __init__(self, engine: VLLMRolloutEngine, params: SamplingParams):
+        from vllm.sampling_params import RequestOutputKind
+
+        self.core, self.params, self.eos_id = engine.llm.llm_engine, params, engine.eos_id
+        self.lora_request, self.final_only = engine.lora_request, RequestOutputKind.FINAL_ONLY
+        self.keys: dict[str, int] = {}  # request id -> episode
+        self.turn_of: dict[int, int] = {}
+
+    def add(self, key: int, context: list[int], max_tokens: int) -> None:
+        from vllm.inputs import TokensPrompt
+
+        turn = self.turn_of.get(key, 0)
+        self.turn_of[key] = turn + 1
+        params = sampling(self.params, 1, max_tokens, self.params.seed + key + 7919 * turn, self.eos_id)
+        params.output_kind = self.final_only  # one output per request, when it finishes
+        request_id = f"rlpost-turn-{next(REQUESTS)}"
+        assigned = self.core.add_request(
+            request_id, TokensPrompt(prompt_token_ids=context), params, lora_request=self.lora_request
+        )
+        self.keys[request_id] = self.keys[assigned or request_id] = key
+
+    def busy(self) -> bool:
+        return self.core.has_unfinished_requests()
+
+    def step(self) -> list[tuple[int, list[int], list[float]]]:
+        done = []
+        for out in self.core.step():
+            if out.finished:
+                c = out.outputs[0]
+                tokens = list(c.token_ids)
+                done.append((self.keys[out.request_id], tokens, [d[t].logprob for d, t in zip(c.logprobs, tokens)]))
+        return done
+
+
 class VLLMRolloutEngine:
     def __init__(
         self,
@@ -156,6 +219,9 @@ class VLLMRolloutEngine:
         kwargs = {"gpu_memory_utilization": gpu_memory_utilization}
         if device == "cuda":
             kwargs["enable_sleep_mode"] = sleep_mode
+        else:  # no prefill split over steps: vLLM rewinds a seeded sampler's generator for the part
+            # it discards, which a CPU generator cannot do ("CPU Generator does not use offset")
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max_model_len * max_num_seqs)
         self.lora, self.model_path = lora, model_path
         self.lora_request = None  # the adapter generation runs with (adapter mode)
         self._adapter_dir: str | None = None
@@ -187,22 +253,12 @@ class VLLMRolloutEngine:
 
     # ------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
-        from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
         self.wake_up()
+        # vLLM seeds sample j of a prompt with seed + j
         per_prompt = [
-            VSamplingParams(
-                n=params.n,
-                temperature=0.0 if params.greedy else params.temperature,
-                top_p=1.0 if params.greedy else params.top_p,
-                top_k=0 if params.greedy else params.top_k,
-                max_tokens=params.max_tokens,
-                logprobs=0,
-                stop_token_ids=[self.eos_id],
-                detokenize=False,
-                seed=params.seed + i * params.n,
-            )  # vLLM seeds sample j of a prompt with seed + j
+            sampling(params, params.n, params.max_tokens, params.seed + i * params.n, self.eos_id)
             for i in range(len(prompts))
         ]
         outputs = self.llm.generate(
@@ -231,6 +287,11 @@ class VLLMRolloutEngine:
                 "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
             }
         )
+
+    def turns(self, params: SamplingParams) -> VLLMTurns:
+        """Multi-turn episodes' turns, batched continuously (`rlpost.rollout.episodes`)."""
+        self.wake_up()
+        return VLLMTurns(self, params)
 
     # ------------------------------------------------------------------------------- weights
     def weight_manifest(self) -> Manifest:

@@ -82,7 +82,7 @@ class RolloutWorker:
             self._tokenizer = load_tokenizer(self.model_path, self.cfg.model.trust_remote_code)
         e = self.cfg.env
         envs = [make_env(e.name, row, e) for row in rows for _ in range(params.n)]
-        return run_episodes(self.engine, self._tokenizer, prompts, envs, params, e.max_turns, e.timeout_s)
+        return run_episodes(self.engine, self._tokenizer, prompts, envs, params, e.max_turns, e.timeout_s, e.workers)
 
     def weight_version(self) -> int:
         return self.engine.weight_version

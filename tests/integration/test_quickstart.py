@@ -9,6 +9,7 @@ learn too."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -58,8 +59,10 @@ def run_quickstart(tmp_path: Path, *overrides: str, limit_s: int = 480):
     return rows, (time.time() - start) / 60, result
 
 
-def test_quickstart_learns(tmp_path):
+def test_quickstart_learns(tmp_path, built_models):
     rows, minutes, result = run_quickstart(tmp_path)
+    for built in (tmp_path / "cache").glob("tiny-qwen2-*"):  # the start model, for later tests
+        shutil.copytree(built, built_models / built.name, dirs_exist_ok=True)
     val = [r["val/accuracy"] for r in rows if "val/accuracy" in r]
     steps = [r for r in rows if r["step"] > 0]
     start = rows[0]
@@ -90,6 +93,7 @@ def test_quickstart_learns(tmp_path):
     assert f"curves: {run_dir / 'curves.png'}" in result.stdout and (run_dir / "curves.png").stat().st_size > 10_000
 
 
+@pytest.mark.demo
 def test_quickstart_learns_from_another_tiny_model(tmp_path):
     """Another seed of the tiny model (its initialisation and warm-up) and of the run: 40 steps."""
     rows, minutes, _ = run_quickstart(tmp_path, "model.tiny.seed=11", "run.seed=11", "trainer.total_steps=40")

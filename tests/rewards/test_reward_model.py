@@ -121,8 +121,9 @@ def test_combine_weights_rule_and_model():
     assert torch.equal(combine(rule, None, 0.5, 2.0), torch.tensor([0.5, 0.0, 0.5]))
 
 
-@pytest.mark.slow  # builds the tiny policy and a reward model on 2/3 of the recipe's steps: ~2 min
-def test_tiny_reward_model_tells_right_from_wrong_on_held_out_problems(tmp_path):
+@pytest.mark.demo
+@pytest.mark.slow  # a reward model on 2/3 of the recipe's steps, from the quickstart's start model: ~2.5 min
+def test_tiny_reward_model_tells_right_from_wrong_on_held_out_problems(built_models):
     """Answers it never saw: the right one, the one that drops the carry, a changed digit."""
     from transformers import AutoModelForSequenceClassification
 
@@ -130,7 +131,7 @@ def test_tiny_reward_model_tells_right_from_wrong_on_held_out_problems(tmp_path)
     from rlpost.models.loading import load_tokenizer, resolve_model_path
     from rlpost.models.tiny_reward import BUILD, ensure_tiny_reward_model
 
-    cfg = load_config(["+recipe=grpo_rm", f"model.cache_dir={tmp_path}"])
+    cfg = load_config(["+recipe=grpo_rm", f"model.cache_dir={built_models}"])
     build = {**BUILD, "steps": 2000, "problems": 1500, "samples": 2}
     policy = resolve_model_path(cfg.model, cfg.data)
     path = ensure_tiny_reward_model(policy, cfg.data.arithmetic_digits, cfg.data.val_size, build=build)

@@ -137,3 +137,103 @@ def test_n_episodes_per_prompt_in_generate_order():
     assert batch["env_turns"].tolist() == [1, 1, 2, 2]
     with pytest.raises(ValueError, match="3 environments for 2 prompts x 2 episodes"):
         run_episodes(engine, TOK, [ids("A="), ids("B=")], envs[:3], SamplingParams(n=2), 4, 60.0)
+
+
+class ContinuousEngine(ScriptedEngine):
+    """A continuous-batching engine (as vLLM's `turns`): each `step` finishes the oldest turn in
+    flight, and the log of turn starts shows what ran while an environment was busy."""
+
+    def turns(self, params):
+        engine = self
+
+        class Turns:
+            continuous = True
+
+            def __init__(self):
+                self.queue = []
+
+            def add(self, key, context, max_tokens):
+                engine.started.append((key, context.count(EOS)))
+                self.queue.append((key, context))
+
+            def busy(self):
+                return bool(self.queue)
+
+            def step(self):
+                key, context = self.queue.pop(0)
+                turn = engine.generate([context], params)["response_ids"][0].tolist()
+                return [(key, turn, [0.0] * len(turn))]
+
+        self.started = []
+        return Turns()
+
+
+class GatedEnv(ScriptedEnv):
+    """Its second step waits (up to 10 s) until `gate` opens."""
+
+    def __init__(self, gate):
+        self.gate, self.waited = gate, None
+
+    def step(self, turn):
+        if turn.index == 1:
+            self.waited = self.gate.wait(10)
+        return super().step(turn)
+
+
+class OpeningEnv(ScriptedEnv):
+    def __init__(self, gate):
+        self.gate = gate
+
+    def step(self, turn):
+        if turn.text == "done":
+            self.gate.set()
+        return super().step(turn)
+
+
+def test_a_slow_tool_holds_back_only_its_own_episode_on_a_continuous_engine():
+    """Episode 0's second tool call waits for episode 1 to finish all its turns: a runner that
+    held the engine back for episode 0's tool would never let episode 1 finish (the wait times out)."""
+    import threading
+
+    gate = threading.Event()
+    slow, quick = [ids("a") + [EOS], ids("b") + [EOS], ids("done") + [EOS]], [ids("c") + [EOS]] * 3
+    engine = ContinuousEngine({"A=": slow, "B=": quick + [ids("done") + [EOS]]})
+    envs = [GatedEnv(gate), OpeningEnv(gate)]
+    batch = run_episodes(engine, TOK, [ids("A="), ids("B=")], envs, SamplingParams(n=1, max_tokens=200), 9, 60.0)
+    assert envs[0].waited is True
+    assert batch["env_turns"].tolist() == [3, 4]
+    # episode 1 took its turns 2..4 while episode 0's tool was still running
+    assert engine.started.index((1, 3)) < engine.started.index((0, 2))
+    # the tokens are the same as on the round-by-round engine
+    gate.set()
+    rounds = run_episodes(
+        ScriptedEngine(engine.scripts),
+        TOK,
+        [ids("A="), ids("B=")],
+        [GatedEnv(gate), OpeningEnv(gate)],
+        SamplingParams(n=1, max_tokens=200),
+        9,
+        60.0,
+    )
+    assert torch.equal(rounds["response_ids"], batch["response_ids"]) and torch.equal(
+        rounds["loss_mask"], batch["loss_mask"]
+    )
+
+
+def test_environment_steps_run_at_once():
+    """8 episodes whose tool calls each wait for all 8 to be running (a barrier): run one after
+    another they would time out (BrokenBarrierError)."""
+    import threading
+
+    barrier = threading.Barrier(8, timeout=10)
+
+    class BarrierEnv(ScriptedEnv):
+        def step(self, turn):
+            if turn.index == 0:
+                barrier.wait()
+            return super().step(turn)
+
+    engine = ScriptedEngine({"A=": [ids("a") + [EOS], ids("done") + [EOS]]})
+    envs = [BarrierEnv() for _ in range(8)]
+    batch = run_episodes(engine, TOK, [ids("A=")], envs, SamplingParams(n=8, max_tokens=64), 4, 60.0, env_workers=8)
+    assert batch["env_turns"].tolist() == [2] * 8 and len(engine.calls) == 2  # one generate per round

@@ -79,6 +79,40 @@ def test_sampling_settings_shape_the_samples_and_their_logprobs(tiny, engine, pa
     check_sampling(engine, model, tok, params)
 
 
+def test_episodes_are_batched_continuously_token_in_token_out(tiny, engine):
+    """Multi-turn episodes (`retry`: try again while wrong) on vLLM's engine, a request per turn:
+    the model's tokens as sampled with the trainer's log-probs, the environment's rendered by the
+    template with no loss, and the same episodes again for the same seed, whatever the timing."""
+    from rlpost.envs import EpisodeRow, make_env
+    from rlpost.rollout.episodes import render_suffix, run_episodes
+    from rlpost.rollout.vllm_engine import VLLMTurns
+
+    _, model, tok = tiny
+    assert isinstance(engine.turns(SamplingParams()), VLLMTurns)  # (run_episodes takes this path)
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(n=16, temperature=1.0, max_tokens=48, seed=3)
+
+    def episodes():
+        envs = [make_env("retry", EpisodeRow(p, "never", "arithmetic"), None) for p in PROMPTS for _ in range(16)]
+        return run_episodes(engine, tok, prompts, envs, params, 3, 60.0)
+
+    batch = episodes()
+    suffix = render_suffix(tok, [{"role": "user", "content": "No, try again."}])
+    assert (batch["env_turns"] > 1).sum() >= 3  # some turns end with EOS inside the budget
+    for i in range(len(batch)):
+        n = int(batch["response_mask"][i].sum())
+        ids, model_token = batch["response_ids"][i, :n].tolist(), batch["loss_mask"][i, :n].tolist()
+        env_tokens = [t for t, m in zip(ids, model_token) if not m]
+        turns = int(batch["env_turns"][i])
+        assert env_tokens == suffix * (turns - 1)  # the retry message after every turn but the last
+        assert sum(t == tok.eos_token_id for t, m in zip(ids, model_token) if m) >= turns - 1
+    diff = (reference_logprobs(model, batch, 1.0) - batch["rollout_logprobs"]).abs()[batch["loss_mask"]]
+    assert diff.max().item() < 1e-4, diff.max()
+    assert not batch["rollout_logprobs"][~batch["loss_mask"]].any()
+    again = episodes()
+    assert torch.equal(again["response_ids"], batch["response_ids"])
+
+
 def test_manifest_is_the_checkpoint_without_loading_it(tiny, engine):
     _, model, _ = tiny
     assert engine.weight_manifest() == manifest_of(model.named_parameters())
