@@ -434,9 +434,7 @@ class EnvConfig:
         "How tool calls are read from the model's text (`hermes`: `<tool_call>` JSON; an env file may register more).",
     )
     tool_timeout_s: float = knob(10.0, "Time one tool call may take; past it the model reads an error.", gt=0)
-    workers: int = knob(
-        16, "Environment steps (tool calls) run at once in each rollout actor, in a thread pool.", ge=1
-    )
+    workers: int = knob(16, "Environment steps (tool calls) run at once in each rollout actor, in a thread pool.", ge=1)
 
 
 # -------------------------------------------------------------------------------- logger, cluster
