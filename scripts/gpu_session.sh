@@ -30,13 +30,16 @@
 #   bash scripts/gpu_session.sh Q   # 3B: FSDP2 world 2 + 2 vLLM replicas colocated
 #   bash scripts/gpu_session.sh R   # 7B: world 2 + 2 replicas, trainer.param_offload + trainer.optim.offload=layerwise
 #   bash scripts/gpu_session.sh S   # 3B: split 1 + 1, synchronous vs one-step-off
+# and multi-turn episodes on vLLM (one H100 with vLLM):
+#   bash scripts/gpu_session.sh T   # +recipe=multiturn_tools on the GPU (vLLM batches the turns continuously),
+#                                   # then episodes vs single-turn generation of the same lengths (bench_episodes.py)
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 M=/tmp/qwen2-0.5b
-case "${1:-A}" in Q|R|S) ;; *) [ -f $M/config.json ] || python3 scripts/random_model.py --shape 0.5b --out $M > /dev/null ;; esac
+case "${1:-A}" in Q|R|S|T) ;; *) [ -f $M/config.json ] || python3 scripts/random_model.py --shape 0.5b --out $M > /dev/null ;; esac
 step() { local name=$1; shift; local t=$SECONDS; echo "=== $name"; "$@" > "$OUT/$name.log" 2>&1;
          echo "=== $name rc=$? $((SECONDS - t))s"; tail -3 "$OUT/$name.log"; }
 grpo() {  # grpo NAME overrides...: a short GRPO run on the 0.5B model, summarised to $OUT/NAME.json
@@ -74,6 +77,15 @@ multi() {  # multi NAME MODEL overrides...: a short GRPO run over both GPUs, wit
 # gradients are not zero and each sync sends new weights
 printf 'def score(sample):\n    text = sample.response\n    return sum(c.isdigit() for c in text) / max(len(text), 1)\n' > /tmp/digit_share.py
 case "${1:-A}" in
+T)  # one H100: the tiny tool-using model warmed up on the GPU, GRPO with calculator episodes on vLLM
+  step mt_train python3 -m rlpost.cli train +recipe=multiturn_tools trainer.device=cuda rollout.backend=vllm \
+    rollout.gpu_memory_utilization=0.3 trainer.total_steps=${STEPS:-20} data.train_batch_size=64 \
+    model.cache_dir=/tmp/cache logger.progress_bar=false run.dir=/tmp/runs/mt_train
+  cp /tmp/runs/mt_train/metrics.jsonl "$OUT/mt_train.metrics.jsonl"
+  python3 scripts/summarize_run.py /tmp/runs/mt_train --skip 1 > "$OUT/mt_train.json"
+  step mt_bench python3 scripts/bench_episodes.py --model "$(ls -d /tmp/cache/tiny-qwen2-* | head -1)" \
+    --device cuda --prompts 512 --n 4 --out "$OUT/episodes_h100.json"
+  ;;
 Q)  # 2 x H200: FSDP2 over 2 GPUs with 2 vLLM replicas (3B), colocated
   [ -f /tmp/qwen2-3b/config.json ] || python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
   multi grpo_3b_colocate_w2r2 /tmp/qwen2-3b cluster.placement=colocate trainer.world_size=2 rollout.num_workers=2 \
