@@ -308,3 +308,10 @@ def assert_equal(a, b, where=""):
             assert_equal(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
+
+
+def failure(stderr: str) -> str:
+    """What a failed run printed, without progress bars: every actor's stack dumps of a stuck
+    sync (`weight_sync.timeout_s`) and the errors come last."""
+    lines = [line for line in stderr.splitlines() if "Loading weights" not in line and "shards" not in line]
+    return "\n".join(lines)[-12000:]

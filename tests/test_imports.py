@@ -37,7 +37,9 @@ MAY_IMPORT = {
     "rewards": {"data"},
     "metrics": {"data"},
     "weightsync": {"data"},
-    "models": {"data", "rewards", "metrics"},
+    # envs, rollout: only inside the build of the multiply task's tiny model (calculator episodes,
+    # measured through the hf engine), imported there
+    "models": {"data", "rewards", "metrics", "envs", "rollout"},
     "envs": {"data"},  # (data.userfile: an environment from a user's file)
     "config": {"algos", "envs", "metrics"},  # allowed choices come from the registries
     "rollout": {"config", "data", "envs", "models", "weightsync"},

@@ -228,8 +228,10 @@ def evaluate_start(model, tokenizer, rows: list[dict], samples: int, max_tokens:
 
 def evaluate_start_episodes(path: str, rows: list[dict], samples: int, max_position: int, seed: int) -> dict:
     """Held-out greedy success and pass@k of the model at `path` on episodes with the calculator
-    (`env.name=calculator` with its default settings), the last turn scored by the task's reward."""
-    from rlpost.config.schema import EnvConfig
+    (`env.name=calculator` with the `env` section's defaults), the last turn scored by the task's
+    reward."""
+    from types import SimpleNamespace
+
     from rlpost.envs import EpisodeRow, make_env
     from rlpost.metrics.passk import pass_at_ks
     from rlpost.rewards import RewardInput, get_reward_fn
@@ -237,7 +239,7 @@ def evaluate_start_episodes(path: str, rows: list[dict], samples: int, max_posit
     from rlpost.rollout.episodes import run_episodes
     from rlpost.rollout.hf import HFRolloutEngine
 
-    options = EnvConfig()
+    options = SimpleNamespace(tool_parser="hermes", tool_timeout_s=10.0, max_turns=4, timeout_s=300.0)
     tokenizer = load_tokenizer(path)
     engine = HFRolloutEngine(path, "float32", "cpu", tokenizer.pad_token_id, tokenizer.eos_token_id, 2048)
     prompts = [tokenizer(r["prompt"], add_special_tokens=False).input_ids for r in rows]

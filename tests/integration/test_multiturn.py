@@ -54,7 +54,7 @@ def test_the_multiturn_tools_recipe_learns_to_use_the_calculator(tmp_path):
     import time
     from pathlib import Path
 
-    from tests.integration.test_quickstart import failure
+    from tests.helpers import failure
 
     run_dir = tmp_path / "run"
     start = time.time()

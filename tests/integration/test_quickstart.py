@@ -17,14 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import failure
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def failure(stderr: str) -> str:
-    """What a failed run printed, without progress bars: every actor's stack dumps of a stuck
-    sync (`weight_sync.timeout_s`) and the errors come last."""
-    lines = [line for line in stderr.splitlines() if "Loading weights" not in line and "shards" not in line]
-    return "\n".join(lines)[-12000:]
 
 
 def run_quickstart(tmp_path: Path, *overrides: str, limit_s: int = 480):
