@@ -40,7 +40,7 @@ MAY_IMPORT = {
     # envs, rollout: only inside the build of the multiply task's tiny model (calculator episodes,
     # measured through the hf engine), imported there
     "models": {"data", "rewards", "metrics", "envs", "rollout"},
-    "envs": {"data"},  # (data.userfile: an environment from a user's file)
+    "envs": {"data", "rewards"},  # data.userfile: an environment from a user's file; rewards.executor: tool calls
     "config": {"algos", "envs", "metrics"},  # allowed choices come from the registries
     "rollout": {"config", "data", "envs", "models", "weightsync"},
     "trainer": {"algos", "config", "data", "models", "weightsync"},

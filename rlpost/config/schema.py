@@ -434,7 +434,12 @@ class EnvConfig:
         "How tool calls are read from the model's text (`hermes`: `<tool_call>` JSON; an env file may register more).",
     )
     tool_timeout_s: float = knob(10.0, "Time one tool call may take; past it the model reads an error.", gt=0)
-    workers: int = knob(16, "Environment steps (tool calls) run at once in each rollout actor, in a thread pool.", ge=1)
+    workers: int = knob(
+        16,
+        "Environment steps run at once in each rollout actor (threads), and worker processes for their tool calls.",
+        ge=1,
+    )
+    tool_memory_mb: int = knob(4096, "Address-space cap of each tool worker process, MiB (0 = none).", ge=0)
 
 
 # -------------------------------------------------------------------------------- logger, cluster
@@ -466,6 +471,15 @@ class ClusterConfig:
         ("colocate", "split"),
     )
     num_threads: int = knob(1, "torch/OMP threads per actor (more threads on busy cores run slower).", ge=1)
+    stall_warn_s: float = knob(
+        300.0, "Each time a call to the actors (generate, update, sync...) runs this long, say what still runs.", gt=0
+    )
+    stall_timeout_s: float = knob(
+        3600.0,
+        "Longest wait on one call to the actors, and the trainer ranks' collective timeout: past it the run "
+        "stops, naming the role, rank and call it waited on.",
+        gt=0,
+    )
 
 
 @dataclass

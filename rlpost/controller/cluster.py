@@ -11,9 +11,11 @@ Placement (one placement group for the whole job):
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -145,21 +147,66 @@ class Placement:
         remove_placement_group(self.pg)
 
 
-def get_all(refs: list, first: list = (), grace_s: float = 10.0) -> list:
+class Stall(RuntimeError):
+    """An actor call ran past `cluster.stall_timeout_s`: the error names the role, rank and call."""
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """How long the controller waits on actor calls: every `warn_s` it says what it still waits
+    on; past `timeout_s` it stops (`cluster.stall_warn_s`, `cluster.stall_timeout_s`)."""
+
+    warn_s: float = math.inf
+    timeout_s: float = math.inf
+    log: Callable[[str], None] = print
+
+    @staticmethod
+    def of(cfg: TrainConfig, log=print) -> "Deadlines":
+        return Deadlines(cfg.cluster.stall_warn_s, cfg.cluster.stall_timeout_s, log)
+
+
+def get_all(
+    refs: list, first: list = (), grace_s: float = 10.0, labels: dict | None = None, deadlines: Deadlines = Deadlines()
+) -> list:
     """`ray.get(refs)`, which raises as soon as one task fails: a rank that failed inside a
     collective leaves its peers waiting for it until the process group times out. When the failure
     is not one of `first` (tasks whose errors say more: a rollout's names the tensor at fault),
-    those get `grace_s` to fail too, and their error is raised instead."""
-    try:
-        return ray.get(refs)
-    except ray.exceptions.RayError:
-        deadline, pending = time.monotonic() + grace_s, list(first)
-        while pending:  # each as it ends: one that failed first is raised at once
-            ready, pending = ray.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            ray.get(ready)
-        raise
+    those get `grace_s` to fail too, and their error is raised instead. While tasks run, every
+    `deadlines.warn_s` the calls still running are named (`labels`: ref -> "role rank r: method");
+    past `deadlines.timeout_s` a `Stall` names them."""
+    labels = labels or {}
+    start = time.monotonic()
+    pending, next_warn = list(refs), start + deadlines.warn_s
+    while pending:
+        until = min(next_warn, start + deadlines.timeout_s) - time.monotonic()
+        ready, pending = ray.wait(pending, num_returns=1, timeout=None if until == math.inf else max(0.0, until))
+        if ready:
+            try:
+                ray.get(ready)
+            except ray.exceptions.RayError:
+                _prefer(first, grace_s)
+                raise
+            continue
+        waited = time.monotonic() - start
+        what = "; ".join(labels.get(r, "a task") for r in pending)
+        if waited >= deadlines.timeout_s:
+            raise Stall(
+                f"waited {waited:.0f} s for {what} (cluster.stall_timeout_s={deadlines.timeout_s:g}): "
+                "the call is stuck or slower than the limit allows"
+            )
+        deadlines.log(f"still waiting after {waited:.0f} s for {what}")
+        next_warn += deadlines.warn_s
+    return ray.get(list(refs))
+
+
+def _prefer(first: list, grace_s: float) -> None:
+    """Raise the error of one of `first` that fails within `grace_s`, if any does."""
+    deadline, pending = time.monotonic() + grace_s, list(first)
+    while pending:  # each as it ends: one that failed first is raised at once
+        ready, pending = ray.wait(pending, timeout=max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return
+        ray.get(ready)
 
 
 @ray.remote
@@ -173,9 +220,12 @@ class WorkerGroup:
     """N actors of one role; `call` runs a method on all of them, `call_sharded` splits a batch
     by data-parallel rank first. Both gather the results in rank order."""
 
-    def __init__(self, cls, cfg: TrainConfig, placement: Placement, bundles: list[int], role: str, args_for_rank):
+    def __init__(
+        self, cls, cfg: TrainConfig, placement: Placement, bundles: list[int], role: str, args_for_rank, log=print
+    ):
         remote_cls = ray.remote(cls)
-        self.role = role
+        self.role, self.deadlines = role, Deadlines.of(cfg, log)
+        self.labels: dict = {}  # the calls under way: ref -> "role rank r: method"
         self.workers = [
             remote_cls.options(**placement.options(cfg, b, f"{role}-{rank}-{os.getpid()}", role)).remote(
                 *args_for_rank(rank)
@@ -187,21 +237,35 @@ class WorkerGroup:
         return len(self.workers)
 
     def submit(self, rank: int, method: str, *args, **kwargs):
-        """Start `method` on the actor of `rank`; returns its future."""
-        return getattr(self.workers[rank], method).remote(*args, **kwargs)
+        """Start `method` on the actor of `rank`; returns its future (wait on it with `get`)."""
+        ref = getattr(self.workers[rank], method).remote(*args, **kwargs)
+        self.labels[ref] = f"{self.role} rank {rank}: {method}"
+        return ref
+
+    def get(self, refs: list, first: list = (), others: WorkerGroup | None = None, done: bool = True) -> list:
+        """The results of calls started by `submit` (of this group, and of `others`), with this
+        group's deadlines (`get_all`); `done=False`: they will be waited on again."""
+        groups = [g for g in (self, others) if g is not None]
+        labels = {k: v for g in groups for k, v in g.labels.items()}
+        try:
+            return get_all(refs, first, labels=labels, deadlines=self.deadlines)
+        finally:
+            for group in groups if done else ():
+                for ref in refs:
+                    group.labels.pop(ref, None)
 
     def call_async(self, method: str, *args, **kwargs) -> list:
-        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+        return [self.submit(rank, method, *args, **kwargs) for rank in range(len(self.workers))]
 
     def call(self, method: str, *args, **kwargs) -> list:
-        return ray.get(self.call_async(method, *args, **kwargs))
+        return self.get(self.call_async(method, *args, **kwargs))
 
     def call_sharded(self, method: str, batch: Batch | list[Batch], *args, **kwargs) -> list:
         """`batch` split into equal contiguous shards by rank, or a list of one shard per rank."""
         shards = batch.chunk(len(self.workers)) if isinstance(batch, Batch) else batch
         if len(shards) != len(self.workers):
             raise ValueError(f"{len(shards)} shards for {len(self.workers)} {self.role} workers")
-        return ray.get([getattr(w, method).remote(s, *args, **kwargs) for w, s in zip(self.workers, shards)])
+        return self.get([self.submit(rank, method, s, *args, **kwargs) for rank, s in enumerate(shards)])
 
     def kill(self) -> None:
         for w in self.workers:

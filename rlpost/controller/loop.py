@@ -102,19 +102,17 @@ class Controller:
         self.placement = p = Placement.create(cfg, self.roles)
         ws = cfg.trainer.world_size
         master = p.address_of_bundle(p.trainer_bundles[0])
-        self.trainers = WorkerGroup(
-            ActorWorker, cfg, p, p.trainer_bundles, "trainer", lambda r: (cfg, self.model_path, r, ws, *master)
-        )
+        args = lambda r: (cfg, self.model_path, r, ws, *master)  # noqa: E731
+        self.trainers = WorkerGroup(ActorWorker, cfg, p, p.trainer_bundles, "trainer", args, self.log)
         if "critic" in self.roles:  # its own process group, on the trainer's bundles
             critic_master = p.address_of_bundle(p.trainer_bundles[0])
             critic_path = resolve_critic_path(cfg, self.model_path)
-            self.critics = WorkerGroup(
-                CriticWorker, cfg, p, p.trainer_bundles, "critic", lambda r: (cfg, critic_path, r, ws, *critic_master)
-            )
+            args = lambda r: (cfg, critic_path, r, ws, *critic_master)  # noqa: E731
+            self.critics = WorkerGroup(CriticWorker, cfg, p, p.trainer_bundles, "critic", args, self.log)
         if "reward_model" in self.roles:  # one per trainer rank, on its device
             rm_path = resolve_reward_model_path(cfg, self.model_path, self.log)
             self.reward_models = WorkerGroup(
-                RewardModelWorker, cfg, p, p.trainer_bundles, "reward_model", lambda r: (cfg, rm_path, r)
+                RewardModelWorker, cfg, p, p.trainer_bundles, "reward_model", lambda r: (cfg, rm_path, r), self.log
             )
         if cfg.trainer.device == "cuda":  # the rollout engines start only once the trainers hold their memory
             groups = [*self._trained(), *([self.reward_models] if self.reward_models else [])]
@@ -125,7 +123,7 @@ class Controller:
                 check_plan(cfg, gpu_plan(cfg, shape_of(cfg, self.model_path), reports[0][0]["total"]), self.log)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         self.rollouts = WorkerGroup(
-            RolloutWorker, cfg, p, p.rollout_bundles, "rollout", lambda r: (cfg, self.model_path, r, pad, eos)
+            RolloutWorker, cfg, p, p.rollout_bundles, "rollout", lambda r: (cfg, self.model_path, r, pad, eos), self.log
         )
         r = cfg.reward
         self.reward_pool = RewardPool(r.fn, r.kwargs, r.num_workers, r.timeout_s, r.memory_mb, r.error_score)

@@ -118,9 +118,7 @@ class Rollouts:
         return "generate", prompts
 
     def gather(self, refs: list, num_prompts: int, n: int) -> Batch:
-        import ray
-
-        batch = concat_generations(ray.get(refs), self.pad_id)
+        batch = concat_generations(self.group.get(refs), self.pad_id)
         check_masks(batch)
         batch["group_ids"] = group_ids(num_prompts, n)
         return batch
@@ -254,8 +252,6 @@ class Rollouts:
 
     def model_scores(self, samples: list[RewardInput]) -> torch.Tensor:
         """The reward model's score of each sample, the samples split over its workers."""
-        import ray
-
         k = len(self.reward_models)
         parts = [samples[i * len(samples) // k : (i + 1) * len(samples) // k] for i in range(k)]
         refs = [
@@ -263,7 +259,7 @@ class Rollouts:
             for i, part in enumerate(parts)
             if part
         ]
-        return torch.tensor([x for out in ray.get(refs) for x in out], dtype=torch.float32)
+        return torch.tensor([x for out in self.reward_models.get(refs) for x in out], dtype=torch.float32)
 
     def validate(self, rows: list[PromptRow], params: SamplingParams) -> dict[str, float]:
         """Accuracy and mean reward of `params` (one sample each) on the validation rows."""
@@ -285,9 +281,8 @@ class Rollouts:
         """The loader position and the batches generated but not trained yet (one-step-off-policy:
         by the weights before this step's), so that a resumed run trains on exactly what this one
         would have."""
-        import ray
-
-        return {"loader": self.loader.state_dict(), "pending": [(job.rows, ray.get(job.refs)) for job in self.pending]}
+        pending = [(job.rows, self.group.get(job.refs, done=False)) for job in self.pending]
+        return {"loader": self.loader.state_dict(), "pending": pending}
 
     def load_state_dict(self, state: dict) -> None:
         import ray

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from pathlib import Path
 
 from rlpost.config import TrainConfig, to_yaml
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.tasks import task_format, task_split, write_jsonl
+from rlpost.envs import EpisodeRow, make_env
 from rlpost.rewards import REWARDS
 
 
@@ -50,11 +52,28 @@ def check_reward_routing(rows: list[PromptRow], reward_fn: str) -> None:
         )
 
 
+def env_tools(cfg: TrainConfig):
+    """Multi-turn runs: `row -> the tool schemas of the environment its episodes run in`, which a
+    chat-message prompt advertises through the chat template's `tools` (the environment made to
+    read them sees the row's prompt as given: a string, or the messages as JSON)."""
+    if not cfg.env.name:
+        return None
+
+    def tools_of(row: dict) -> list[dict]:
+        prompt = row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"])
+        source = row["data_source"] or cfg.data.default_data_source
+        env = make_env(cfg.env.name, EpisodeRow(prompt, row["ground_truth"], source), cfg.env)
+        return [t.schema for t in env.tools]
+
+    return tools_of
+
+
 def load_data(cfg: TrainConfig, tokenizer, log=print) -> tuple[PromptLoader, list[PromptRow], int]:
     """(the training prompts' loader, the validation rows, how many prompts were too long)."""
     train_src, val_src = data_sources(cfg)
-    train = load_prompts(train_src, tokenizer, cfg.data.max_prompt_length, cfg.data.default_data_source)
-    val = load_prompts(val_src, tokenizer, cfg.data.max_prompt_length, cfg.data.default_data_source)
+    d, tools_of = cfg.data, env_tools(cfg)
+    train = load_prompts(train_src, tokenizer, d.max_prompt_length, d.default_data_source, tools_of)
+    val = load_prompts(val_src, tokenizer, d.max_prompt_length, d.default_data_source, tools_of)
     dropped = train.dropped_too_long + val.dropped_too_long
     if dropped:
         log(f"dropped {dropped} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} tokens")

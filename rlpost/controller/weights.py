@@ -12,7 +12,7 @@ import math
 import time
 
 from rlpost.config import ConfigError, TrainConfig, colocated_on_cuda
-from rlpost.controller.cluster import Placement, WorkerGroup, get_all
+from rlpost.controller.cluster import Placement, WorkerGroup
 from rlpost.weightsync.kinds import sync_kinds
 
 
@@ -70,8 +70,6 @@ class WeightSync:
         self.cfg, self.trainers, self.rollouts, self.log = cfg, trainers, rollouts, log
         self.primed = False  # False until a sync brought the whole model (base) over
         self.last_kinds: list[str] = []
-        import ray
-
         calls = []
         for rank, receivers in sync_plan(cfg).items():
             host, port = placement.address_of_bundle(placement.trainer_bundles[rank])
@@ -81,7 +79,7 @@ class WeightSync:
                 rollouts.submit(r, "init_weight_sync", host, port, 1 + j, world, transport)
                 for j, r in enumerate(receivers)
             ]
-        ray.get(calls)
+        trainers.get(calls, others=rollouts)
 
     def sync(self, version: int) -> dict[str, float]:
         """Bring every rollout to the trainer's policy at `version`: one verified sync per kind
@@ -95,7 +93,8 @@ class WeightSync:
         for kind in kinds:
             recv = self.rollouts.call_async("receive_weights", version, kind)
             sent = self.trainers.call_async("push_weights", version, kind=kind)
-            stats = get_all(recv + sent, first=recv)  # a receiver's error names the tensor
+            # a receiver's error names the tensor: it is raised first
+            stats = self.trainers.get(recv + sent, first=recv, others=self.rollouts)
             recv_stats = stats[: len(recv)]
             send_stats = next(s for s in stats[len(recv) :] if s)
             out["weight_sync/bytes"] += send_stats.pop("weight_sync/bytes")

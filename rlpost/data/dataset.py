@@ -89,10 +89,12 @@ def check_row(row: dict, where: str) -> dict:
     return {"prompt": prompt, "ground_truth": str(gt), "data_source": source}
 
 
-def render_prompt(prompt, tokenizer) -> str:
+def render_prompt(prompt, tokenizer, tools: list[dict] | None = None) -> str:
+    """A string prompt as it is; chat messages through the chat template, with the `tools` (JSON
+    schemas) the template advertises to the model."""
     if isinstance(prompt, str):
         return prompt
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(prompt, tools=tools or None, tokenize=False, add_generation_prompt=True)
 
 
 @dataclass
@@ -101,14 +103,18 @@ class LoadResult:
     dropped_too_long: int
 
 
-def load_prompts(sources: list[str], tokenizer, max_prompt_length: int, default_data_source: str = "") -> LoadResult:
-    """Read, check and tokenize every row of `sources`; drop (and count) over-long prompts."""
+def load_prompts(
+    sources: list[str], tokenizer, max_prompt_length: int, default_data_source: str = "", tools_of=None
+) -> LoadResult:
+    """Read, check and tokenize every row of `sources`; drop (and count) over-long prompts.
+    `tools_of(row)`: the tool schemas a row's chat-message prompt advertises (multi-turn runs)."""
     rows, dropped = [], 0
     for source in sources:
         kept, shortest_dropped = len(rows), None
         for i, raw in enumerate(read_rows(source)):
             row = check_row(raw, f"{source}: row {i}")
-            text = render_prompt(row["prompt"], tokenizer)
+            chat = not isinstance(row["prompt"], str)
+            text = render_prompt(row["prompt"], tokenizer, tools_of(row) if tools_of and chat else None)
             ids = tokenizer(text, add_special_tokens=False).input_ids
             if len(ids) > max_prompt_length:
                 dropped += 1

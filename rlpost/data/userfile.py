@@ -4,6 +4,7 @@ an environment factory), with errors that name the config key."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -16,6 +17,7 @@ def load_from_file(spec: str, key: str) -> Callable:
         raise FileNotFoundError(f"{key}={spec!r}: no file {path}")
     module_spec = importlib.util.spec_from_file_location(f"rlpost_user_{key.replace('.', '_')}_{path.stem}", path)
     module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module  # what it defines can be found by module and name (tools)
     module_spec.loader.exec_module(module)
     fn = getattr(module, name, None)
     if not callable(fn):

@@ -64,4 +64,4 @@ def calculator(expression: str) -> str:
 @register_env("calculator")
 def calculator_env(row: EpisodeRow, options) -> ToolEnv:
     """The model may call `calculator` before it answers; a turn without a call is the answer."""
-    return ToolEnv([calculator], options.tool_parser, options.tool_timeout_s)
+    return ToolEnv([calculator], options)

@@ -96,9 +96,11 @@ def run_python(code: str, limits: Limits = Limits()) -> tuple[str, bool]:
         try:
             out, err = proc.communicate(code, timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
             return f"error: timed out after {limits.timeout_s:g} s", True
+        finally:  # timed out, or interrupted (the tool pool's alarm): none of it outlives the call
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if proc.returncode == 0:
@@ -122,4 +124,4 @@ def python_tool(code: str) -> str:
 @register_env("python")
 def python_env(row: EpisodeRow, options) -> ToolEnv:
     """The model may run Python (sandboxed) before it answers; a turn without a call is the answer."""
-    return ToolEnv([python_tool], options.tool_parser, options.tool_timeout_s)
+    return ToolEnv([python_tool], options)

@@ -10,15 +10,22 @@ model's chat template: `hermes` (Qwen2.5, Hermes: `<tool_call>{"name": ..., "arg
 
 from __future__ import annotations
 
+import atexit
+import functools
+import importlib
+import importlib.util
 import inspect
 import json
 import re
+import sys
 import threading
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from rlpost.envs.base import EnvStep, Turn
+from rlpost.rewards.executor import WorkerPool
 
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
 
@@ -100,37 +107,100 @@ def parse_hermes(text: str) -> Parsed:
     return Parsed(calls, errors)
 
 
-def run_tool(t: Tool, arguments: dict, timeout_s: float) -> tuple[str, bool]:
-    """(the result as text, whether it failed). The call runs in a thread and is given up after
-    `timeout_s` (a tool that must be stopped for good belongs in a sandbox: `rlpost.envs.sandbox`)."""
-    box: dict = {}
+def tool_reference(t: Tool) -> tuple[str, str | None, str]:
+    """(module, file, qualified name) of a tool's function: how a tool worker finds it. A tool
+    runs in a worker process, so it must be defined at the top level of a module or a file."""
+    fn = t.fn
+    module = sys.modules.get(fn.__module__)
+    if "<locals>" in fn.__qualname__ or module is None or not hasattr(fn, "__qualname__"):
+        raise TypeError(
+            f"tool {t.name}: {fn!r} is not defined at the top level of a module or a file; tools run in "
+            "worker processes, which find them by name"
+        )
+    return fn.__module__, getattr(module, "__file__", None), fn.__qualname__
 
-    def call():
+
+def _find_function(module_name: str, path: str | None, qualname: str) -> Callable:
+    """In a tool worker: the module by name when it imports, else the file run under that name."""
+    module = sys.modules.get(module_name)
+    if module is None and module_name != "__main__":
         try:
-            box["value"] = t.fn(**arguments)
-        except Exception as e:  # the model's arguments or the tool itself: the model reads why
-            box["error"] = f"{type(e).__name__}: {e}"
+            module = importlib.import_module(module_name)
+        except ImportError:
+            module = None
+    if module is None or module_name == "__main__":
+        if path is None:
+            raise ImportError(f"cannot find the module {module_name!r} of a tool")
+        spec = importlib.util.spec_from_file_location(f"rlpost_tools_{Path(path).stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    obj = functools.reduce(getattr, qualname.split("."), module)
+    return obj.fn if isinstance(obj, Tool) else obj
 
-    worker = threading.Thread(target=call, daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        return f"error: the tool {t.name} timed out after {timeout_s:g} s", True
-    if "error" in box:
-        return f"error: {box['error']}", True
-    value = box["value"]
-    return (value if isinstance(value, str) else json.dumps(value)), False
+
+def _tool_caller(references: dict[str, tuple]) -> Callable[[tuple[str, dict]], str]:
+    """The tool pool's function, built in the worker: (tool name, arguments) -> the result as text."""
+    fns = {name: _find_function(*ref) for name, ref in references.items()}
+
+    def call(item: tuple[str, dict]) -> str:
+        name, arguments = item
+        value = fns[name](**arguments)
+        return value if isinstance(value, str) else json.dumps(value)
+
+    return call
+
+
+_POOLS: dict[tuple, WorkerPool] = {}  # one per set of tools and limits, in this process
+_POOLS_LOCK = threading.Lock()
+
+
+@atexit.register  # before multiprocessing's own exit handler, which would wait for the workers
+def _close_pools() -> None:
+    for pool in _POOLS.values():
+        pool.close()
+
+
+def tool_pool(tools: list[Tool], workers: int, memory_mb: int) -> WorkerPool:
+    """The worker processes that run these tools (shared by every environment of this process that
+    has the same tools): the reward executor's pool, with a timeout per call and a memory cap."""
+    references = {t.name: tool_reference(t) for t in tools}
+    key = (tuple(sorted(references.items())), workers, memory_mb)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            setup = functools.partial(_tool_caller, references)
+            _POOLS[key] = WorkerPool(setup, workers, memory_mb, "tool", "env.tool_timeout_s")
+        return _POOLS[key]
 
 
 class ToolEnv:
     """An environment of tools: a turn with tool calls gets one `tool` message per call (the
-    result, or the error); a turn without any ends the episode (it is the answer)."""
+    result, or the error); a turn without any ends the episode (it is the answer).
 
-    def __init__(self, tools: list[Tool], parser: str = "hermes", timeout_s: float = 5.0):
-        if parser not in PARSERS:
-            raise KeyError(f"env.tool_parser={parser!r} is unknown; choose one of {sorted(PARSERS)}")
-        self.tools, self.parse, self.timeout_s = tools, PARSERS[parser], timeout_s
+    `options` is the run's `env` config section: `tool_parser` reads the calls; each runs in a
+    worker process (`env.workers` of them, `env.tool_memory_mb` each) for at most
+    `env.tool_timeout_s`; a tool that raises, hangs or kills its worker is answered with
+    `error: ...`, which the model reads."""
+
+    def __init__(self, tools: list[Tool], options):
+        if options.tool_parser not in PARSERS:
+            raise KeyError(f"env.tool_parser={options.tool_parser!r} is unknown; choose one of {sorted(PARSERS)}")
+        self.tools, self.parse, self.timeout_s = tools, PARSERS[options.tool_parser], options.tool_timeout_s
         self.by_name = {t.name: t for t in tools}
+        self.pool = tool_pool(tools, options.workers, options.tool_memory_mb)
+
+    def run(self, call: ToolCall) -> tuple[str, bool]:
+        """(the result as text, whether it failed)."""
+        if call.name not in self.by_name:
+            return f"error: no tool named {call.name!r}; there are {sorted(self.by_name)}", True
+        value, kind, message = self.pool.call((call.name, call.arguments), self.timeout_s)
+        if kind == "ok":
+            return value, False
+        if kind == "timeouts":
+            return f"error: the tool {call.name} timed out after {self.timeout_s:g} s", True
+        if kind == "crashes":
+            return f"error: the tool {call.name} crashed: {message}", True
+        return f"error: {message.strip().splitlines()[-1]}", True  # `Type: message`, the traceback's last line
 
     def step(self, turn: Turn) -> EnvStep:
         parsed = self.parse(turn.text)
@@ -139,11 +209,7 @@ class ToolEnv:
         messages = [{"role": "tool", "content": f"error: {e}"} for e in parsed.errors]
         errors = len(parsed.errors)
         for call in parsed.calls:
-            t = self.by_name.get(call.name)
-            if t is None:
-                content, failed = f"error: no tool named {call.name!r}; there are {sorted(self.by_name)}", True
-            else:
-                content, failed = run_tool(t, call.arguments, self.timeout_s)
+            content, failed = self.run(call)
             messages.append({"role": "tool", "content": content})
             errors += failed
         return EnvStep(messages=messages, tool_calls=len(parsed.calls) + len(parsed.errors), tool_errors=errors)

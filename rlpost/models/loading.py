@@ -239,7 +239,9 @@ def evaluate_start_episodes(path: str, rows: list[dict], samples: int, max_posit
     from rlpost.rollout.episodes import run_episodes
     from rlpost.rollout.hf import HFRolloutEngine
 
-    options = SimpleNamespace(tool_parser="hermes", tool_timeout_s=10.0, max_turns=4, timeout_s=300.0)
+    options = SimpleNamespace(
+        tool_parser="hermes", tool_timeout_s=10.0, workers=16, tool_memory_mb=4096, max_turns=4, timeout_s=300.0
+    )
     tokenizer = load_tokenizer(path)
     engine = HFRolloutEngine(path, "float32", "cpu", tokenizer.pad_token_id, tokenizer.eos_token_id, 2048)
     prompts = [tokenizer(r["prompt"], add_special_tokens=False).input_ids for r in rows]

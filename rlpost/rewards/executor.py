@@ -1,35 +1,52 @@
-"""Reward functions run like untrusted code: in a pool of worker processes, in parallel.
+"""Untrusted code runs in a pool of worker processes: reward functions, and the tools of
+multi-turn environments (`rlpost.envs.tools`).
+
+`WorkerPool` starts its processes when they are first needed. Each runs a function built in the
+worker by `setup` (so nothing but a picklable reference crosses), item by item, each under a
+timeout alarm, inside an address-space cap of `memory_mb`; an item that raises, returns a value its
+caller refuses (`BadValue`) or runs out of time comes back as `(None, kind, message)`, its kind one
+of `ERROR_KINDS`. The parent waits for each item at most its timeout plus a grace: a worker that
+dies (a crash, the memory cap, `os._exit`) or hangs where the alarm cannot reach (inside C code)
+is killed and replaced. `map` spreads a batch in one contiguous chunk per worker (one message
+each way per worker), and when a worker dies inside its chunk, scores the rest of it again one item
+per message, so that the item at fault is found and its neighbours still count; `call` runs one
+item on the next idle worker, from any number of threads (a tool call).
 
 `RewardPool.score(samples)` scores the samples of trusted scorers (rlpost's own, see
-`register_reward`) in this process, and splits the others into one contiguous chunk per worker. A worker
-scores its chunk sample by sample, each under a `reward.timeout_s` alarm, inside an address-space
-cap of `reward.memory_mb`; a sample that raises, returns something that is not a finite number,
-or runs out of time scores `reward.error_score` and is counted by kind (`ERROR_KINDS`). The parent
-waits for each chunk at most its samples' timeouts plus a grace: a worker that dies (a crash, the
-memory cap, `os._exit`) or hangs where the alarm cannot reach (inside C code) is killed and
-replaced, and the rest of its chunk is scored again one sample per message, so that the sample at
-fault is found and its neighbours still count. Each error keeps its traceback.
+`register_reward`) in this process and sends the others to a `WorkerPool`; a failed sample scores
+`reward.error_score` and is counted by kind, and the first error keeps its traceback.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing as mp
+import os
+import queue
 import signal
 import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
+from typing import Any, Callable
 
 from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, get_reward_fn
 
 ERROR_KINDS = ("errors", "timeouts", "bad_values", "crashes")  # `reward/<kind>` (errors: all of them)
-GRACE_S = 2.0  # on top of the timeouts: process start, pickling, a busy machine
+GRACE_S = 2.0  # on top of the timeouts: pickling, a busy machine
+START_S = 120.0  # for a worker to start and build its function (imports): not part of any timeout
+Result = tuple[Any, str, str]  # (value, kind, message): kind `ok` or one of ERROR_KINDS
 
 
-class SampleTimeout(BaseException):
+class ItemTimeout(BaseException):
     """Raised in a worker by the alarm: a BaseException, so `except Exception` in user code does
     not swallow it."""
+
+
+class BadValue(Exception):
+    """Raised by a pool's function when the user's code returned something its caller cannot use
+    (counted as `bad_values`)."""
 
 
 @dataclass
@@ -45,37 +62,33 @@ class Scores:
 
 # ------------------------------------------------------------------------------- in the worker
 def _alarm(signum, frame):
-    raise SampleTimeout()
+    raise ItemTimeout()
 
 
-def _score_one(fn, sample: RewardInput, kwargs: dict, timeout_s: float) -> tuple[float | None, str, str]:
-    """(value, kind, message): kind is `ok`, `errors`, `timeouts` or `bad_values`."""
-    scorer = fn if fn is not None else REWARDS.get(sample.data_source)
+def _call_one(fn: Callable, item, timeout_s: float, timeout_key: str) -> Result:
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
-        if scorer is None:
-            raise KeyError(f"no reward function registered for data_source {sample.data_source!r}; set reward.fn")
-        raw = scorer(sample, **(kwargs if fn is not None else {}))
+        value = fn(item)
         signal.setitimer(signal.ITIMER_REAL, 0)
-    except SampleTimeout:
-        return None, "timeouts", f"timed out after reward.timeout_s={timeout_s}"
+    except ItemTimeout:
+        return None, "timeouts", f"timed out after {timeout_key}={timeout_s:g}"
+    except BadValue as e:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        return None, "bad_values", str(e)
     except Exception:  # noqa: BLE001  (user code: any failure is counted, with its traceback)
         signal.setitimer(signal.ITIMER_REAL, 0)
         return None, "errors", traceback.format_exc(limit=-8)
-    return _checked(raw)
+    return value, "ok", ""
 
 
-def _checked(raw) -> tuple[float | None, str, str]:
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
-        return None, "bad_values", f"returned {raw!r} ({type(raw).__name__}), not a finite number"
-    return float(raw), "ok", ""
-
-
-def _worker(conn, spec: str, kwargs: dict, timeout_s: float, memory_mb: int) -> None:
+def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: str) -> None:
     # Ctrl-C and SIGTERM (sent to the whole process group by `timeout` or Slurm) are the
-    # controller's to handle; it ends this process, and so does its exit (the pipe closes)
+    # parent's to handle; it ends this process, and so does its exit (the pipe closes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # one item at a time: no thread pools (under the memory cap, OpenBLAS spins when it cannot
+    # allocate the buffers of one thread per core)
+    os.environ.update({k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
     if memory_mb > 0:
         import resource
 
@@ -83,20 +96,165 @@ def _worker(conn, spec: str, kwargs: dict, timeout_s: float, memory_mb: int) -> 
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     signal.signal(signal.SIGALRM, _alarm)
 
-    fn = get_reward_fn(spec)
+    try:
+        fn = setup()
+    except Exception:  # noqa: BLE001  (the user's module: the parent raises it, with the traceback)
+        conn.send(traceback.format_exc(limit=-8))
+        return
+    conn.send("ready")
     while True:
         try:
-            samples = conn.recv()
+            items, timeout_s = conn.recv()
         except EOFError:
             return
-        conn.send([_score_one(fn, s, kwargs, timeout_s) for s in samples])
+        conn.send([_call_one(fn, item, timeout_s, timeout_key) for item in items])
+
+
+def checked(raw) -> float:
+    """A reward function's value as a float; `BadValue` if it is not a finite number."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+        raise BadValue(f"returned {raw!r} ({type(raw).__name__}), not a finite number")
+    return float(raw)
+
+
+def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:
+    """The reward pool's function, built in the worker: `reward.fn`, or the scorer of each
+    sample's `data_source` (`auto`)."""
+    fn = get_reward_fn(spec)
+
+    def score(sample: RewardInput) -> float:
+        scorer = fn if fn is not None else REWARDS.get(sample.data_source)
+        if scorer is None:
+            raise KeyError(f"no reward function registered for data_source {sample.data_source!r}; set reward.fn")
+        return checked(scorer(sample, **(kwargs if fn is not None else {})))
+
+    return score
 
 
 # ------------------------------------------------------------------------------- in the parent
+class WorkerPool:
+    """`workers` processes that run the function `setup()` builds in each (`setup` must pickle:
+    a module-level function, or a `functools.partial` of one). Messages call them `name` workers and
+    name `timeout_key`. Use a pool either with `map` from one thread or with `call` from many."""
+
+    def __init__(self, setup: Callable[[], Callable], workers: int, memory_mb: int, name: str, timeout_key: str):
+        self.setup, self.memory_mb, self.name, self.timeout_key = setup, memory_mb, name, timeout_key
+        self.ctx = mp.get_context("spawn")  # the parent may have Ray's or torch's threads: never fork it
+        self.procs: list = [None] * workers
+        self.conns: list = [None] * workers
+        self.ready = [False] * workers
+        self.idle: queue.SimpleQueue[int] = queue.SimpleQueue()  # for `call`
+        for i in range(workers):
+            self.idle.put(i)
+
+    def _start(self, i: int) -> None:
+        parent, child = self.ctx.Pipe()
+        args = (child, self.setup, self.memory_mb, self.timeout_key)
+        proc = self.ctx.Process(target=_worker, args=args, daemon=True)
+        proc.start()
+        child.close()
+        self.procs[i], self.conns[i], self.ready[i] = proc, parent, False
+
+    def _wait_ready(self, i: int) -> None:
+        """Until worker `i` has built its function: its start is not counted in any timeout."""
+        if self.procs[i] is None:
+            self._start(i)
+        if self.ready[i]:
+            return
+        message = f"it did not start within {START_S:g} s"
+        if wait([self.conns[i]], timeout=START_S):
+            try:
+                message = self.conns[i].recv()
+            except (EOFError, OSError):
+                self.procs[i].join(timeout=5)
+                message = f"it died as it started (exit code {self.procs[i].exitcode})"
+        if message != "ready":
+            raise RuntimeError(f"a {self.name} worker could not start: {message}")
+        self.ready[i] = True
+
+    def _replace(self, i: int) -> None:
+        self.procs[i].kill()
+        self.procs[i].join()
+        self.conns[i].close()
+        self._start(i)
+
+    def _send(self, i: int, items: list, timeout_s: float) -> None:
+        """To worker `i` once it is ready; one not started yet is started, one that died in between
+        replaced."""
+        self._wait_ready(i)
+        try:
+            self.conns[i].send((items, timeout_s))
+        except OSError:  # BrokenPipeError: the worker is gone
+            self._replace(i)
+            self._wait_ready(i)
+            self.conns[i].send((items, timeout_s))
+
+    def _one(self, i: int, item, timeout_s: float) -> Result:
+        """`item` alone on worker `i`; the worker is replaced if it dies or hangs on it."""
+        self._send(i, [item], timeout_s)
+        conn = self.conns[i]
+        if wait([conn], timeout=timeout_s + GRACE_S):
+            try:
+                return conn.recv()[0]
+            except (EOFError, OSError):
+                self.procs[i].join(timeout=5)  # reaped: its exit code is known
+                result = None, "crashes", f"the {self.name} worker died (exit code {self.procs[i].exitcode})"
+        else:
+            result = None, "timeouts", f"timed out after {self.timeout_key}={timeout_s:g} (killed)"
+        self._replace(i)
+        return result
+
+    def call(self, item, timeout_s: float) -> Result:
+        """`item` on the next idle worker (blocks while all are busy); safe from many threads."""
+        i = self.idle.get()
+        try:
+            return self._one(i, item, timeout_s)
+        finally:
+            self.idle.put(i)
+
+    def map(self, items: list, timeout_s: float) -> list[Result]:
+        """Every item, in one contiguous chunk per worker; results in the items' order."""
+        results: list = [None] * len(items)
+        k = len(self.procs)
+        chunks = [range(i * len(items) // k, (i + 1) * len(items) // k) for i in range(k)]
+        for i, chunk in enumerate(chunks):
+            if chunk and self.procs[i] is None:
+                self._start(i)  # all at once: they start in parallel
+        waiting = {}
+        for i, chunk in enumerate(chunks):
+            if chunk:
+                self._send(i, [items[j] for j in chunk], timeout_s)
+                waiting[self.conns[i]] = (i, chunk, time.monotonic() + len(chunk) * timeout_s + GRACE_S)
+        while waiting:
+            deadline = min(d for *_, d in waiting.values())
+            for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
+                i, chunk, _ = waiting.pop(conn)
+                try:
+                    results[chunk.start : chunk.stop] = conn.recv()
+                except (EOFError, OSError):  # the worker died inside the chunk: find the culprit
+                    self._replace(i)
+                    results[chunk.start : chunk.stop] = [self._one(i, items[j], timeout_s) for j in chunk]
+            for conn, (i, chunk, d) in list(waiting.items()):
+                if time.monotonic() >= d and not conn.poll():  # hung where the alarm cannot reach
+                    waiting.pop(conn)
+                    self._replace(i)
+                    results[chunk.start : chunk.stop] = [self._one(i, items[j], timeout_s) for j in chunk]
+        return results
+
+    def close(self) -> None:
+        for conn in self.conns:
+            if conn is not None:
+                conn.close()
+        for proc in self.procs:
+            if proc is not None:
+                proc.kill()
+                proc.join()
+
+
 class RewardPool:
-    """`workers` processes that score with `reward.fn` = `spec` (and `kwargs`). Samples whose
-    scorer is trusted (`register_reward(..., trusted=True)`: rlpost's own) are scored in this
-    process instead; the processes start when the first other sample comes."""
+    """Scores with `reward.fn` = `spec` (and `kwargs`) in a `WorkerPool` of `workers`
+    processes. Samples whose scorer is trusted (`register_reward(..., trusted=True)`: rlpost's own)
+    are scored in this process instead; the processes start when the first other sample comes."""
 
     def __init__(
         self,
@@ -107,63 +265,21 @@ class RewardPool:
         memory_mb: int,
         error_score: float,
     ):
-        self.spec, self.kwargs, self.timeout_s, self.memory_mb = spec, dict(kwargs), timeout_s, memory_mb
-        self.error_score = error_score
+        self.spec, self.kwargs, self.timeout_s, self.error_score = spec, dict(kwargs), timeout_s, error_score
         self.fn = get_reward_fn(spec) if spec in TRUSTED else None  # None: by data_source, or in the pool
-        self.ctx = mp.get_context("spawn")  # the controller has Ray's threads: never fork it
-        self.procs: list = [None] * workers
-        self.conns: list = [None] * workers
+        setup = functools.partial(_scorer, spec, self.kwargs)
+        self.pool = WorkerPool(setup, workers, memory_mb, "reward", "reward.timeout_s")
 
     def trusted(self, sample: RewardInput) -> bool:
         return self.spec in TRUSTED or (self.spec == "auto" and sample.data_source in TRUSTED)
 
-    def _start(self, i: int) -> None:
-        parent, child = self.ctx.Pipe()
-        proc = self.ctx.Process(
-            target=_worker, args=(child, self.spec, self.kwargs, self.timeout_s, self.memory_mb), daemon=True
-        )
-        proc.start()
-        child.close()
-        self.procs[i], self.conns[i] = proc, parent
-
-    def _replace(self, i: int) -> None:
-        self.procs[i].kill()
-        self.procs[i].join()
-        self.conns[i].close()
-        self._start(i)
-
     def score(self, samples: list[RewardInput]) -> Scores:
         out = Scores(scores=[self.error_score] * len(samples))
-        if self.spec in TRUSTED:
-            rows = []
-            self._score_here(samples, range(len(samples)), out)
-        else:  # those for the pool
-            rows = [j for j, sample in enumerate(samples) if not self.trusted(sample)]
-            if len(rows) < len(samples):
-                self._score_here(samples, sorted(set(range(len(samples))) - set(rows)), out)
-        k = len(self.procs)
-        chunks = [rows[i * len(rows) // k : (i + 1) * len(rows) // k] for i in range(k)]
-        waiting = {}
-        for i, chunk in enumerate(chunks):
-            if chunk:
-                self._send(i, [samples[j] for j in chunk])
-                waiting[self.conns[i]] = (i, chunk, time.monotonic() + len(chunk) * self.timeout_s + GRACE_S)
-        while waiting:
-            deadline = min(d for *_, d in waiting.values())
-            for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
-                i, chunk, _ = waiting.pop(conn)
-                try:
-                    results = conn.recv()
-                except (EOFError, OSError):  # the worker died inside the chunk
-                    self._replace(i)
-                    self._one_by_one(i, samples, chunk, out)
-                    continue
-                self._record(out, chunk, results)
-            for conn, (i, chunk, d) in list(waiting.items()):
-                if time.monotonic() >= d and not conn.poll():  # hung where the alarm cannot reach
-                    waiting.pop(conn)
-                    self._replace(i)
-                    self._one_by_one(i, samples, chunk, out)
+        rows = [j for j, sample in enumerate(samples) if not self.trusted(sample)]  # those for the pool
+        if len(rows) < len(samples):
+            self._score_here(samples, sorted(set(range(len(samples))) - set(rows)), out)
+        if rows:
+            self._record(out, rows, self.pool.map([samples[j] for j in rows], self.timeout_s))
         return out
 
     def _score_here(self, samples: list[RewardInput], rows, out: Scores) -> None:
@@ -173,43 +289,13 @@ class RewardPool:
             sample = samples[j]
             try:
                 raw = fn(sample, **kwargs) if fn is not None else REWARDS[sample.data_source](sample)
+                scores[j] = raw if type(raw) is float and math.isfinite(raw) else checked(raw)
+            except BadValue as e:
+                self._record(out, [j], [(None, "bad_values", str(e))])
             except Exception:  # noqa: BLE001
                 self._record(out, [j], [(None, "errors", traceback.format_exc(limit=-8))])
-                continue
-            if type(raw) is float and math.isfinite(raw):  # what the built-ins return
-                scores[j] = raw
-            else:
-                self._record(out, [j], [_checked(raw)])
 
-    def _send(self, i: int, samples: list[RewardInput]) -> None:
-        """To worker `i`; one not started yet is started, one that died between batches replaced."""
-        if self.procs[i] is None:
-            self._start(i)
-        try:
-            self.conns[i].send(samples)
-        except OSError:  # BrokenPipeError: the worker is gone
-            self._replace(i)
-            self.conns[i].send(samples)
-
-    def _one_by_one(self, i: int, samples: list[RewardInput], chunk: list[int], out: Scores) -> None:
-        """Score the rows `chunk` again on worker `i`, one per message: the sample that kills or
-        hangs the worker is found (a crash, or a timeout) and the worker replaced again."""
-        for j in chunk:
-            self._send(i, [samples[j]])
-            conn = self.conns[i]
-            if wait([conn], timeout=self.timeout_s + GRACE_S):
-                try:
-                    self._record(out, [j], conn.recv())
-                    continue
-                except (EOFError, OSError):
-                    self.procs[i].join(timeout=5)  # reaped: its exit code is known
-                    kind, message = "crashes", f"the reward worker died (exit code {self.procs[i].exitcode})"
-            else:
-                kind, message = "timeouts", f"timed out after reward.timeout_s={self.timeout_s} (killed)"
-            self._replace(i)
-            self._record(out, [j], [(None, kind, message)])
-
-    def _record(self, out: Scores, rows: list[int], results: list) -> None:
+    def _record(self, out: Scores, rows: list[int], results: list[Result]) -> None:
         for j, (value, kind, message) in zip(rows, results):
             if kind == "ok":
                 out.scores[j] = value
@@ -222,10 +308,4 @@ class RewardPool:
                 out.first_error = f"sample {j}: {message}"
 
     def close(self) -> None:
-        for conn in self.conns:
-            if conn is not None:
-                conn.close()
-        for proc in self.procs:
-            if proc is not None:
-                proc.kill()
-                proc.join()
+        self.pool.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import ExitStack, contextmanager
+from datetime import timedelta
 from functools import partial
 
 import torch
@@ -53,7 +54,11 @@ class FSDPEngine:
             self.device, backend = torch.device("cpu"), "gloo"
         if not dist.is_initialized():
             dist.init_process_group(
-                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
+                backend,
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=cfg.cluster.stall_timeout_s),  # no collective waits forever
             )
         torch.manual_seed(cfg.run.seed)
         self.compute_dtype = DTYPES[cfg.model.dtype]

@@ -15,6 +15,7 @@ from rlpost.controller.cluster import QUIET_ENV, actor_env, quiet_libraries
 def clean_env(monkeypatch):
     for key in QUIET_ENV:
         monkeypatch.delenv(key, raising=False)
+    transformers.utils.logging.enable_progress_bar()  # as a fresh process has it (a run earlier turned it off)
     yield
     transformers.utils.logging.enable_progress_bar()
 

@@ -8,6 +8,7 @@ import tempfile
 
 import pytest
 
+from rlpost.config.schema import EnvConfig
 from rlpost.envs import ToolEnv, Turn
 from rlpost.envs.sandbox import Limits, python_tool, run_python
 
@@ -55,7 +56,7 @@ def test_nothing_of_the_host_and_no_folder_is_left(monkeypatch):
 
 
 def test_the_python_tool_in_an_environment():
-    env = ToolEnv([python_tool], timeout_s=30)
+    env = ToolEnv([python_tool], EnvConfig(tool_timeout_s=30))
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
     assert env.step(Turn(call, (), 0)).messages == [{"role": "tool", "content": "42\n"}]
     bad = '<tool_call>{"name": "python", "arguments": {"code": "open(\'/etc/hostname\')"}}</tool_call>'

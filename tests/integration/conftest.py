@@ -40,4 +40,7 @@ def base_overrides(tiny_cache):
         "logger.progress_bar=false",
         "logger.plot=false",  # drawn and checked by the quickstart's test
         "trainer.optim.lr=1e-3",
+        # one trainer rank: each actor costs seconds to start on 2 cores; the tests of what two
+        # ranks do (sharding, collectives, sharded checkpoints, merging LoRA) ask for two
+        "trainer.world_size=1",
     ]

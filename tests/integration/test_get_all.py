@@ -1,5 +1,6 @@
 """The controller's wait on a group of tasks: a failed rank is an error at once, not when the
-peers it left inside a collective time out."""
+peers it left inside a collective time out; a call that runs long is named while it runs and
+stops the run at its deadline."""
 
 import time
 
@@ -48,3 +49,28 @@ def test_the_first_failure_raises_at_once_and_a_preferred_error_wins(ray_session
     receiver = fails.remote("tensor 'w' differs", after_s=0.5)
     with pytest.raises(ray.exceptions.RayTaskError, match="tensor 'w' differs"):
         get_all([receiver, fails.remote("a receiver refused")], first=[receiver], grace_s=20.0)
+
+
+def test_a_stall_is_named_while_it_lasts_and_stops_the_wait_at_its_deadline(ray_session):
+    import ray
+
+    from rlpost.controller.cluster import Deadlines, Stall, get_all
+
+    @ray.remote(num_cpus=0)
+    def waits(seconds):
+        time.sleep(seconds)
+        return seconds
+
+    refs = [waits.remote(0.1), waits.remote(60)]
+    labels = {refs[0]: "rollout rank 0: generate", refs[1]: "trainer rank 1: update"}
+    said = []
+    start = time.time()
+    with pytest.raises(Stall, match=r"waited 3 s for trainer rank 1: update \(cluster.stall_timeout_s=3\)"):
+        get_all(refs, labels=labels, deadlines=Deadlines(warn_s=1.0, timeout_s=3.0, log=said.append))
+    assert 2.9 < time.time() - start < 15
+    # every second, what it still waits on: the rank that finished is not named
+    assert len(said) >= 2 and all(s.startswith("still waiting after ") for s in said)
+    assert all(s.endswith(" s for trainer rank 1: update") for s in said)
+    said.clear()
+    assert get_all([waits.remote(0.5)], deadlines=Deadlines(warn_s=0.2, timeout_s=30, log=said.append)) == [0.5]
+    assert said and said[0] == "still waiting after 0 s for a task"  # a ref without a label

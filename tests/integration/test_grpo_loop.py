@@ -43,6 +43,7 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     cfg = load_config(
         base_overrides(run_dir)
         + [
+            "trainer.world_size=2",  # the batch sharded over two ranks, the checkpoint too
             "trainer.total_steps=2",
             "trainer.save_every=1",
             "algo.kl_coef=0.01",
@@ -77,7 +78,10 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     assert ckpts == ["step_1", "step_2"]
 
     # resume: same run folder, one more step; continues from step 2 at weight version 2
-    cfg = load_config(base_overrides(run_dir) + ["trainer.total_steps=3", "trainer.resume=auto", "algo.kl_coef=0.01"])
+    cfg = load_config(
+        base_overrides(run_dir)
+        + ["trainer.world_size=2", "trainer.total_steps=3", "trainer.resume=auto", "algo.kl_coef=0.01"]
+    )
     train(cfg)
     resumed = [r for r in read_metrics(run_dir) if r["step"] == 3]
     assert len(resumed) == 1
@@ -91,6 +95,7 @@ def test_split_placement_with_layerwise_optimizer(ray_session, base_overrides, t
         base_overrides(run_dir)
         + [
             "trainer.total_steps=2",
+            "trainer.world_size=2",  # layerwise host states per rank
             "cluster.placement=split",
             "trainer.val_every=0",
             "trainer.optim.offload=layerwise",
@@ -120,6 +125,7 @@ def test_split_placement_with_layerwise_optimizer(ray_session, base_overrides, t
         base_overrides(run_dir)
         + [
             "trainer.total_steps=3",
+            "trainer.world_size=2",  # layerwise host states per rank
             "cluster.placement=split",
             "trainer.val_every=0",
             "trainer.optim.offload=layerwise",

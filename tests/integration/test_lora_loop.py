@@ -80,7 +80,8 @@ def test_merge_mode_syncs_merged_weights_and_exports(ray_session, base_overrides
     from rlpost.models.loading import load_causal_lm
 
     run_dir = tmp_path / "merge"
-    cfg = load_config(base_overrides(run_dir) + LORA + ["model.lora.mode=merge", "algo.kl_coef=0.01"])
+    two_ranks = ["trainer.world_size=2"]  # LoRA merged from sharded layers
+    cfg = load_config(base_overrides(run_dir) + LORA + ["model.lora.mode=merge", "algo.kl_coef=0.01", *two_ranks])
     logs = []
     c = Controller(cfg, log=logs.append)
     try:

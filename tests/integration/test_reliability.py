@@ -51,6 +51,7 @@ def test_killed_actors_are_replaced_and_the_run_ends_where_an_uninterrupted_one_
         return load_config(
             base_overrides(run_dir)
             + [
+                "trainer.world_size=2",  # a killed trainer rank leaves its peer in the collective
                 "trainer.total_steps=6",
                 "trainer.save_every=2",
                 "trainer.keep_checkpoints=5",
@@ -139,6 +140,7 @@ def test_a_run_saved_by_two_ranks_resumes_on_one(ray_session, base_overrides, tm
 
     def cfg(run_dir, *extra):
         steps = ["trainer.val_every=0", "trainer.optim.lr=3e-3", "algo.entropy_coef=0.01", "trainer.keep_checkpoints=5"]
+        steps.append("trainer.world_size=2")  # saved by two ranks (the last run resumes on one)
         return load_config(base_overrides(run_dir) + steps + [f"trainer.optim.offload={offload}", *extra])
 
     straight, moved = tmp_path / "straight", tmp_path / "moved"

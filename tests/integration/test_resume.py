@@ -48,6 +48,7 @@ def overrides(base_overrides, tmp_path, run_dir, placement, offload):
         f"data.val_files=[{val_file}]",
         "data.train_batch_size=4",
         "rollout.n=2",
+        "trainer.world_size=2",  # sharded checkpoints
         f"trainer.total_steps={STEPS}",
         "trainer.save_every=2",
         "trainer.keep_checkpoints=5",

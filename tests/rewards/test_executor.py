@@ -77,7 +77,7 @@ def test_auto_routes_by_data_source_and_counts_an_unknown_source():
         out = p.score([sample("7"), sample("#### 7", source="gsm8k"), sample("7", source="mystery")])
         assert out.scores == [1.0, 1.0, -1.0] and out.counts["errors"] == 1 and out.error_rows == [2]
         assert "mystery" in out.first_error
-        assert sum(proc is not None for proc in p.procs) == 1  # started for the unknown source only
+        assert sum(proc is not None for proc in p.pool.procs) == 1  # started for the unknown source only
     finally:
         p.close()
 
@@ -87,7 +87,7 @@ def test_trusted_scorers_run_here_and_start_no_process():
     try:
         out = p.score([sample("7"), sample("8"), sample(" 7 ")])
         assert out.scores == [1.0, 0.0, 1.0] and out.counts["errors"] == 0
-        assert p.procs == [None, None]
+        assert p.pool.procs == [None, None]
     finally:
         p.close()
 
