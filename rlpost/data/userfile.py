@@ -15,11 +15,17 @@ def load_from_file(spec: str, key: str) -> Callable:
     path = Path(path_str).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{key}={spec!r}: no file {path}")
-    module_spec = importlib.util.spec_from_file_location(f"rlpost_user_{key.replace('.', '_')}_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module  # what it defines can be found by module and name (tools)
-    module_spec.loader.exec_module(module)
-    fn = getattr(module, name, None)
+    fn = getattr(run_file(path, f"rlpost_user_{key.replace('.', '_')}_{path.stem}"), name, None)
     if not callable(fn):
         raise AttributeError(f"{key}={spec!r}: {path} defines no function {name!r}")
     return fn
+
+
+def run_file(path: Path | str, module_name: str):
+    """The module of the Python file at `path`, run under `module_name` and registered in
+    `sys.modules`, so that what it defines can be found by module and name (tool workers do)."""
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module
+    module_spec.loader.exec_module(module)
+    return module

@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib
-import importlib.util
 import inspect
 import json
 import re
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from rlpost.data.userfile import run_file
 from rlpost.envs.base import EnvStep, Turn
 from rlpost.rewards.executor import WorkerPool
 
@@ -112,7 +112,7 @@ def tool_reference(t: Tool) -> tuple[str, str | None, str]:
     runs in a worker process, so it must be defined at the top level of a module or a file."""
     fn = t.fn
     module = sys.modules.get(fn.__module__)
-    if "<locals>" in fn.__qualname__ or module is None or not hasattr(fn, "__qualname__"):
+    if module is None or "<locals>" in fn.__qualname__:
         raise TypeError(
             f"tool {t.name}: {fn!r} is not defined at the top level of a module or a file; tools run in "
             "worker processes, which find them by name"
@@ -121,20 +121,18 @@ def tool_reference(t: Tool) -> tuple[str, str | None, str]:
 
 
 def _find_function(module_name: str, path: str | None, qualname: str) -> Callable:
-    """In a tool worker: the module by name when it imports, else the file run under that name."""
+    """In a tool worker: the module by name when it imports (a script's `__main__` does not), else
+    the file run under that name."""
     module = sys.modules.get(module_name)
     if module is None and module_name != "__main__":
         try:
             module = importlib.import_module(module_name)
         except ImportError:
-            module = None
+            pass
     if module is None or module_name == "__main__":
         if path is None:
             raise ImportError(f"cannot find the module {module_name!r} of a tool")
-        spec = importlib.util.spec_from_file_location(f"rlpost_tools_{Path(path).stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+        module = run_file(path, f"rlpost_tools_{Path(path).stem}")
     obj = functools.reduce(getattr, qualname.split("."), module)
     return obj.fn if isinstance(obj, Tool) else obj
 
