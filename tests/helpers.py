@@ -2,6 +2,7 @@
 thread, the one reference for log-probs, a sampling check, ranks in processes, the layerwise
 optimizer against torch's AdamW. Test modules import from here, never from each other."""
 
+import json
 import threading
 
 import pytest
@@ -315,3 +316,24 @@ def failure(stderr: str) -> str:
     sync (`weight_sync.timeout_s`) and the errors come last."""
     lines = [line for line in stderr.splitlines() if "Loading weights" not in line and "shards" not in line]
     return "\n".join(lines)[-12000:]
+
+
+# ------------------------------------------------------ the resume tests' data and crash
+PROBLEMS = [
+    f"{a}+{b}="
+    for a, b in [(12, 34), (7, 70), (99, 1), (45, 45), (18, 27), (60, 3), (21, 9), (33, 44), (50, 50), (8, 19)]
+]
+
+
+class Crash(RuntimeError):
+    """A test's stand-in for a killed run (raised inside a step)."""
+
+
+def write_rows(path, prompts):
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": p, "ground_truth": str(eval(p[:-1])).zfill(3), "data_source": "arithmetic"}) + "\n"
+            for p in prompts
+        )
+    )
+    return str(path)

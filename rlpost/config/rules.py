@@ -170,6 +170,21 @@ def colocated_actor_per_rank(cfg):
         )
 
 
+@rule("algo.async_rollouts")
+def async_rollouts_need_split(cfg):
+    from rlpost.algos.algorithms import get_algorithm
+
+    if not cfg.algo.async_rollouts:
+        return None
+    if cfg.cluster.placement != "split":
+        return "algo.async_rollouts=true needs cluster.placement=split (the rollouts generate while the trainer trains)"
+    if get_algorithm(cfg.algo.name).batch_filter != "none":
+        return (
+            f"algo.async_rollouts=true with algo.name={cfg.algo.name}: its batch filter (dynamic sampling) "
+            "works on whole generated batches; use algo.async_rollouts=false"
+        )
+
+
 @rule("trainer.optim.betas")
 def adam_betas(cfg):
     betas = list(cfg.trainer.optim.betas)

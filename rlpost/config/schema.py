@@ -244,6 +244,24 @@ class AlgoConfig:
         "trains); 0 = synchronous. Colocate placement is always synchronous.",
         ge=0,
     )
+    async_rollouts: bool = knob(
+        False,
+        "Split placement: the rollout actors generate without pause (fully asynchronous). Each "
+        "rollout call's groups reach the controller as it finishes; a step trains the first "
+        "`data.train_batch_size` groups at hand; a weight sync lands between two decoding steps "
+        "of the generations under way, which go on with the new weights (partial rollouts, "
+        "each token's weight version recorded). At most (`max_staleness` + 1) batches of "
+        "prompts are out at once; a group whose first token lags the trainer by more than "
+        "`max_staleness` versions is handled by `stale_groups`. `max_staleness=0` trains exactly "
+        "what the synchronous loop trains.",
+    )
+    stale_groups: str = knob(
+        "regenerate",
+        "Async rollouts: a group older than `max_staleness` versions is generated again with the "
+        "current weights (`regenerate`: every prompt still trains once) or skipped for this epoch "
+        "(`drop`); counted in `async/regenerated_groups`, `async/dropped_groups`.",
+        ("regenerate", "drop"),
+    )
     rollout_is: str = knob(
         "token",
         "Truncated importance sampling (TIS) of the rollout/trainer mismatch: "

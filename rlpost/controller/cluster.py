@@ -165,37 +165,45 @@ class Deadlines:
         return Deadlines(cfg.cluster.stall_warn_s, cfg.cluster.stall_timeout_s, log)
 
 
-def get_all(
-    refs: list, first: list = (), grace_s: float = 10.0, labels: dict | None = None, deadlines: Deadlines = Deadlines()
-) -> list:
-    """`ray.get(refs)`, which raises as soon as one task fails: a rank that failed inside a
-    collective leaves its peers waiting for it until the process group times out. When the failure
-    is not one of `first` (tasks whose errors say more: a rollout's names the tensor at fault),
-    those get `grace_s` to fail too, and their error is raised instead. While tasks run, every
-    `deadlines.warn_s` the calls still running are named (`labels`: ref -> "role rank r: method");
-    past `deadlines.timeout_s` a `Stall` names them."""
+def wait_first(refs: list, start: float, labels: dict | None = None, deadlines: Deadlines = Deadlines()):
+    """The first of `refs` to finish (not fetched). Counted from `start`, every `deadlines.warn_s`
+    the calls still running are named (`labels`: ref -> "role rank r: method"); past
+    `deadlines.timeout_s` a `Stall` names them."""
     labels = labels or {}
-    start = time.monotonic()
-    pending, next_warn = list(refs), start + deadlines.warn_s
-    while pending:
-        until = min(next_warn, start + deadlines.timeout_s) - time.monotonic()
-        ready, pending = ray.wait(pending, num_returns=1, timeout=None if until == math.inf else max(0.0, until))
-        if ready:
-            try:
-                ray.get(ready)
-            except ray.exceptions.RayError:
-                _prefer(first, grace_s)
-                raise
-            continue
+    while True:
         waited = time.monotonic() - start
-        what = "; ".join(labels.get(r, "a task") for r in pending)
+        warn = start + (math.floor(waited / deadlines.warn_s) + 1) * deadlines.warn_s
+        until = min(warn, start + deadlines.timeout_s) - time.monotonic()
+        ready, _ = ray.wait(list(refs), num_returns=1, timeout=None if until == math.inf else max(0.0, until))
+        if ready:
+            return ready[0]
+        waited = time.monotonic() - start
+        what = "; ".join(labels.get(r, "a task") for r in refs)
         if waited >= deadlines.timeout_s:
             raise Stall(
                 f"waited {waited:.0f} s for {what} (cluster.stall_timeout_s={deadlines.timeout_s:g}): "
                 "the call is stuck or slower than the limit allows"
             )
         deadlines.log(f"still waiting after {waited:.0f} s for {what}")
-        next_warn += deadlines.warn_s
+
+
+def get_all(
+    refs: list, first: list = (), grace_s: float = 10.0, labels: dict | None = None, deadlines: Deadlines = Deadlines()
+) -> list:
+    """`ray.get(refs)`, which raises as soon as one task fails: a rank that failed inside a
+    collective leaves its peers waiting for it until the process group times out. When the failure
+    is not one of `first` (tasks whose errors say more: a rollout's names the tensor at fault),
+    those get `grace_s` to fail too, and their error is raised instead. Waits with `deadlines`
+    (`wait_first`)."""
+    start, pending = time.monotonic(), list(refs)
+    while pending:
+        ready = wait_first(pending, start, labels, deadlines)
+        pending.remove(ready)
+        try:
+            ray.get(ready)
+        except ray.exceptions.RayError:
+            _prefer(first, grace_s)
+            raise
     return ray.get(list(refs))
 
 
@@ -218,12 +226,23 @@ def _address() -> tuple[str, int]:
 
 class WorkerGroup:
     """N actors of one role; `call` runs a method on all of them, `call_sharded` splits a batch
-    by data-parallel rank first. Both gather the results in rank order."""
+    by data-parallel rank first. Both gather the results in rank order. The methods named in
+    `control` run on a thread of their own in each actor (a Ray concurrency group), beside the
+    others, which run one at a time in the order they were called."""
 
     def __init__(
-        self, cls, cfg: TrainConfig, placement: Placement, bundles: list[int], role: str, args_for_rank, log=print
+        self,
+        cls,
+        cfg: TrainConfig,
+        placement: Placement,
+        bundles: list[int],
+        role: str,
+        args_for_rank,
+        log=print,
+        control: tuple[str, ...] = (),
     ):
-        remote_cls = ray.remote(cls)
+        remote_cls = ray.remote(concurrency_groups={"control": 1})(cls) if control else ray.remote(cls)
+        self.control = control
         self.role, self.deadlines = role, Deadlines.of(cfg, log)
         self.labels: dict = {}  # the calls under way: ref -> "role rank r: method"
         self.workers = [
@@ -238,7 +257,10 @@ class WorkerGroup:
 
     def submit(self, rank: int, method: str, *args, **kwargs):
         """Start `method` on the actor of `rank`; returns its future (wait on it with `get`)."""
-        ref = getattr(self.workers[rank], method).remote(*args, **kwargs)
+        call = getattr(self.workers[rank], method)
+        if method in self.control:
+            call = call.options(concurrency_group="control")
+        ref = call.remote(*args, **kwargs)
         self.labels[ref] = f"{self.role} rank {rank}: {method}"
         return ref
 

@@ -123,7 +123,14 @@ class Controller:
                 check_plan(cfg, gpu_plan(cfg, shape_of(cfg, self.model_path), reports[0][0]["total"]), self.log)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         self.rollouts = WorkerGroup(
-            RolloutWorker, cfg, p, p.rollout_bundles, "rollout", lambda r: (cfg, self.model_path, r, pad, eos), self.log
+            RolloutWorker,
+            cfg,
+            p,
+            p.rollout_bundles,
+            "rollout",
+            lambda r: (cfg, self.model_path, r, pad, eos),
+            self.log,
+            control=("receive_weights",) if cfg.algo.async_rollouts else (),  # a sync beside the generation
         )
         r = cfg.reward
         self.reward_pool = RewardPool(r.fn, r.kwargs, r.num_workers, r.timeout_s, r.memory_mb, r.error_score)
@@ -138,7 +145,7 @@ class Controller:
     # ---------------------------------------------------------------------------- one step
     def train_step(self) -> dict[str, float]:
         cfg, timing = self.cfg, {}
-        scored = self.batches.next_scored(self.step, self.keep_groups)  # timing_s/gen, reward (, filter)
+        scored = self.batches.next_scored(self.step, self.keep_groups, self.version)  # timing_s/gen, reward (, filter)
         batch = scored.batch
         staleness = check_staleness(batch, self.version, self.cfg.algo.max_staleness if self.batches.overlap else 0)
         self.samples.write(self.step + 1, scored.rows, cfg.rollout.n, scored.responses, scored.scores.tolist())
@@ -172,6 +179,7 @@ class Controller:
             for group in self._trained():
                 group.call("release_memory")  # vLLM wakes up into this memory
         sync = self.sync_weights()  # in the warm-up the same version again: a sleeping vLLM dropped it
+        self.batches.synced(self.step + 1)
         return {
             **batch_metrics(batch, scored.scores, scored.errors, cfg.rollout.n),
             **scored.metrics,

@@ -3,7 +3,8 @@
 Prompts are split over the rollout actors (groups stay whole) and the results come back in prompt
 order. In split placement with `algo.max_staleness > 0` (one-step-off-policy) the batches of the
 next steps are launched before the current one trains, so generation overlaps training; a batch
-records the weight version that generated it.
+records the weight version that generated it. With `algo.async_rollouts` the batches come from a
+`Stream` (`controller/stream.py`) instead.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from rlpost.config import TrainConfig
 from rlpost.controller.cluster import WorkerGroup
 from rlpost.controller.step import env_metrics, group_ids, sampling_params, shape_rewards, timed
+from rlpost.controller.stream import Stream
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptLoader, PromptRow
 from rlpost.data.padding import check_masks, concat_generations
@@ -99,6 +101,7 @@ class Rollouts:
         self.reward_models = reward_models
         self.overlap = cfg.cluster.placement == "split" and cfg.algo.max_staleness > 0
         self.pending: deque[Pending] = deque()
+        self.stream = Stream(self) if cfg.algo.async_rollouts else None
 
     def launch(self, rows: list[PromptRow], params: SamplingParams) -> list:
         k = len(self.group)
@@ -119,6 +122,7 @@ class Rollouts:
 
     def gather(self, refs: list, num_prompts: int, n: int) -> Batch:
         batch = concat_generations(self.group.get(refs), self.pad_id)
+        batch.tensors.pop("token_versions", None)  # (async rollouts read them: `Stream`)
         check_masks(batch)
         batch["group_ids"] = group_ids(num_prompts, n)
         return batch
@@ -160,16 +164,26 @@ class Rollouts:
         if self.cfg.cluster.placement == "colocate":
             self.group.call("sleep")
 
-    def next_scored(self, step: int, keep_groups=None) -> Scored:
-        """The scored batch that trains step `step` + 1, its `rewards` shaped (`shape_rewards`).
-        With a batch filter (`keep_groups(rewards, group_ids)` -> [N] bool, e.g. DAPO's dynamic
-        sampling) the groups it drops are replaced by groups of new prompts, at most
-        `algo.max_filter_rounds` extra generations; past that the dropped groups fill the batch."""
+    def synced(self, steps: int) -> None:
+        """The weights of `steps` trained steps reached the rollouts (async rollouts: more may start)."""
+        if self.stream is not None:
+            self.stream.top_up(synced=steps, taken=steps)
+
+    def next_scored(self, step: int, keep_groups=None, version: int = 0) -> Scored:
+        """The scored batch that trains step `step` + 1 (by the trainer at weight `version`), its
+        `rewards` shaped (`shape_rewards`). With a batch filter (`keep_groups(rewards,
+        group_ids)` -> [N] bool, e.g. DAPO's dynamic sampling) the groups it drops are replaced by
+        groups of new prompts, at most `algo.max_filter_rounds` extra generations; past that the
+        dropped groups fill the batch."""
         cfg, n, timing = self.cfg, self.cfg.rollout.n, {}
-        with timed(timing, "gen"):  # the wait: less when generation overlapped the last step
-            rows, batch = self.next_batch(step)
-        with timed(timing, "reward"):
-            out = Scored(rows, batch, *self.score(rows, batch, n))
+        if self.stream is not None:  # the wait, scoring as the units come (`timing_s/reward`) included
+            with timed(timing, "gen"):
+                out = self.stream.next(step, version)
+        else:
+            with timed(timing, "gen"):  # the wait: less when generation overlapped the last step
+                rows, batch = self.next_batch(step)
+            with timed(timing, "reward"):
+                out = Scored(rows, batch, *self.score(rows, batch, n))
         if keep_groups is not None:
             with timed(timing, "filter"):
                 out = self._filtered(step, out, keep_groups)
@@ -282,10 +296,13 @@ class Rollouts:
         by the weights before this step's), so that a resumed run trains on exactly what this one
         would have."""
         pending = [(job.rows, self.group.get(job.refs, done=False)) for job in self.pending]
-        return {"loader": self.loader.state_dict(), "pending": pending}
+        stream = {"stream": self.stream.state_dict()} if self.stream is not None else {}
+        return {"loader": self.loader.state_dict(), "pending": pending, **stream}
 
     def load_state_dict(self, state: dict) -> None:
         import ray
 
         self.loader.load_state_dict(state["loader"])
+        if self.stream is not None and "stream" in state:
+            self.stream.load_state_dict(state["stream"])
         self.pending = deque(Pending(rows, [ray.put(part) for part in parts]) for rows, parts in state["pending"])

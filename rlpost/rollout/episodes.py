@@ -132,6 +132,7 @@ def run_episodes(
     if len(envs) != len(prompts) * n:
         raise ValueError(f"{len(envs)} environments for {len(prompts)} prompts x {n} episodes")
     episodes = [Episode(env, list(prompts[i // n]), time.monotonic()) for i, env in enumerate(envs)]
+    version = engine.weight_version  # the first turns' (a sync may land between turns)
     turns: Turns = engine.turns(params) if hasattr(engine, "turns") else RoundTurns(engine, params)
     for i, e in enumerate(episodes):
         turns.add(i, e.prompt, params.max_tokens)
@@ -172,7 +173,7 @@ def run_episodes(
                     continue
                 e.add(suffix, False)
                 turns.add(i, e.prompt + e.response, params.max_tokens - len(e.response))
-    return episodes_batch(episodes, pad, engine.weight_version)
+    return episodes_batch(episodes, pad, version)
 
 
 def episodes_batch(episodes: list[Episode], pad_id: int, weight_version: int) -> Batch:

@@ -2,7 +2,11 @@
 
 With `lora` (model.lora.mode=adapter) the model is wrapped with peft like the trainer's policy
 (`apply_lora`): a base sync loads the base parameters, an adapter sync lora_A/lora_B (held in
-float32, as sent), and generation runs base + adapter. Both are read back for verification."""
+float32, as sent), and generation runs base + adapter. Both are read back for verification.
+
+Each decoding step passes a pause point (`Pauser`, through a logits processor that changes
+nothing): a weight sync on another thread (`algo.async_rollouts`) lands between two tokens, and
+`token_versions` records the version that computed each token's distribution."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from rlpost.data.padding import (
     token_logprobs,
 )
 from rlpost.models.loading import load_causal_lm
-from rlpost.rollout.base import SamplingParams
+from rlpost.rollout.base import Pauser, SamplingParams
 from rlpost.weightsync.manifest import Manifest, manifest_of
 
 
@@ -53,15 +57,33 @@ class HFRolloutEngine:
         self.model.eval().requires_grad_(False)
         self.pad_id, self.eos_id, self.batch_size = pad_id, eos_id, batch_size
         self.weight_version = 0
+        self.pauser = Pauser()
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
         torch.manual_seed(params.seed)
         rows = [p for p in prompts for _ in range(params.n)]
-        chunks = [
-            self._generate_chunk(rows[i : i + self.batch_size], params) for i in range(0, len(rows), self.batch_size)
-        ]
+        with self.pauser.generating():
+            chunks = [
+                self._generate_chunk(rows[i : i + self.batch_size], params)
+                for i in range(0, len(rows), self.batch_size)
+            ]
         return concat_generations(chunks, self.pad_id)
+
+    def _step_hook(self, versions: list[int]):
+        """A logits processor that returns the scores unchanged: it notes the version that computed
+        them (the token sampled from them is that version's), then lets a waiting sync in."""
+        from transformers import LogitsProcessor
+
+        engine = self
+
+        class StepHook(LogitsProcessor):
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+                versions.append(engine.weight_version)
+                engine.pauser.point()
+                return scores
+
+        return StepHook()
 
     def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> Batch:
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
@@ -75,8 +97,10 @@ class HFRolloutEngine:
                 "top_p": params.top_p,
                 "top_k": params.top_k,
             }  # 0 = off
+        versions: list[int] = []
         out = self.model.generate(
             input_ids=prompt_ids.to(self.device),
+            logits_processor=[self._step_hook(versions)],
             attention_mask=prompt_mask.long().to(self.device),
             max_new_tokens=params.max_tokens,
             pad_token_id=self.pad_id,
@@ -91,6 +115,7 @@ class HFRolloutEngine:
         scores = torch.stack(out.scores, dim=1).float().cpu()
         logprobs = token_logprobs(scores, response_ids)
         response_mask = response_mask_from_eos(response_ids, self.eos_id)
+        token_versions = torch.tensor(versions[: response_ids.shape[1]], dtype=torch.long).expand_as(response_ids)
         return Batch(
             {
                 "prompt_ids": prompt_ids,
@@ -99,7 +124,8 @@ class HFRolloutEngine:
                 "response_mask": response_mask,
                 "loss_mask": response_mask.clone(),  # single-turn: every response token is the model's
                 "rollout_logprobs": logprobs * response_mask,
-                "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
+                "weight_version": token_versions[:, 0].clone(),
+                "token_versions": token_versions * response_mask,
             }
         )
 
@@ -107,7 +133,7 @@ class HFRolloutEngine:
         return manifest_of(self.params.items())
 
     def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-        for name, tensor in named_tensors:
+        for name, tensor in named_tensors:  # (the caller holds `pauser.loading()`)
             self.params[name].data.copy_(tensor)
 
     def loaded_tensor(self, name: str) -> torch.Tensor:

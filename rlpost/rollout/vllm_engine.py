@@ -32,7 +32,7 @@ import torch
 
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, right_pad
-from rlpost.rollout.base import SamplingParams
+from rlpost.rollout.base import Pauser, SamplingParams
 from rlpost.weightsync.manifest import Manifest, TensorSpec
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
@@ -157,6 +157,7 @@ class VLLMTurns:
         from vllm.sampling_params import RequestOutputKind
 
         self.core, self.params, self.eos_id = engine.llm.llm_engine, params, engine.eos_id
+        self.pauser = engine.pauser
         self.lora_request, self.final_only = engine.lora_request, RequestOutputKind.FINAL_ONLY
         self.keys: dict[str, int] = {}  # request id -> episode
         self.turn_of: dict[int, int] = {}
@@ -179,7 +180,9 @@ class VLLMTurns:
 
     def step(self) -> list[tuple[int, list[int], list[float]]]:
         done = []
-        for out in self.core.step():
+        with self.pauser.generating():  # a sync lands between two scheduler steps
+            outputs = self.core.step()
+        for out in outputs:
             if out.finished:
                 c = out.outputs[0]
                 tokens = list(c.token_ids)
@@ -213,6 +216,7 @@ class VLLMRolloutEngine:
         self.sleep_mode = sleep_mode
         self.asleep = False
         self.weight_version = 0
+        self.pauser = Pauser()  # a sync waits for the generation under way (its turns: for their step)
         self.manifest = expected_manifest(model_path, dtype, trust_remote_code)
         self._by_name = {s.name: s for s in self.manifest}
         # on the CPU backend gpu_memory_utilization is the share of host memory vLLM may reserve
@@ -261,12 +265,13 @@ class VLLMRolloutEngine:
             sampling(params, params.n, params.max_tokens, params.seed + i * params.n, self.eos_id)
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts],
-            per_prompt,
-            use_tqdm=False,
-            lora_request=self.lora_request,
-        )
+        with self.pauser.generating():
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompts],
+                per_prompt,
+                use_tqdm=False,
+                lora_request=self.lora_request,
+            )
         rows, responses, logprobs = [], [], []
         for prompt, out in zip(prompts, outputs):
             for c in sorted(out.outputs, key=lambda c: c.index):

@@ -132,9 +132,10 @@ class RolloutWorker:
             expected, load, loaded = e.adapter_manifest(), e.load_adapter, e.loaded_adapter_tensor
         else:
             expected, load, loaded = e.weight_manifest(), e.load_weights, e.loaded_tensor
-        with stacks_if_stuck(self.cfg.weight_sync.timeout_s / 2):
+        # (async rollouts: this runs beside a generation, which pauses at its next step meanwhile)
+        with stacks_if_stuck(self.cfg.weight_sync.timeout_s / 2), e.pauser.loading():
             stats = receive_weights(self.sync_group, expected, version, load, loaded)
-        e.weight_version = version
+            e.weight_version = version
         return {
             "weight_sync/recv_s": stats.seconds,
             "weight_sync/recv_bytes": float(stats.bytes),

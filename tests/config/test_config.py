@@ -110,6 +110,10 @@ VIOLATIONS = {
     "vllm_is_installed": [["rollout.backend=vllm"]],
     "one_parameter_offload": [["trainer.param_offload=true", "trainer.optim.offload=cpu"]],
     "colocated_actor_per_rank": [["rollout.num_workers=3"]],
+    "async_rollouts_need_split": [
+        ["algo.async_rollouts=true", "cluster.placement=colocate"],
+        ["algo.async_rollouts=true", "cluster.placement=split", "algo.name=dapo"],
+    ],
     "adam_betas": [
         ["trainer.optim.betas=[0.9,1.0]"],
         ["trainer.optim.betas=[-0.1,0.9]"],

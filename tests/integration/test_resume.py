@@ -13,29 +13,11 @@ import torch
 from rlpost.config import load_config
 from rlpost.controller import loop
 from rlpost.controller.run import train
-from tests.helpers import assert_equal, trainer_state
+from tests.helpers import PROBLEMS, Crash, assert_equal, trainer_state, write_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS, CRASH_AT = 6, 4  # checkpoints at steps 2, 4, 6; the crash loses step 3
-PROBLEMS = [
-    f"{a}+{b}="
-    for a, b in [(12, 34), (7, 70), (99, 1), (45, 45), (18, 27), (60, 3), (21, 9), (33, 44), (50, 50), (8, 19)]
-]
-
-
-class Crash(RuntimeError):
-    pass
-
-
-def write_rows(path, prompts):
-    path.write_text(
-        "".join(
-            json.dumps({"prompt": p, "ground_truth": str(eval(p[:-1])).zfill(3), "data_source": "arithmetic"}) + "\n"
-            for p in prompts
-        )
-    )
-    return str(path)
 
 
 def overrides(base_overrides, tmp_path, run_dir, placement, offload):

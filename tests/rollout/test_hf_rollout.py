@@ -41,3 +41,53 @@ def test_the_same_seed_gives_the_same_samples(tiny):
     assert torch.equal(a["response_ids"], b["response_ids"])
     c = engine.generate(prompts, SamplingParams(n=4, max_tokens=8, seed=6))
     assert not torch.equal(a["response_ids"], c["response_ids"])
+
+
+def test_a_sync_lands_between_two_tokens_and_each_token_records_its_version(tmp_path):
+    """A partial rollout: a load (on another thread, as a sync runs in async rollouts) waits for
+    the next decoding step, the generation goes on with the new weights, and `token_versions` and
+    the log-probs say which weights sampled each token. The new weights differ in the final norm
+    only, which the KV cache does not hold: after the switch a token's log-prob is exactly the new
+    model's, before it the old model's."""
+    import copy
+    import threading
+
+    from tests.helpers import reference_logprobs
+
+    model, tok = save_tiny_model(tmp_path)
+    engine = HFRolloutEngine(str(tmp_path), "float32", "cpu", tok.pad_token_id, tok.eos_token_id, batch_size=16)
+    engine.eos_id = -1  # never stop early: every row spans the switch
+    new = copy.deepcopy(model)
+    new.model.norm.weight.data.mul_(2.5)
+    switch_at, calls, reached = 4, [0], threading.Event()
+    point = engine.pauser.point
+
+    def paused_point():  # the generation's 5th decoding step waits until the load has asked
+        calls[0] += 1
+        if calls[0] == switch_at:
+            reached.set()
+            while not engine.pauser._loads:
+                pass
+        point()
+
+    engine.pauser.point = paused_point
+    out = {}
+    prompts = [tok(p)["input_ids"] for p in ("12+34=", "7*8=")]
+    thread = threading.Thread(
+        target=lambda: out.update(batch=engine.generate(prompts, SamplingParams(n=3, max_tokens=9, seed=1)))
+    )
+    thread.start()
+    assert reached.wait(60)
+    with engine.pauser.loading():
+        engine.load_weights(new.named_parameters())
+        engine.weight_version = 1
+    thread.join(60)
+    batch = out["batch"]
+    expected = torch.tensor([0] * switch_at + [1] * (9 - switch_at))
+    assert torch.equal(batch["token_versions"], expected.expand(6, 9))
+    assert torch.equal(batch["weight_version"], torch.zeros(6, dtype=torch.long))  # each row's first token's
+    got = batch["rollout_logprobs"]
+    old_ref, new_ref = reference_logprobs(model, batch, 1.0), reference_logprobs(new, batch, 1.0)
+    assert (got[:, :switch_at] - old_ref[:, :switch_at]).abs().max() < 1e-4
+    assert (got[:, switch_at:] - new_ref[:, switch_at:]).abs().max() < 1e-4
+    assert (got[:, switch_at:] - old_ref[:, switch_at:]).abs().max() > 1e-2  # the switch shows
