@@ -5,7 +5,13 @@
   log-probs out) vs `raw`: `vllm.LLM.generate` with the same engine arguments and the same
   `SamplingParams` (goal: rlpost >= 0.95 x raw);
 - `--lora-rank R`: `merged` (plain weights, what merge mode syncs) vs `adapter` (the same
-  engine with `enable_lora` serving a rank-R adapter on every linear layer through `LoRARequest`).
+  engine with `enable_lora` serving a rank-R adapter on every linear layer through `LoRARequest`);
+- `--partial`: the engine of async rollouts (`pausable`: vLLM's async scheduling off), its
+  throughput against raw, and a partial rollout: one more of its generations, during which the
+  model's own weights are loaded again from another thread (as a sync does) part-way through. It
+  reports how long the load waited for the generation to pause, what the generation cost with it,
+  how many tokens and samples came after it, and whether the samples are those of a generation
+  without the load (the same weights: they must be).
 
 Rounds alternate between the engines (median of `--rounds`). Generated tokens are counted from
 the outputs. JSON out.
@@ -71,6 +77,53 @@ def random_adapter(model_path: str, rank: int, folder: str) -> str:
     return str(save_adapter(named, lora, folder, base_model_name_or_path=model_path))
 
 
+def partial_rollout(engine, model_path: str, prompts, params, after_s: float) -> dict:
+    """One generation with a load of the model's own weights from another thread after `after_s`
+    seconds, against one without (the same seeds and weights: the same samples)."""
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=engine_dtype(engine)).to(device)
+    weights = list(hf.named_parameters())
+    plain = engine.generate(prompts, params)
+    timing = {}
+
+    def load():
+        time.sleep(after_s)
+        asked = time.perf_counter()
+        with engine.pauser.loading():
+            timing["pause_wait_s"] = time.perf_counter() - asked
+            engine.load_weights(iter(weights))
+            engine.weight_version += 1
+            timing["load_s"] = time.perf_counter() - asked - timing["pause_wait_s"]
+
+    before = engine.weight_version
+    thread = threading.Thread(target=load)
+    t = time.perf_counter()
+    thread.start()
+    batch = engine.generate(prompts, params)
+    took = time.perf_counter() - t
+    thread.join()
+    mask = batch["response_mask"]
+    after = (batch["token_versions"] > before) & mask
+    return {
+        **timing,
+        "load_after_s": after_s,
+        "generate_s": took,
+        "tokens_after_load_frac": float(after.sum() / mask.sum()),
+        "samples_spanning_both": int((after.any(-1) & (~after & mask).any(-1)).sum()),
+        "samples": len(batch),
+        "same_samples_as_without_the_load": bool(torch.equal(batch["response_ids"], plain["response_ids"])),
+        "max_logprob_diff_vs_without": float((batch["rollout_logprobs"] - plain["rollout_logprobs"]).abs().max()),
+    }
+
+
+def engine_dtype(engine) -> torch.dtype:
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(engine.manifest[0].dtype, torch.float32)
+
+
 def count_tokens(outputs) -> int:
     return sum(len(c.token_ids) for o in outputs for c in o.outputs)
 
@@ -89,6 +142,7 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--lora-rank", type=int, default=0)
     ap.add_argument("--skip-rlpost", action="store_true", help="only raw (merged) vs adapter")
+    ap.add_argument("--partial", action="store_true", help="a load lands part-way through a generation")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -142,6 +196,22 @@ def main() -> None:
         )
         start["rlpost"] = time.perf_counter() - t
         engines["rlpost"] = lambda: int(ours.generate(prompts, params)["response_mask"].sum())
+    if args.partial and not args.skip_rlpost:  # the engine of async rollouts (no async scheduling)
+        pausable = VLLMRolloutEngine(
+            args.model,
+            args.dtype,
+            "cuda" if torch.cuda.is_available() else "cpu",
+            0,
+            1,
+            seed=0,
+            max_model_len=args.prompt_len + args.max_tokens,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enforce_eager=args.eager,
+            max_num_seqs=args.max_num_seqs,
+            sleep_mode=False,
+            pausable=True,
+        )
+        engines["rlpost_pausable"] = lambda: int(pausable.generate(prompts, params)["response_mask"].sum())
     if args.lora_rank:
         from vllm.lora.request import LoRARequest
 
@@ -179,6 +249,10 @@ def main() -> None:
         result["rlpost_over_raw"] = med["rlpost"] / med["raw"]
     if args.lora_rank:
         result["merged_over_adapter"] = med["raw"] / med["adapter"]
+    if args.partial and not args.skip_rlpost:
+        result["pausable_over_raw"] = med["rlpost_pausable"] / med["raw"]
+        after_s = 0.4 * tokens["rlpost_pausable"] / med["rlpost_pausable"]
+        result["partial"] = partial_rollout(pausable, args.model, prompts, params, after_s)
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

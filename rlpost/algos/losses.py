@@ -105,15 +105,21 @@ def sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.T
 def truncated_is_weights(
     old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, mode: str, threshold: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """TIS weights `[B, R]` (no gradient) and where the cap was hit; `mode` token or sequence."""
+    """Importance weights of the sampler/trainer mismatch `[B, R]` (no gradient) and where they
+    were cut. `token` / `sequence`: the token's ratio (or the sequence's product) truncated at
+    `threshold` (TIS); `token_mask` / `sequence_mask`: 1 where the ratio lies within [1 /
+    threshold, threshold], else 0: the token (IcePop) or the whole sequence (MIS) leaves the loss."""
     diff = ((old_logp - rollout_logp) * mask).detach()
-    if mode == "token":
+    if mode in ("token", "token_mask"):
         log_w = diff
-    elif mode == "sequence":
+    elif mode in ("sequence", "sequence_mask"):
         log_w = diff.sum(-1, keepdim=True).expand_as(diff)
     else:
-        raise ValueError(f"algo.rollout_is={mode!r}; choose none, token or sequence")
+        raise ValueError(f"algo.rollout_is={mode!r}; choose none, token, sequence, token_mask or sequence_mask")
     log_cap = math.log(threshold)
+    if mode.endswith("_mask"):
+        outside = log_w.abs() > log_cap
+        return (~outside).to(diff.dtype), outside
     truncated = log_w > log_cap
     return torch.exp(log_w.clamp(max=log_cap)), truncated
 

@@ -264,12 +264,17 @@ class AlgoConfig:
     )
     rollout_is: str = knob(
         "token",
-        "Truncated importance sampling (TIS) of the rollout/trainer mismatch: "
-        "each token's loss is weighted by min(pi_old / pi_rollout, rollout_is_threshold) "
-        "per `token`, or by the sequence's product per `sequence`; `none` = off.",
-        ("none", "token", "sequence"),
+        "Importance correction of the rollout/trainer mismatch (each sample's own rollout log-probs, "
+        "token by token: under async rollouts, those of the weights that sampled it). Truncated "
+        "(TIS): each token's loss is weighted by min(pi_old / pi_rollout, rollout_is_threshold) "
+        "per `token`, or by the sequence's product per `sequence`. Masked: a token whose ratio "
+        "lies outside [1 / threshold, threshold] leaves the loss (`token_mask`, IcePop), or the "
+        "whole sequence when its product does (`sequence_mask`, MIS); `none` = off.",
+        ("none", "token", "sequence", "token_mask", "sequence_mask"),
     )
-    rollout_is_threshold: float = knob(2.0, "Cap of the truncated importance weights.", ge=1)
+    rollout_is_threshold: float = knob(
+        2.0, "Cap of the truncated importance weights; the masks' band is [1 / this, this].", ge=1
+    )
     max_filter_rounds: int = knob(
         3,
         "Batch filters (DAPO's dynamic sampling): at most this many extra generation rounds per "

@@ -9,6 +9,9 @@ comes from the checkpoint's config on the meta device.
 Log-probs: `logprobs_mode=processed_logprobs`, the log-probs of the distribution tokens are
 sampled from (logits / temperature, truncated to top-k / top-p when set), as the protocol asks.
 
+Async rollouts (`pausable`): a sync lands between two scheduler steps of `generate` (the
+`Pauser`); vLLM's async scheduling, which keeps the next batch running between two steps, is off.
+
 Colocate placement on a GPU: vLLM sleeps (`sleep`, its weights and KV cache leave the GPU) while
 the trainer computes and wakes for the weight sync and generation (`wake_up`).
 
@@ -206,6 +209,7 @@ class VLLMRolloutEngine:
         sleep_mode: bool,
         trust_remote_code: bool = False,
         lora=None,
+        pausable: bool = False,
     ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process
         if device == "cpu":
@@ -223,6 +227,8 @@ class VLLMRolloutEngine:
         kwargs = {"gpu_memory_utilization": gpu_memory_utilization}
         if device == "cuda":
             kwargs["enable_sleep_mode"] = sleep_mode
+            if pausable:  # async scheduling keeps a batch in flight between two steps: a sync
+                kwargs["async_scheduling"] = False  # landing there would race it (the CPU has none)
         else:  # no prefill split over steps: vLLM rewinds a seeded sampler's generator for the part
             # it discards, which a CPU generator cannot do ("CPU Generator does not use offset")
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max_model_len * max_num_seqs)
@@ -257,30 +263,40 @@ class VLLMRolloutEngine:
 
     # ------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
+        """One request per sample (sample j of prompt i seeded `seed + i * n + j`, as vLLM seeds
+        the j-th child of a request of n), decoded by stepping the engine: a sync lands between two
+        scheduler steps (`pauser`; the requests keep their KV cache and go on with the new
+        weights), and each token records the version of the step that produced it."""
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         self.wake_up()
-        # vLLM seeds sample j of a prompt with seed + j
-        per_prompt = [
-            sampling(params, params.n, params.max_tokens, params.seed + i * params.n, self.eos_id)
-            for i in range(len(prompts))
-        ]
-        with self.pauser.generating():
-            outputs = self.llm.generate(
-                [TokensPrompt(prompt_token_ids=p) for p in prompts],
-                per_prompt,
-                use_tqdm=False,
-                lora_request=self.lora_request,
+        core, n = self.llm.llm_engine, params.n
+        rows = [p for p in prompts for _ in range(n)]
+        owner: dict[str, int] = {}  # request id -> row
+        for k, prompt in enumerate(rows):
+            sp = sampling(params, 1, params.max_tokens, params.seed + k, self.eos_id)
+            sp.output_kind = RequestOutputKind.DELTA  # each step's new tokens, as they come
+            request_id = f"rlpost-sample-{next(REQUESTS)}"
+            assigned = core.add_request(
+                request_id, TokensPrompt(prompt_token_ids=prompt), sp, lora_request=self.lora_request
             )
-        rows, responses, logprobs = [], [], []
-        for prompt, out in zip(prompts, outputs):
-            for c in sorted(out.outputs, key=lambda c: c.index):
-                rows.append(prompt)
-                responses.append(list(c.token_ids))
-                logprobs.append([d[t].logprob for d, t in zip(c.logprobs, c.token_ids)])
+            owner[request_id] = owner[assigned or request_id] = k
+        responses = [[] for _ in rows]
+        logprobs = [[] for _ in rows]
+        versions = [[] for _ in rows]
+        while core.has_unfinished_requests():
+            with self.pauser.generating():
+                outputs, version = core.step(), self.weight_version
+            for out in outputs:
+                k, c = owner[out.request_id], out.outputs[0]
+                responses[k] += c.token_ids
+                logprobs[k] += [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)]
+                versions[k] += [version] * len(c.token_ids)
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         response_ids, response_mask = right_pad(responses, self.pad_id)
         rollout_logprobs, _ = right_pad(logprobs, 0.0, dtype=torch.float32)
+        token_versions, _ = right_pad(versions, 0, dtype=torch.long)
         return Batch(
             {
                 "prompt_ids": prompt_ids,
@@ -289,7 +305,8 @@ class VLLMRolloutEngine:
                 "response_mask": response_mask,  # every generated token, the stop token included
                 "loss_mask": response_mask.clone(),  # single-turn: every response token is the model's
                 "rollout_logprobs": rollout_logprobs,
-                "weight_version": torch.full((len(rows),), self.weight_version, dtype=torch.long),
+                "weight_version": torch.tensor([v[0] if v else self.weight_version for v in versions]),
+                "token_versions": token_versions,
             }
         )
 

@@ -42,6 +42,7 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
             sleep_mode=colocated_on_cuda(cfg),
             trust_remote_code=cfg.model.trust_remote_code,
             lora=lora,
+            pausable=cfg.algo.async_rollouts,  # a sync lands between two decoding steps
         )
     if r.backend == "hf":
         from rlpost.rollout.hf import HFRolloutEngine

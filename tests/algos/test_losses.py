@@ -69,6 +69,17 @@ def test_truncated_is_weights_by_token_and_by_sequence():
     assert torch.allclose(w, torch.tensor([[5.0] * 3, [3.0] * 3]), atol=1e-5)
     assert cut.tolist() == [[True] * 3, [False] * 3]
     assert not w.requires_grad
+    w, cut = truncated_is_weights(old, rollout, mask, "token_mask", 2.5)
+    # ratios 2, 0.5, 9 | 1, 3: inside [0.4, 2.5] stay (weight 1), 9 and 3 leave; padding stays
+    assert w.tolist() == [[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]] and cut.tolist() == [
+        [False, False, True],
+        [False, True, False],
+    ]
+    w, _ = truncated_is_weights(old, rollout, mask, "token_mask", 1.9)  # two-sided: 0.5 < 1 / 1.9 leaves too
+    assert w.tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 1.0]]
+    w, cut = truncated_is_weights(old, rollout, mask, "sequence_mask", 5.0)
+    # sequence products 9 (outside [0.2, 5]: the whole sequence leaves) and 3 (stays)
+    assert w.tolist() == [[0.0] * 3, [1.0] * 3] and cut.tolist() == [[True] * 3, [False] * 3]
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -206,7 +217,9 @@ def test_an_unknown_tis_mode_is_named():
     from rlpost.algos.losses import truncated_is_weights
 
     x = torch.zeros(1, 2)
-    with pytest.raises(ValueError, match=r"^algo.rollout_is='tokens'; choose none, token or sequence$"):
+    with pytest.raises(
+        ValueError, match=r"^algo.rollout_is='tokens'; choose none, token, sequence, token_mask or sequence_mask$"
+    ):
         truncated_is_weights(x, x, x, "tokens", 2.0)
 
 

@@ -37,6 +37,7 @@ def engine(tiny):
         enforce_eager=True,
         max_num_seqs=64,
         sleep_mode=False,
+        pausable=True,
     )
 
 
@@ -160,3 +161,50 @@ def test_fused_view_reads_back_the_hf_tensor():
     assert torch.equal(fused_view(params, manifest, "l.v_proj.weight"), v)
     assert torch.equal(fused_view(params, manifest, "embed.weight"), params["embed.weight"][:11])
     assert fused_view(params, manifest, "l.o_proj.weight") is None  # repacked: cannot read back
+
+
+def test_a_sync_lands_between_two_scheduler_steps_and_each_token_records_its_version(tiny, engine, monkeypatch):
+    """A partial rollout on vLLM: a load (on another thread, as a sync runs in async rollouts)
+    waits for the scheduler step under way; the requests keep their KV cache and go on with the
+    new weights, which differ in the final norm only (no cached key or value depends on it): a
+    token's log-prob is the old model's before the switch and the new model's after it."""
+    import copy
+    import threading
+
+    path, model, tok = tiny
+    engine.load_weights(model.named_parameters())  # (an earlier test synced other weights)
+    engine.weight_version = 0
+    new = copy.deepcopy(model)
+    new.model.norm.weight.data.mul_(2.5)
+    core, steps, reached = engine.llm.llm_engine, [0], threading.Event()
+    step = core.step
+
+    def paused_step():  # the 4th step waits until the load has asked
+        steps[0] += 1
+        if steps[0] == 4:
+            reached.set()
+            while not engine.pauser._loads:
+                pass
+        return step()
+
+    monkeypatch.setattr(core, "step", paused_step)
+    monkeypatch.setattr(engine, "eos_id", -1)  # no early stop: every sample spans the switch
+    prompts, out = [tok(p)["input_ids"] for p in PROMPTS], {}
+    params = SamplingParams(n=2, max_tokens=8, seed=1)
+    thread = threading.Thread(target=lambda: out.update(batch=engine.generate(prompts, params)))
+    thread.start()
+    assert reached.wait(120)
+    with engine.pauser.loading():
+        engine.load_weights(new.named_parameters())
+        engine.weight_version = 1
+    thread.join(120)
+    batch = out["batch"]
+    versions = batch["token_versions"]
+    switch = int((versions[0] == 0).sum())  # the tokens of the steps before the load
+    assert 1 <= switch < 8 and torch.equal(versions, torch.tensor([0] * switch + [1] * (8 - switch)).expand(6, 8))
+    assert torch.equal(batch["weight_version"], torch.zeros(len(batch), dtype=torch.long))
+    got = batch["rollout_logprobs"]  # each version's tokens are exactly that version's weights'
+    old_ref, new_ref = reference_logprobs(model, batch, 1.0), reference_logprobs(new, batch, 1.0)
+    assert (got[:, :switch] - old_ref[:, :switch]).abs().max() < 1e-4
+    assert (got[:, switch:] - new_ref[:, switch:]).abs().max() < 1e-4
+    assert (got[:, switch:] - old_ref[:, switch:]).abs().max() > 1e-2

@@ -46,6 +46,8 @@ CASES = {
     "pg_asymmetric_dual_clip": ["algo.clip_ratio_low=0.1", "algo.clip_ratio_high=0.3", "algo.clip_ratio_c=1.5"],
     "pg_tis_token": ["algo.rollout_is=token", "algo.rollout_is_threshold=1.5"],
     "pg_tis_sequence": ["algo.rollout_is=sequence", "algo.rollout_is_threshold=1.5"],
+    "pg_mask_token": ["algo.rollout_is=token_mask", "algo.rollout_is_threshold=1.2"],
+    "pg_mask_sequence": ["algo.rollout_is=sequence_mask", "algo.rollout_is_threshold=1.5"],
     "pg_seq_mean": ["algo.loss_agg_mode=seq-mean-token-mean"],
     "pg_dr_grpo": ["algo.loss_agg_mode=seq-mean-token-sum-norm", "algo.norm_adv_by_std=false"],
     "pg_two_mini_batches": ["algo.ppo_mini_batch_size=2"],
@@ -190,6 +192,12 @@ def reference_loss(model, batch, adv, algo: dict):
             pg = pg * torch.exp(log_w).clamp(max=algo["rollout_is_threshold"])
         elif algo["rollout_is"] == "sequence":
             pg = pg * torch.exp(log_w.sum()).clamp(max=algo["rollout_is_threshold"])
+        elif algo["rollout_is"] == "token_mask":  # tokens outside [1 / t, t] leave the loss
+            t = algo["rollout_is_threshold"]
+            pg = pg * ((torch.exp(log_w) >= 1 / t) & (torch.exp(log_w) <= t))
+        elif algo["rollout_is"] == "sequence_mask":  # a sequence outside [1 / t, t] leaves the loss
+            t = algo["rollout_is_threshold"]
+            pg = pg * float(1 / t <= torch.exp(log_w.sum()) <= t)
         kl = k_estimate(logp - ref, algo["kl_estimator"])  # KL(policy || reference)
         entropy = -(logprobs.exp() * logprobs).sum(-1)[own]
         for key, value in (("pg", pg), ("kl", kl), ("entropy", entropy)):
@@ -352,6 +360,11 @@ def test_the_batch_exercises_every_branch(setup):
     assert ((ratio > 1.5) & (adv < 0)).any()  # the dual clip at c = 1.5
     w = torch.exp(batch["old_logprobs"] - batch["rollout_logprobs"])[mask]
     assert (w > 1.5).any() and (w < 1).any()
+    # the masks (threshold 1.2 by token, 1.5 by sequence) keep some and drop some, on both sides
+    assert (w > 1.2).any() and (w < 1 / 1.2).any() and ((w >= 1 / 1.2) & (w <= 1.2)).any()
+    seq_w = torch.exp(((batch["old_logprobs"] - batch["rollout_logprobs"]) * batch["loss_mask"]).sum(-1))
+    inside = (seq_w >= 1 / 1.5) & (seq_w <= 1.5)
+    assert inside.any() and (~inside).any()
     # GSPO's sequence ratios leave its clip range (0.9, 1.15) on both sides, for either sign of A
     own = batch["loss_mask"].float()
     seq = torch.exp(((logp - batch["old_logprobs"]) * own).sum(-1) / own.sum(-1).clamp(min=1))
