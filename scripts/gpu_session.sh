@@ -33,6 +33,9 @@
 # and multi-turn episodes on vLLM (one H100 with vLLM):
 #   bash scripts/gpu_session.sh T   # +recipe=multiturn_tools on the GPU (vLLM batches the turns continuously),
 #                                   # then episodes vs single-turn generation of the same lengths (bench_episodes.py)
+# and after vLLM's generate steps the engine (a sync can land between two steps: async rollouts; one H100):
+#   bash scripts/gpu_session.sh U   # rollout throughput: stepped generate and the pausable engine vs raw vLLM,
+#                                   # a partial rollout (a load part-way); GPU tests; gpu_quickstart learns
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -102,6 +105,11 @@ R)  # 2 x H200: a 7B shape with the parameters and Adam's states offloaded, colo
   [ -f /tmp/qwen2-7b/config.json ] || python3 scripts/random_model.py --shape 7b --out /tmp/qwen2-7b > /dev/null
   multi grpo_7b_offload_w2r2 /tmp/qwen2-7b cluster.placement=colocate trainer.world_size=2 rollout.num_workers=2 \
     rollout.gpu_memory_utilization=0.4 trainer.param_offload=true trainer.optim.offload=layerwise
+  ;;
+U)
+  step rollout_partial timeout 300 python3 scripts/bench_rollout.py --model $M --partial --out "$OUT/rollout_partial.json"
+  step gpu_tests timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu
+  LIMIT=${LIMIT:-150} learn gpu_quickstart trainer.total_steps=20 model.tiny.warmup_steps=600
   ;;
 A)
   step gpu_tests python3 -m pytest -q tests/gpu

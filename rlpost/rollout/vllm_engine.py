@@ -9,8 +9,10 @@ comes from the checkpoint's config on the meta device.
 Log-probs: `logprobs_mode=processed_logprobs`, the log-probs of the distribution tokens are
 sampled from (logits / temperature, truncated to top-k / top-p when set), as the protocol asks.
 
-Async rollouts (`pausable`): a sync lands between two scheduler steps of `generate` (the
-`Pauser`); vLLM's async scheduling, which keeps the next batch running between two steps, is off.
+Async rollouts (`pausable`): `generate` steps the engine itself and a sync lands between two
+scheduler steps (the `Pauser`); vLLM's async scheduling, which keeps the next batch running between
+two steps, is off. Otherwise `LLM.generate` runs whole, a sync waits for it (on an H100, 0.5B,
+stepping cost 0.85x of its tokens/s and async scheduling off 0.71x: `benchmarks/rollout_partial_h100.json`).
 
 Colocate placement on a GPU: vLLM sleeps (`sleep`, its weights and KV cache leave the GPU) while
 the trainer computes and wakes for the weight sync and generation (`wake_up`).
@@ -221,6 +223,7 @@ class VLLMRolloutEngine:
         self.asleep = False
         self.weight_version = 0
         self.pauser = Pauser()  # a sync waits for the generation under way (its turns: for their step)
+        self.pausable = pausable
         self.manifest = expected_manifest(model_path, dtype, trust_remote_code)
         self._by_name = {s.name: s for s in self.manifest}
         # on the CPU backend gpu_memory_utilization is the share of host memory vLLM may reserve
@@ -263,10 +266,38 @@ class VLLMRolloutEngine:
 
     # ------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
-        """One request per sample (sample j of prompt i seeded `seed + i * n + j`, as vLLM seeds
-        the j-th child of a request of n), decoded by stepping the engine: a sync lands between two
-        scheduler steps (`pauser`; the requests keep their KV cache and go on with the new
-        weights), and each token records the version of the step that produced it."""
+        if self.pausable:
+            return self._generate_stepped(prompts, params)
+        from vllm.inputs import TokensPrompt
+
+        self.wake_up()
+        # vLLM seeds sample j of a prompt with seed + j
+        per_prompt = [
+            sampling(params, params.n, params.max_tokens, params.seed + i * params.n, self.eos_id)
+            for i in range(len(prompts))
+        ]
+        with self.pauser.generating():
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompts],
+                per_prompt,
+                use_tqdm=False,
+                lora_request=self.lora_request,
+            )
+        rows, responses, logprobs = [], [], []
+        for prompt, out in zip(prompts, outputs):
+            for c in sorted(out.outputs, key=lambda c: c.index):
+                rows.append(prompt)
+                responses.append(list(c.token_ids))
+                logprobs.append([d[t].logprob for d, t in zip(c.logprobs, c.token_ids)])
+        return self._batch(rows, responses, logprobs, [[self.weight_version] * len(r) for r in responses])
+
+    def _generate_stepped(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
+        """`pausable`: one request per sample (sample j of prompt i seeded `seed + i * n + j`, as
+        vLLM seeds the j-th child of a request of n), decoded by stepping the engine as
+        `LLM.generate` does:
+        a sync lands between two scheduler steps (`pauser`; the requests keep their KV cache and
+        go on with the new weights). Where the version changed, the tokens each request had so
+        far are noted: they are the older version's (`token_versions`)."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -276,23 +307,32 @@ class VLLMRolloutEngine:
         owner: dict[str, int] = {}  # request id -> row
         for k, prompt in enumerate(rows):
             sp = sampling(params, 1, params.max_tokens, params.seed + k, self.eos_id)
-            sp.output_kind = RequestOutputKind.DELTA  # each step's new tokens, as they come
+            sp.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
             request_id = f"rlpost-sample-{next(REQUESTS)}"
             assigned = core.add_request(
                 request_id, TokensPrompt(prompt_token_ids=prompt), sp, lora_request=self.lora_request
             )
             owner[request_id] = owner[assigned or request_id] = k
-        responses = [[] for _ in rows]
-        logprobs = [[] for _ in rows]
-        versions = [[] for _ in rows]
+        started = version = self.weight_version
+        switches: list[tuple[int, dict[int, int]]] = []  # (new version, row -> its tokens before it)
+        done: dict[int, object] = {}
         while core.has_unfinished_requests():
             with self.pauser.generating():
-                outputs, version = core.step(), self.weight_version
-            for out in outputs:
-                k, c = owner[out.request_id], out.outputs[0]
-                responses[k] += c.token_ids
-                logprobs[k] += [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)]
-                versions[k] += [version] * len(c.token_ids)
+                if self.weight_version != version:  # a sync landed since the last step
+                    switches.append((self.weight_version, self._tokens_so_far(core, owner)))
+                    version = self.weight_version
+                for out in core.step():
+                    done[owner[out.request_id]] = out.outputs[0]
+        responses = [list(done[k].token_ids) for k in range(len(rows))]
+        logprobs = [[d[t].logprob for d, t in zip(done[k].logprobs, responses[k])] for k in range(len(rows))]
+        versions = [[started] * len(r) for r in responses]
+        for new, before in switches:  # (a row not in flight then had ended: its tokens are older)
+            for k, row in enumerate(versions):
+                cut = before.get(k, len(row))
+                row[cut:] = [new] * (len(row) - cut)
+        return self._batch(rows, responses, logprobs, versions)
+
+    def _batch(self, rows, responses, logprobs, versions) -> Batch:
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         response_ids, response_mask = right_pad(responses, self.pad_id)
         rollout_logprobs, _ = right_pad(logprobs, 0.0, dtype=torch.float32)
@@ -309,6 +349,18 @@ class VLLMRolloutEngine:
                 "token_versions": token_versions,
             }
         )
+
+    @staticmethod
+    def _tokens_so_far(core, owner: dict[str, int]) -> dict[int, int]:
+        """row -> tokens generated so far, of every request in flight: vLLM's output processor holds
+        a state per request from `add_request` until it ends."""
+        out = {}
+        for key, state in core.output_processor.request_states.items():
+            ids = (key, getattr(state, "request_id", None), getattr(state, "external_req_id", None))
+            row = next((owner[i] for i in ids if i in owner), None)
+            if row is not None:
+                out[row] = state.detokenizer.num_output_tokens()
+        return out
 
     def turns(self, params: SamplingParams) -> VLLMTurns:
         """Multi-turn episodes' turns, batched continuously (`rlpost.rollout.episodes`)."""

@@ -208,3 +208,19 @@ def test_a_sync_lands_between_two_scheduler_steps_and_each_token_records_its_ver
     assert (got[:, :switch] - old_ref[:, :switch]).abs().max() < 1e-4
     assert (got[:, switch:] - new_ref[:, switch:]).abs().max() < 1e-4
     assert (got[:, switch:] - old_ref[:, switch:]).abs().max() > 1e-2
+
+
+def test_the_stepped_generation_gives_the_samples_of_llm_generate(tiny, engine, monkeypatch):
+    """Async rollouts step the engine themselves (`pausable`); the samples and log-probs are those
+    `LLM.generate` gives for the same seeds (one request per sample, seeded as vLLM seeds the
+    children of a request of n)."""
+    _, _, tok = tiny
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(n=3, temperature=0.9, max_tokens=10, seed=11)
+    stepped = engine.generate(prompts, params)
+    monkeypatch.setattr(engine, "pausable", False)
+    whole = engine.generate(prompts, params)
+    assert len({tuple(r) for r in whole["response_ids"].tolist()}) > 1  # the samples differ from each other
+    for key in ("prompt_ids", "response_ids", "response_mask", "rollout_logprobs", "weight_version"):
+        assert torch.equal(stepped[key], whole[key]), key
+    assert torch.equal(stepped["token_versions"], whole["token_versions"])
