@@ -36,6 +36,8 @@
 # and after vLLM's generate steps the engine (a sync can land between two steps: async rollouts; one H100):
 #   bash scripts/gpu_session.sh U   # rollout throughput: stepped generate and the pausable engine vs raw vLLM,
 #                                   # a partial rollout (a load part-way); GPU tests; gpu_quickstart learns
+# and async rollouts on two GPUs (2 x H100 or H200 with vLLM):
+#   bash scripts/gpu_session.sh V   # 0.5B split 1 + 1: synchronous vs async rollouts (max_staleness 2)
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -105,6 +107,11 @@ R)  # 2 x H200: a 7B shape with the parameters and Adam's states offloaded, colo
   [ -f /tmp/qwen2-7b/config.json ] || python3 scripts/random_model.py --shape 7b --out /tmp/qwen2-7b > /dev/null
   multi grpo_7b_offload_w2r2 /tmp/qwen2-7b cluster.placement=colocate trainer.world_size=2 rollout.num_workers=2 \
     rollout.gpu_memory_utilization=0.4 trainer.param_offload=true trainer.optim.offload=layerwise
+  ;;
+V)
+  grpo grpo_split_sync cluster.placement=split algo.max_staleness=0 rollout.enforce_eager=true trainer.total_steps=5
+  grpo grpo_split_async cluster.placement=split algo.async_rollouts=true algo.max_staleness=2 \
+    rollout.enforce_eager=true trainer.total_steps=5
   ;;
 U)
   step rollout_partial timeout 300 python3 scripts/bench_rollout.py --model $M --partial --out "$OUT/rollout_partial.json"
