@@ -71,18 +71,19 @@ def test_a_sync_lands_between_two_tokens_and_each_token_records_its_version(tmp_
         point()
 
     engine.pauser.point = paused_point
-    out = {}
-    prompts = [tok(p)["input_ids"] for p in ("12+34=", "7*8=")]
-    thread = threading.Thread(
-        target=lambda: out.update(batch=engine.generate(prompts, SamplingParams(n=3, max_tokens=9, seed=1)))
-    )
+
+    def sync():  # on a thread of its own, as in a rollout actor
+        if reached.wait(60):
+            with engine.pauser.loading():
+                engine.load_weights(new.named_parameters())
+                engine.weight_version = 1
+
+    thread = threading.Thread(target=sync)
     thread.start()
-    assert reached.wait(60)
-    with engine.pauser.loading():
-        engine.load_weights(new.named_parameters())
-        engine.weight_version = 1
+    prompts = [tok(p)["input_ids"] for p in ("12+34=", "7*8=")]
+    batch = engine.generate(prompts, SamplingParams(n=3, max_tokens=9, seed=1))
     thread.join(60)
-    batch = out["batch"]
+    assert reached.is_set()
     expected = torch.tensor([0] * switch_at + [1] * (9 - switch_at))
     assert torch.equal(batch["token_versions"], expected.expand(6, 9))
     assert torch.equal(batch["weight_version"], torch.zeros(6, dtype=torch.long))  # each row's first token's

@@ -189,16 +189,18 @@ def test_a_sync_lands_between_two_scheduler_steps_and_each_token_records_its_ver
 
     monkeypatch.setattr(core, "step", paused_step)
     monkeypatch.setattr(engine, "eos_id", -1)  # no early stop: every sample spans the switch
-    prompts, out = [tok(p)["input_ids"] for p in PROMPTS], {}
-    params = SamplingParams(n=2, max_tokens=8, seed=1)
-    thread = threading.Thread(target=lambda: out.update(batch=engine.generate(prompts, params)))
+
+    def sync():  # on a thread of its own, as in a rollout actor (vLLM's CPU kernels keep to the generating one)
+        if reached.wait(120):
+            with engine.pauser.loading():
+                engine.load_weights(new.named_parameters())
+                engine.weight_version = 1
+
+    thread = threading.Thread(target=sync)
     thread.start()
-    assert reached.wait(120)
-    with engine.pauser.loading():
-        engine.load_weights(new.named_parameters())
-        engine.weight_version = 1
+    batch = engine.generate([tok(p)["input_ids"] for p in PROMPTS], SamplingParams(n=2, max_tokens=8, seed=1))
     thread.join(120)
-    batch = out["batch"]
+    assert reached.is_set()
     versions = batch["token_versions"]
     switch = int((versions[0] == 0).sum())  # the tokens of the steps before the load
     assert 1 <= switch < 8 and torch.equal(versions, torch.tensor([0] * switch + [1] * (8 - switch)).expand(6, 8))
