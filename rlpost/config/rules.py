@@ -183,6 +183,11 @@ def async_rollouts_need_split(cfg):
             f"algo.async_rollouts=true with algo.name={cfg.algo.name}: its batch filter (dynamic sampling) "
             "works on whole generated batches; use algo.async_rollouts=false"
         )
+    if cfg.rollout.backend == "vllm" and cfg.model.lora.rank > 0 and cfg.model.lora.mode == "adapter":
+        return (
+            "algo.async_rollouts=true with model.lora.mode=adapter on vLLM: a request keeps the adapter it "
+            "started with, so a generation a sync lands in would not use the new one; use model.lora.mode=merge"
+        )
 
 
 @rule("trainer.optim.betas")

@@ -113,6 +113,11 @@ VIOLATIONS = {
     "async_rollouts_need_split": [
         ["algo.async_rollouts=true", "cluster.placement=colocate"],
         ["algo.async_rollouts=true", "cluster.placement=split", "algo.name=dapo"],
+        [
+            "algo.async_rollouts=true",
+            "cluster.placement=split",
+            *["rollout.backend=vllm", "model.lora.rank=4", "model.lora.mode=adapter"],
+        ],
     ],
     "adam_betas": [
         ["trainer.optim.betas=[0.9,1.0]"],
