@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from rlpost.config import TrainConfig
 from rlpost.controller.cluster import WorkerGroup
 from rlpost.controller.step import env_metrics, group_ids, sampling_params, shape_rewards, timed
-from rlpost.controller.stream import Stream
+from rlpost.controller.stream import Scored, Stream
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptLoader, PromptRow
 from rlpost.data.padding import check_masks, concat_generations
@@ -31,20 +31,6 @@ from rlpost.rollout.base import SamplingParams
 
 class RewardFailure(RuntimeError):
     """Too many samples failed to score for too long: the reward function is broken."""
-
-
-@dataclass
-class Scored:
-    """A generated, scored batch: its prompts, the batch, the scores, how many samples failed to
-    score (by kind: `rlpost.rewards.executor.ERROR_KINDS`), the decoded responses, and what a batch
-    filter did (`filter/*` metrics)."""
-
-    rows: list[PromptRow]
-    batch: Batch
-    scores: torch.Tensor
-    errors: dict[str, int]
-    responses: list[str]
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def _fill(rounds: list[Scored], keeps: list[torch.Tensor], wanted: int, n: int, pad_id: int) -> Scored:

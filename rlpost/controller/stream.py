@@ -31,10 +31,25 @@ import torch
 
 from rlpost.controller.cluster import wait_first
 from rlpost.controller.step import group_ids, sampling_params
+from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptRow
 from rlpost.data.padding import check_masks, concat_generations
 
 DEPTH = 2  # units queued per rollout actor: one generating, the next waiting
+
+
+@dataclass
+class Scored:
+    """A generated, scored batch (a step's, or one rollout call's): its prompts, the batch, the
+    scores, how many samples failed to score (by kind: `rlpost.rewards.executor.ERROR_KINDS`), the
+    decoded responses, and what a batch filter or the stream did (`filter/*`, `async/*` metrics)."""
+
+    rows: list[PromptRow]
+    batch: Batch
+    scores: torch.Tensor
+    errors: dict[str, int]
+    responses: list[str]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,7 +70,7 @@ class Group:
     """One prompt's samples, generated and scored: row `index` of `scored` (a `Scored` of its
     unit), its place in the draw order, and the weight version of its first token."""
 
-    scored: object
+    scored: Scored
     index: int
     order: tuple[int, int]
     version: int
@@ -120,8 +135,6 @@ class Stream:
     # ------------------------------------------------------------------------------- receiving
     def _take(self, ref) -> None:
         """Score the finished unit of `ref` into `ready`."""
-        from rlpost.controller.rollouts import Scored
-
         unit = self.running.pop(ref)
         batch = concat_generations(self.r.group.get([ref]), self.r.pad_id)
         check_masks(batch)
@@ -174,8 +187,6 @@ class Stream:
         self.todo.extendleft(reversed(again))
 
     def _assemble(self, chosen: list[Group], version: int):
-        from rlpost.controller.rollouts import Scored
-
         n, parts, rows, scores, responses = self.n, [], [], [], []
         for g in chosen:
             index = list(range(g.index * n, (g.index + 1) * n))
