@@ -56,6 +56,24 @@ def engine_kwargs(args) -> dict:
     return kw
 
 
+def rlpost_engine(args, pausable: bool = False) -> VLLMRolloutEngine:
+    """rlpost's engine with the same settings as raw (`pausable`: the engine of async rollouts)."""
+    return VLLMRolloutEngine(
+        args.model,
+        args.dtype,
+        "cuda" if torch.cuda.is_available() else "cpu",
+        0,
+        1,
+        seed=0,
+        max_model_len=args.prompt_len + args.max_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.eager,
+        max_num_seqs=args.max_num_seqs,
+        sleep_mode=False,
+        pausable=pausable,
+    )
+
+
 def random_adapter(model_path: str, rank: int, folder: str) -> str:
     """A peft adapter with random A and B on every linear layer of the model (shapes from its
     config on the meta device)."""
@@ -181,36 +199,11 @@ def main() -> None:
     start = {"raw": start_raw}
     if not args.skip_rlpost:
         t = time.perf_counter()
-        ours = VLLMRolloutEngine(
-            args.model,
-            args.dtype,
-            "cuda" if torch.cuda.is_available() else "cpu",
-            0,
-            1,
-            seed=0,
-            max_model_len=args.prompt_len + args.max_tokens,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            enforce_eager=args.eager,
-            max_num_seqs=args.max_num_seqs,
-            sleep_mode=False,
-        )
+        ours = rlpost_engine(args)
         start["rlpost"] = time.perf_counter() - t
         engines["rlpost"] = lambda: int(ours.generate(prompts, params)["response_mask"].sum())
     if args.partial and not args.skip_rlpost:  # the engine of async rollouts (no async scheduling)
-        pausable = VLLMRolloutEngine(
-            args.model,
-            args.dtype,
-            "cuda" if torch.cuda.is_available() else "cpu",
-            0,
-            1,
-            seed=0,
-            max_model_len=args.prompt_len + args.max_tokens,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            enforce_eager=args.eager,
-            max_num_seqs=args.max_num_seqs,
-            sleep_mode=False,
-            pausable=True,
-        )
+        pausable = rlpost_engine(args, pausable=True)
         engines["rlpost_pausable"] = lambda: int(pausable.generate(prompts, params)["response_mask"].sum())
     if args.lora_rank:
         from vllm.lora.request import LoRARequest

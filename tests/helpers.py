@@ -337,3 +337,18 @@ def write_rows(path, prompts):
         )
     )
     return str(path)
+
+
+def sync_when(reached: threading.Event, engine, model, version: int, timeout: float = 120) -> threading.Thread:
+    """A started thread that, once `reached` is set, loads `model`'s weights into `engine` as a
+    sync does in a rollout actor (its own thread, inside `engine.pauser.loading()`)."""
+
+    def sync():
+        if reached.wait(timeout):
+            with engine.pauser.loading():
+                engine.load_weights(model.named_parameters())
+                engine.weight_version = version
+
+    thread = threading.Thread(target=sync)
+    thread.start()
+    return thread

@@ -216,7 +216,7 @@ class Stream:
         }
         self.stats.regenerated = self.stats.dropped = 0
         self.stats.reward_s = 0.0
-        errors = {kind: errors.get(kind, 0) for kind in chosen[0].scored.errors} if chosen else errors
+        errors = {kind: errors.get(kind, 0) for kind in chosen[0].scored.errors}
         return Scored(rows, batch, torch.cat(scores), errors, responses, metrics)
 
     # ------------------------------------------------------------------------------ checkpoints

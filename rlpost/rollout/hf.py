@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
+from transformers import LogitsProcessor
 
 from rlpost.data.batch import Batch
 from rlpost.data.padding import (
@@ -25,6 +26,19 @@ from rlpost.data.padding import (
 from rlpost.models.loading import load_causal_lm
 from rlpost.rollout.base import Pauser, SamplingParams
 from rlpost.weightsync.manifest import Manifest, manifest_of
+
+
+class StepHook(LogitsProcessor):
+    """A logits processor that returns the scores unchanged: it notes the version that computed
+    them (the token sampled from them is that version's), then lets a waiting sync in."""
+
+    def __init__(self, engine: "HFRolloutEngine", versions: list[int]):
+        self.engine, self.versions = engine, versions
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.versions.append(self.engine.weight_version)
+        self.engine.pauser.point()
+        return scores
 
 
 class HFRolloutEngine:
@@ -70,21 +84,6 @@ class HFRolloutEngine:
             ]
         return concat_generations(chunks, self.pad_id)
 
-    def _step_hook(self, versions: list[int]):
-        """A logits processor that returns the scores unchanged: it notes the version that computed
-        them (the token sampled from them is that version's), then lets a waiting sync in."""
-        from transformers import LogitsProcessor
-
-        engine = self
-
-        class StepHook(LogitsProcessor):
-            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-                versions.append(engine.weight_version)
-                engine.pauser.point()
-                return scores
-
-        return StepHook()
-
     def _generate_chunk(self, rows: list[list[int]], params: SamplingParams) -> Batch:
         prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
         # explicit values: None would fall back to the model's generation_config (e.g. top_k=50)
@@ -100,7 +99,7 @@ class HFRolloutEngine:
         versions: list[int] = []
         out = self.model.generate(
             input_ids=prompt_ids.to(self.device),
-            logits_processor=[self._step_hook(versions)],
+            logits_processor=[StepHook(self, versions)],
             attention_mask=prompt_mask.long().to(self.device),
             max_new_tokens=params.max_tokens,
             pad_token_id=self.pad_id,

@@ -7,7 +7,7 @@ import torch
 
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.hf import HFRolloutEngine
-from tests.helpers import check_sampling, save_tiny_model
+from tests.helpers import check_sampling, save_tiny_model, sync_when
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +72,7 @@ def test_a_sync_lands_between_two_tokens_and_each_token_records_its_version(tmp_
 
     engine.pauser.point = paused_point
 
-    def sync():  # on a thread of its own, as in a rollout actor
-        if reached.wait(60):
-            with engine.pauser.loading():
-                engine.load_weights(new.named_parameters())
-                engine.weight_version = 1
-
-    thread = threading.Thread(target=sync)
-    thread.start()
+    thread = sync_when(reached, engine, new, version=1, timeout=60)
     prompts = [tok(p)["input_ids"] for p in ("12+34=", "7*8=")]
     batch = engine.generate(prompts, SamplingParams(n=3, max_tokens=9, seed=1))
     thread.join(60)

@@ -10,7 +10,14 @@ pytest.importorskip("vllm")
 
 from rlpost.rollout.base import SamplingParams  # noqa: E402
 from rlpost.weightsync.manifest import manifest_of  # noqa: E402
-from tests.helpers import PROMPTS, check_sampling, reference_logprobs, save_tiny_model, sync_from_thread  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    PROMPTS,
+    check_sampling,
+    reference_logprobs,
+    save_tiny_model,
+    sync_from_thread,
+    sync_when,
+)
 
 
 @pytest.fixture(scope="module")
@@ -190,14 +197,7 @@ def test_a_sync_lands_between_two_scheduler_steps_and_each_token_records_its_ver
     monkeypatch.setattr(core, "step", paused_step)
     monkeypatch.setattr(engine, "eos_id", -1)  # no early stop: every sample spans the switch
 
-    def sync():  # on a thread of its own, as in a rollout actor (vLLM's CPU kernels keep to the generating one)
-        if reached.wait(120):
-            with engine.pauser.loading():
-                engine.load_weights(new.named_parameters())
-                engine.weight_version = 1
-
-    thread = threading.Thread(target=sync)
-    thread.start()
+    thread = sync_when(reached, engine, new, version=1, timeout=120)
     batch = engine.generate([tok(p)["input_ids"] for p in PROMPTS], SamplingParams(n=2, max_tokens=8, seed=1))
     thread.join(120)
     assert reached.is_set()
