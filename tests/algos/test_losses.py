@@ -70,6 +70,7 @@ def test_truncated_is_weights_by_token_and_by_sequence():
     assert cut.tolist() == [[True] * 3, [False] * 3]
     assert not w.requires_grad
     w, cut = truncated_is_weights(old, rollout, mask, "token_mask", 2.5)
+    assert w.dtype == old.dtype  # weights, not flags
     # ratios 2, 0.5, 9 | 1, 3: inside [0.4, 2.5] stay (weight 1), 9 and 3 leave; padding stays
     assert w.tolist() == [[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]] and cut.tolist() == [
         [False, False, True],
@@ -77,6 +78,8 @@ def test_truncated_is_weights_by_token_and_by_sequence():
     ]
     w, _ = truncated_is_weights(old, rollout, mask, "token_mask", 1.9)  # two-sided: 0.5 < 1 / 1.9 leaves too
     assert w.tolist() == [[0.0, 0.0, 0.0], [1.0, 0.0, 1.0]]
+    same = torch.zeros(1, 2)  # the band is closed: a ratio of exactly 1 stays at threshold 1
+    assert truncated_is_weights(same, same, torch.ones(1, 2), "token_mask", 1.0)[0].tolist() == [[1.0, 1.0]]
     w, cut = truncated_is_weights(old, rollout, mask, "sequence_mask", 5.0)
     # sequence products 9 (outside [0.2, 5]: the whole sequence leaves) and 3 (stays)
     assert w.tolist() == [[0.0] * 3, [1.0] * 3] and cut.tolist() == [[True] * 3, [False] * 3]
