@@ -16,9 +16,11 @@ one thread per process. One batch, generated once by the model, is trained on ov
   sync of the 1-rank group to one hf rollout actor (verified). Ray call and object transfer =
   the controller's wall time of `update` minus the time inside the actor.
 
-Phases run one after another in one process tree on an otherwise idle machine; every figure is
-the median over `--steps` timed steps after `--warmup` untimed ones, and the ratios are what the
-JSON is for (absolute times move from machine to machine).
+The reference, in-process and one-rank Ray runners take turns step by step in one process tree
+(a slower spell of the machine falls on all three alike), the two-rank group after them, on an
+otherwise idle machine; every figure is the median over `--steps` timed rounds after `--warmup`
+untimed ones, and the ratios are what the JSON is for (absolute times move from machine to
+machine).
 
     python scripts/bench_overhead.py --out benchmarks/overhead_cpu.json
     python scripts/bench_overhead.py --gpu-ab /tmp/qwen2-0.5b --steps 8 --out gpu.json   # one GPU
@@ -82,13 +84,6 @@ class Phases:
         finally:
             self.current[name] = self.current.get(name, 0.0) + time.perf_counter() - start
 
-    def wrap(self, name: str, fn):
-        def timed(*args, **kwargs):
-            with self.time(name):
-                return fn(*args, **kwargs)
-
-        return timed
-
     def end_step(self):
         self.steps.append(self.current)
         self.current = {}
@@ -124,142 +119,182 @@ def make_batch(cfg, model_path: str):
 
 
 # ---------------------------------------------------------------------------- the reference loop
-def reference(cfg, model_path: str, batch, steps: int, warmup: int) -> dict:
+class Reference:
     """The same work in plain PyTorch: forward, GRPO loss, backward, clip, AdamW."""
-    from transformers import AutoModelForCausalLM
 
-    o = cfg.trainer.optim
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-    prompt_ids, prompt_mask = batch["prompt_ids"], batch["prompt_mask"]
-    response_ids, mask = batch["response_ids"], batch["loss_mask"].float()
-    input_ids = torch.cat([prompt_ids, response_ids], 1)
-    attention = torch.cat([prompt_mask, batch["response_mask"]], 1).long()
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    adv = batch["advantages"].float()[:, None]
-    width = prompt_ids.shape[1]
-    eps_low, eps_high = cfg.algo.clip_ratio_low, cfg.algo.clip_ratio_high
-    phases = Phases()
-    for _ in range(warmup + steps):
+    def __init__(self, cfg, model_path: str, batch):
+        from transformers import AutoModelForCausalLM
+
+        o = self.optim = cfg.trainer.optim
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
+        self.model.train()
+        params = self.model.parameters()
+        self.opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+        prompt_ids, self.response_ids = batch["prompt_ids"], batch["response_ids"]
+        self.mask = batch["loss_mask"].float()
+        self.input_ids = torch.cat([prompt_ids, self.response_ids], 1)
+        self.attention = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).long()
+        self.positions = (self.attention.cumsum(-1) - 1).clamp(min=0)
+        self.adv = batch["advantages"].float()[:, None]
+        self.width, self.temperature = prompt_ids.shape[1], cfg.rollout.temperature
+        self.eps_low, self.eps_high = cfg.algo.clip_ratio_low, cfg.algo.clip_ratio_high
+
+    def step(self, phases: Phases) -> None:
         with phases.time("total"):
             with phases.time("forward"):
-                logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions).logits
-                logits = logits[:, width - 1 : -1].float() / cfg.rollout.temperature
-                logp = torch.log_softmax(logits, -1).gather(-1, response_ids[..., None])[..., 0]
+                out = self.model(input_ids=self.input_ids, attention_mask=self.attention, position_ids=self.positions)
+                logits = out.logits[:, self.width - 1 : -1].float() / self.temperature
+                logp = torch.log_softmax(logits, -1).gather(-1, self.response_ids[..., None])[..., 0]
             with phases.time("loss"):
                 ratio = torch.exp(logp - logp.detach())
-                loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps_low, 1 + eps_high))
-                loss = (loss * mask).sum() / mask.sum()
+                clipped = ratio.clamp(1 - self.eps_low, 1 + self.eps_high)
+                loss = torch.maximum(-self.adv * ratio, -self.adv * clipped)
+                loss = (loss * self.mask).sum() / self.mask.sum()
             with phases.time("backward"):
                 loss.backward()
             with phases.time("clip"):
-                torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
             with phases.time("optimizer"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
             with phases.time("metrics"):
                 float(loss)
-        phases.end_step()
-    return phases.medians(warmup)
+
+    def close(self) -> None:
+        pass
 
 
 # ------------------------------------------------------------------------- rlpost in this process
-def inprocess(cfg, model_path: str, batch, steps: int, warmup: int) -> dict:
-    """`ActorWorker.update` at world size 1 in this process, its phases timed by wrappers."""
-    import rlpost.data.microbatch as microbatch
-    import rlpost.trainer.actor as actor_mod
-    import rlpost.trainer.engine as engine_mod
-    import rlpost.trainer.stats as stats_mod
-    from rlpost.controller.step import step_plan
-    from rlpost.trainer.actor import ActorWorker
-    from rlpost.weightsync.transport import free_port
+class InProcess:
+    """`ActorWorker.update` at world size 1 in this process, its phases timed by wrapping the
+    functions it calls; the wrappers are in place only while this runner steps."""
 
-    phases = Phases()
-    worker = ActorWorker(cfg, model_path, 0, 1, "127.0.0.1", free_port())
-    worker.loss_fn = phases.wrap("loss", worker.loss_fn)
-    actor_mod.response_logprobs = phases.wrap("forward", actor_mod.response_logprobs)
-    actor_mod.split_shard = phases.wrap("sharding", actor_mod.split_shard)
-    engine_mod.torch.nn.utils.clip_grad_norm_ = phases.wrap("clip", torch.nn.utils.clip_grad_norm_)
-    worker.optimizer.step = phases.wrap("optimizer", worker.optimizer.step)
-    stats_mod.Stats.reduce = phases.wrap("metrics", stats_mod.Stats.reduce)
-    backward = torch.Tensor.backward
-    torch.Tensor.backward = phases.wrap("backward", backward)
-    try:
-        for _ in range(warmup + steps):
+    def __init__(self, cfg, model_path: str, batch):
+        import rlpost.trainer.actor as actor_mod
+        import rlpost.trainer.stats as stats_mod
+        from rlpost.trainer.actor import ActorWorker
+        from rlpost.weightsync.transport import free_port
+
+        self.cfg, self.batch, self.phases = cfg, batch, Phases()
+        self.worker = ActorWorker(cfg, model_path, 0, 1, "127.0.0.1", free_port())
+        self.patches = [  # (owner, attribute, phase)
+            (self.worker, "loss_fn", "loss"),
+            (actor_mod, "response_logprobs", "forward"),
+            (actor_mod, "split_shard", "sharding"),
+            (torch.nn.utils, "clip_grad_norm_", "clip"),
+            (self.worker.optimizer, "step", "optimizer"),
+            (stats_mod.Stats, "reduce", "metrics"),
+            (torch.Tensor, "backward", "backward"),
+        ]
+
+    def wrap(self, name: str, fn):
+        def timed(*args, **kwargs):
+            with self.phases.time(name):
+                return fn(*args, **kwargs)
+
+        return timed
+
+    def step(self, phases: Phases) -> None:
+        import rlpost.data.microbatch as microbatch
+        from rlpost.controller.step import step_plan
+
+        self.phases = phases
+        saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in self.patches]
+        for (owner, attr, phase), (*_, fn) in zip(self.patches, saved):
+            setattr(owner, attr, self.wrap(phase, fn))
+        try:
             with phases.time("total"):
                 with phases.time("sharding"):
-                    shard = microbatch.shard_batch(batch, step_plan(batch, cfg)[1])[0]
-                worker.update(shard)
-            phases.end_step()
-    finally:
-        torch.Tensor.backward = backward
-        worker.shutdown()
-    out = phases.medians(warmup)
-    named = sum(v for k, v in out.items() if k != "total")
-    out["fsdp_and_rest"] = round(out["total"] - named, 3)
-    return out
+                    shard = microbatch.shard_batch(self.batch, step_plan(self.batch, self.cfg)[1])[0]
+                self.worker.update(shard)
+        finally:
+            for owner, attr, fn in saved:
+                setattr(owner, attr, fn)
+
+    def close(self) -> None:
+        self.worker.shutdown()
 
 
 # ---------------------------------------------------------------------------- rlpost through Ray
-def through_ray(cfg, model_path: str, batch, steps: int, warmup: int, world: int, sync: bool) -> dict:
+class ThroughRay:
     """The trainer group as the controller drives it: update (and the verified weight sync)."""
 
-    from rlpost.config import load_config
-    from rlpost.controller.cluster import Placement, WorkerGroup
-    from rlpost.controller.step import step_plan
-    from rlpost.controller.weights import WeightSync
-    from rlpost.data.microbatch import shard_batch
-    from rlpost.rollout.worker import RolloutWorker
-    from rlpost.trainer.actor import ActorWorker
+    def __init__(self, cfg, model_path: str, batch, world: int, sync: bool):
+        from rlpost.config import load_config
+        from rlpost.controller.cluster import Placement, WorkerGroup
+        from rlpost.controller.weights import WeightSync
+        from rlpost.rollout.worker import RolloutWorker
+        from rlpost.trainer.actor import ActorWorker
 
-    cfg = load_config(SETTING + [f"trainer.world_size={world}"])
-    placement = Placement.create(cfg)
-    master = placement.address_of_bundle(placement.trainer_bundles[0])
-    trainers = WorkerGroup(
-        ActorWorker,
-        cfg,
-        placement,
-        placement.trainer_bundles,
-        "trainer",
-        lambda r: (cfg, model_path, r, world, *master),
-    )
-    rollouts = weights = None
-    if sync:
-        from rlpost.models.loading import load_tokenizer
-
-        tok = load_tokenizer(model_path)
-        pad, eos = tok.pad_token_id, tok.eos_token_id
-        rollouts = WorkerGroup(
-            RolloutWorker,
+        self.batch, self.version = batch, 0
+        self.cfg = cfg = load_config(SETTING + [f"trainer.world_size={world}"])
+        self.placement = placement = Placement.create(cfg)
+        master = placement.address_of_bundle(placement.trainer_bundles[0])
+        self.trainers = WorkerGroup(
+            ActorWorker,
             cfg,
             placement,
-            placement.rollout_bundles,
-            "rollout",
-            lambda r: (cfg, model_path, r, pad, eos),
+            placement.trainer_bundles,
+            "trainer",
+            lambda r: (cfg, model_path, r, world, *master),
         )
-        weights = WeightSync(cfg, placement, trainers, rollouts, log=lambda *_: None)
-    phases = Phases()
-    try:
-        for step in range(warmup + steps):
-            with phases.time("total"):
-                with phases.time("sharding"):
-                    shards = shard_batch(batch, step_plan(batch, cfg)[1])
-                with phases.time("update_call"):
-                    results = trainers.call_sharded("update", shards)
-                metrics = results[0][0]
-                phases.current["update_in_actor"] = metrics["timing_s/update_worker"]
-                if weights is not None:
-                    with phases.time("weight_sync"):
-                        weights.sync(step + 1)
-            phases.end_step()
-    finally:
-        for group in (trainers, rollouts):
+        self.rollouts = self.weights = None
+        if sync:
+            from rlpost.models.loading import load_tokenizer
+
+            tok = load_tokenizer(model_path)
+            pad, eos = tok.pad_token_id, tok.eos_token_id
+            self.rollouts = WorkerGroup(
+                RolloutWorker,
+                cfg,
+                placement,
+                placement.rollout_bundles,
+                "rollout",
+                lambda r: (cfg, model_path, r, pad, eos),
+            )
+            self.weights = WeightSync(cfg, placement, self.trainers, self.rollouts, log=lambda *_: None)
+
+    def step(self, phases: Phases) -> None:
+        from rlpost.controller.step import step_plan
+        from rlpost.data.microbatch import shard_batch
+
+        with phases.time("total"):
+            with phases.time("sharding"):
+                shards = shard_batch(self.batch, step_plan(self.batch, self.cfg)[1])
+            with phases.time("update_call"):
+                results = self.trainers.call_sharded("update", shards)
+            phases.current["update_in_actor"] = results[0][0]["timing_s/update_worker"]
+            if self.weights is not None:
+                self.version += 1
+                with phases.time("weight_sync"):
+                    self.weights.sync(self.version)
+
+    def close(self) -> None:
+        for group in (self.trainers, self.rollouts):
             if group is not None:
                 group.kill()
-        placement.remove()
-    out = phases.medians(warmup)
-    out["ray_call_and_transfer"] = round(out["update_call"] - out["update_in_actor"], 3)
+        self.placement.remove()
+
+
+def interleaved(runners: dict, steps: int, warmup: int) -> dict[str, dict[str, float]]:
+    """One step of each runner in turn, `warmup + steps` rounds: a slower spell of the machine
+    falls on all of them alike. Medians per runner and phase over the timed rounds."""
+    phases = {name: Phases() for name in runners}
+    try:
+        for _ in range(warmup + steps):
+            for name, runner in runners.items():
+                runner.step(phases[name])
+                phases[name].end_step()
+    finally:
+        for runner in runners.values():
+            runner.close()
+    out = {name: p.medians(warmup) for name, p in phases.items()}
+    for name, m in out.items():
+        if "update_call" in m:
+            m["ray_call_and_transfer"] = round(m["update_call"] - m["update_in_actor"], 3)
+    if "inprocess_world1" in out:
+        m = out["inprocess_world1"]
+        m["fsdp_and_rest"] = round(m["total"] - sum(v for k, v in m.items() if k != "total"), 3)
     return out
 
 
@@ -371,11 +406,11 @@ def main() -> None:
         "median_ms": {},
     }
     m = result["median_ms"]
-    m["reference"] = reference(cfg, model_path, batch, args.steps, args.warmup)
-    m["inprocess_world1"] = inprocess(cfg, model_path, batch, args.steps, args.warmup)
     start_ray(cfg)
-    m["ray_world1"] = through_ray(cfg, model_path, batch, args.steps, args.warmup, 1, sync=True)
-    m["ray_world2"] = through_ray(cfg, model_path, batch, args.steps, args.warmup, 2, sync=False)
+    runners = {"reference": Reference(cfg, model_path, batch), "inprocess_world1": InProcess(cfg, model_path, batch)}
+    runners["ray_world1"] = ThroughRay(cfg, model_path, batch, 1, sync=True)
+    m.update(interleaved(runners, args.steps, args.warmup))
+    m.update(interleaved({"ray_world2": ThroughRay(cfg, model_path, batch, 2, sync=False)}, args.steps, args.warmup))
     ref = m["reference"]["total"]
     r1 = m["ray_world1"]
     result["ratios"] = {

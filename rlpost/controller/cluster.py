@@ -72,6 +72,7 @@ def start_ray(cfg: TrainConfig) -> None:
     if cfg.cluster.address:
         ray.init(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)}, logging_level=level)
         return
+    workers_at_normal_priority()
     # logical CPUs: enough for every bundle even on a 2-core machine (actors take turns)
     needed = cfg.trainer.world_size + cfg.rollout.num_workers
     ray.init(
@@ -81,6 +82,14 @@ def start_ray(cfg: TrainConfig) -> None:
         log_to_driver=True,  # the actors' warnings and errors, with their name and pid
         logging_level=level,
     )
+
+
+def workers_at_normal_priority() -> None:
+    """For a Ray started by this process: Ray starts its workers at nice 15, for tasks that yield
+    to the rest of a node; here the actors are the work, and at 15 Ray's own daemons preempt them
+    (the trainer's update took 12% longer in an actor than in this process at 15, as long at 0:
+    scripts/bench_overhead.py). `RAY_worker_niceness=0 ray start ...` does the same on a cluster."""
+    os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 def local_ray_died() -> bool:

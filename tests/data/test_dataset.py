@@ -146,6 +146,41 @@ def test_batch_chunk_select_cat():
         b["z"]
 
 
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_a_pickled_batch_is_its_rows_values_dtypes_and_nothing_more(protocol):
+    """Every dtype rlpost ships (bfloat16 too) comes back equal; a batch that views 2 rows of a
+    larger tensor pickles those rows only (torch's own tensor pickling saves the whole storage);
+    a read-only buffer (Ray's) gives a tensor that can be written."""
+    import pickle
+    import warnings
+
+    big = torch.randn(1000, 64)
+    b = Batch(
+        {
+            "view": big[10:12],
+            "strided": torch.arange(12).view(2, 6)[:, ::2],
+            "bf16": torch.randn(2, 3).bfloat16(),
+            "half": torch.randn(2, 3).half(),
+            "mask": torch.tensor([[True, False], [False, True]]),
+            "long": torch.tensor([2**40, -1]),
+            "empty": torch.zeros(2, 0),
+        }
+    )
+    buffers = []
+    wire = pickle.dumps(b, protocol=protocol, buffer_callback=buffers.append if protocol == 5 else None)
+    assert len(wire) + sum(len(memoryview(x)) for x in buffers) < 4 * 1000  # not the 256 KB storage
+    with warnings.catch_warnings():  # torch warns when it wraps a read-only array
+        warnings.simplefilter("error")
+        back = pickle.loads(wire, buffers=[memoryview(bytes(x.raw())) for x in buffers])  # read-only
+    assert back.keys() == b.keys()
+    for k in b.keys():
+        assert back[k].dtype == b[k].dtype and torch.equal(back[k], b[k]), k
+    back["view"][0, 0] = 7.0
+    assert b["view"][0, 0] != 7.0
+    weights = torch.zeros(2, requires_grad=True)  # kept as torch pickles it
+    assert torch.equal(pickle.loads(pickle.dumps(Batch({"w": weights})))["w"], weights.detach())
+
+
 def test_auto_reward_routing_fails_early_naming_the_source():
     from rlpost.controller.setup import check_reward_routing
     from rlpost.data.dataset import PromptRow

@@ -7,8 +7,9 @@ def ray_session():
     import ray
 
     from rlpost.config import load_config
-    from rlpost.controller.cluster import actor_env
+    from rlpost.controller.cluster import actor_env, workers_at_normal_priority
 
+    workers_at_normal_priority()
     ray.init(
         num_cpus=4,
         include_dashboard=False,
