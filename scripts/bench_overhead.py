@@ -19,8 +19,10 @@ one thread per process. One batch, generated once by the model, is trained on ov
 The reference, in-process and one-rank Ray runners take turns step by step in one process tree
 (a slower spell of the machine falls on all three alike), the two-rank group after them, on an
 otherwise idle machine; every figure is the median over `--steps` timed rounds after `--warmup`
-untimed ones, and the ratios are what the JSON is for (absolute times move from machine to
-machine).
+untimed ones; a ratio is the median over rounds of a runner's step over the reference's, and the
+whole measurement runs `--repeats` times (this VM's speed drifts by 10% and more between minutes):
+the JSON holds each repeat's ratios, their medians, and the phases of the median repeat. The
+ratios are what it is for (absolute times move from machine to machine).
 
     python scripts/bench_overhead.py --out benchmarks/overhead_cpu.json
     python scripts/bench_overhead.py --gpu-ab /tmp/qwen2-0.5b --steps 8 --out gpu.json   # one GPU
@@ -278,7 +280,8 @@ class ThroughRay:
 
 def interleaved(runners: dict, steps: int, warmup: int) -> dict[str, dict[str, float]]:
     """One step of each runner in turn, `warmup + steps` rounds: a slower spell of the machine
-    falls on all of them alike. Medians per runner and phase over the timed rounds."""
+    falls on all of them alike. Medians per runner and phase over the timed rounds, and each
+    runner's step times."""
     phases = {name: Phases() for name in runners}
     try:
         for _ in range(warmup + steps):
@@ -295,7 +298,12 @@ def interleaved(runners: dict, steps: int, warmup: int) -> dict[str, dict[str, f
     if "inprocess_world1" in out:
         m = out["inprocess_world1"]
         m["fsdp_and_rest"] = round(m["total"] - sum(v for k, v in m.items() if k != "total"), 3)
-    return out
+    return out, {name: [s["total"] for s in p.steps[warmup:]] for name, p in phases.items()}
+
+
+def paired_ratio(totals: dict[str, list[float]], name: str) -> float:
+    """The median over rounds of `name`'s step time over the reference's in the same round."""
+    return round(statistics.median(t / r for t, r in zip(totals[name], totals["reference"])), 3)
 
 
 # ----------------------------------------------------------------- GPU: the log-prob pass, A/B
@@ -375,6 +383,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3, help="the whole measurement, this many times (median)")
     ap.add_argument("--gpu-ab", metavar="MODEL_DIR", help="only the GPU A/B of the log-prob pass, on this model")
     args = ap.parse_args()
     if args.gpu_ab:
@@ -394,7 +403,7 @@ def main() -> None:
     batch = make_batch(cfg, model_path)
     tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
     result = {
-        "command": "python scripts/bench_overhead.py --out " + args.out,
+        "command": f"python scripts/bench_overhead.py --out {args.out} --repeats {args.repeats}",
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "setting": SETTING,
         "batch": {
@@ -403,21 +412,31 @@ def main() -> None:
             "width": batch["prompt_ids"].shape[1] + batch["response_ids"].shape[1],
         },
         "steps": args.steps,
-        "median_ms": {},
+        "repeats": args.repeats,
     }
-    m = result["median_ms"]
     start_ray(cfg)
-    runners = {"reference": Reference(cfg, model_path, batch), "inprocess_world1": InProcess(cfg, model_path, batch)}
-    runners["ray_world1"] = ThroughRay(cfg, model_path, batch, 1, sync=True)
-    m.update(interleaved(runners, args.steps, args.warmup))
-    m.update(interleaved({"ray_world2": ThroughRay(cfg, model_path, batch, 2, sync=False)}, args.steps, args.warmup))
-    ref = m["reference"]["total"]
-    r1 = m["ray_world1"]
-    result["ratios"] = {
-        "inprocess_update_vs_reference": round(m["inprocess_world1"]["total"] / ref, 3),
-        "ray_update_and_sync_vs_reference": round((r1["update_call"] + r1["weight_sync"] + r1["sharding"]) / ref, 3),
-        "ray_world2_update_vs_reference": round(m["ray_world2"]["update_call"] / ref, 3),
-    }
+    repeats = []
+    for _ in range(args.repeats):  # fresh runners each time
+        runners = {
+            "reference": Reference(cfg, model_path, batch),
+            "inprocess_world1": InProcess(cfg, model_path, batch),
+            "ray_world1": ThroughRay(cfg, model_path, batch, 1, sync=True),
+        }
+        m, totals = interleaved(runners, args.steps, args.warmup)
+        world2 = ThroughRay(cfg, model_path, batch, 2, sync=False)
+        m.update(interleaved({"ray_world2": world2}, args.steps, args.warmup)[0])
+        ratios = {  # each round's step (sharding, update, sync) over the reference's, median
+            "inprocess_update_vs_reference": paired_ratio(totals, "inprocess_world1"),
+            "ray_update_and_sync_vs_reference": paired_ratio(totals, "ray_world1"),
+            "ray_world2_update_vs_reference": round(m["ray_world2"]["update_call"] / m["reference"]["total"], 3),
+        }
+        repeats.append({"median_ms": m, "ratios": ratios})
+        print(json.dumps(ratios), flush=True)
+    key = "ray_update_and_sync_vs_reference"
+    middle = sorted(repeats, key=lambda r: r["ratios"][key])[len(repeats) // 2]
+    result["median_ms"] = middle["median_ms"]  # the repeat with the median Ray ratio
+    result["ratios"] = {k: statistics.median(r["ratios"][k] for r in repeats) for k in middle["ratios"]}
+    result["ratios_each_repeat"] = [r["ratios"] for r in repeats]
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 
