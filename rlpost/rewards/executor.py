@@ -61,22 +61,32 @@ class Scores:
 
 
 # ------------------------------------------------------------------------------- in the worker
+_running = False  # an item is under way: only then does the alarm interrupt
+
+
 def _alarm(signum, frame):
-    raise ItemTimeout()
+    if _running:
+        raise ItemTimeout()
 
 
 def _call_one(fn: Callable, item, timeout_s: float, timeout_key: str) -> Result:
+    """One item under a fresh alarm. The alarm is armed per item and disarmed once per chunk (a
+    system call each is most of the pool's cost for a cheap function): arming resets it, and when
+    it rings between items `_running` is False and it does nothing."""
+    global _running
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
+        _running = True
         value = fn(item)
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _running = False
     except ItemTimeout:
+        _running = False
         return None, "timeouts", f"timed out after {timeout_key}={timeout_s:g}"
     except BadValue as e:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _running = False
         return None, "bad_values", str(e)
     except Exception:  # noqa: BLE001  (user code: any failure is counted, with its traceback)
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _running = False
         return None, "errors", traceback.format_exc(limit=-8)
     return value, "ok", ""
 
@@ -107,7 +117,9 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
             items, timeout_s = conn.recv()
         except EOFError:
             return
-        conn.send([_call_one(fn, item, timeout_s, timeout_key) for item in items])
+        results = [_call_one(fn, item, timeout_s, timeout_key) for item in items]
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        conn.send(results)
 
 
 def checked(raw) -> float:

@@ -126,3 +126,21 @@ def test_kwargs_reach_an_explicit_function_only():
         assert p.score([sample("so 7.", source="gsm8k"), sample("it is 8")]).scores == [1.0, 0.0]
     finally:
         p.close()
+
+
+def test_the_alarm_interrupts_an_item_only_while_it_runs():
+    """The worker arms the alarm per item and disarms it per chunk: one that rings after an item
+    returned must do nothing, one that rings during an item ends that item as a timeout."""
+    import signal
+
+    from rlpost.rewards.executor import _alarm, _call_one
+
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        assert _call_one(lambda x: x + 1, 1, 0.05, "reward.timeout_s") == (2, "ok", "")
+        time.sleep(0.2)  # the alarm rings here, between items
+        value, kind, message = _call_one(lambda x: time.sleep(5), 1, 0.05, "reward.timeout_s")
+        assert (value, kind) == (None, "timeouts") and "reward.timeout_s=0.05" in message
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
