@@ -17,9 +17,6 @@ class RewardInput:
     ground_truth: str
     data_source: str
 
-    def __reduce__(self):  # to the reward pool's workers as a tuple: a sixth of a dataclass's pickle time
-        return RewardInput, (self.prompt, self.response, self.ground_truth, self.data_source)
-
 
 class RewardFn(Protocol):
     def __call__(self, sample: RewardInput) -> float: ...
