@@ -15,6 +15,8 @@ one thread per process. One batch, generated once by the model, is trained on ov
   placement group, the batch sharded and shipped each step), 1 and 2 ranks, plus the weight
   sync of the 1-rank group to one hf rollout actor (verified). Ray call and object transfer =
   the controller's wall time of `update` minus the time inside the actor.
+- `update_in_actor_by_niceness_ms`: the update inside two one-rank trainer actors taking turns,
+  one at Ray's default worker niceness (15), one at rlpost's (0).
 
 The reference, in-process and one-rank Ray runners take turns step by step in one process tree
 (a slower spell of the machine falls on all three alike), the two-rank group after them, on an
@@ -306,6 +308,38 @@ def paired_ratio(totals: dict[str, list[float]], name: str) -> float:
     return round(statistics.median(t / r for t, r in zip(totals[name], totals["reference"])), 3)
 
 
+def niceness_ab(cfg, model_path: str, batch, steps: int, warmup: int) -> dict:
+    """Two one-rank trainer actors, one at Ray's default worker niceness (15) and one at what
+    rlpost sets (0), taking turns on the same update: medians of the update inside each (ms)."""
+    import ray
+
+    from rlpost.controller.step import step_plan
+    from rlpost.data.microbatch import shard_batch
+
+    @ray.remote(num_cpus=0)
+    class Trainer:
+        def __init__(self, nice: int):
+            from rlpost.trainer.actor import ActorWorker
+            from rlpost.weightsync.transport import free_port
+
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+            self.worker = ActorWorker(cfg, model_path, 0, 1, "127.0.0.1", free_port())
+
+        def update(self, shard) -> float:
+            return self.worker.update(shard)[0]["timing_s/update_worker"]
+
+    shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
+    actors = {nice: Trainer.remote(nice) for nice in (0, 15)}
+    times: dict[int, list[float]] = {0: [], 15: []}
+    for _ in range(warmup + steps):
+        for nice, actor in actors.items():
+            times[nice].append(ray.get(actor.update.remote(shard)))
+    for actor in actors.values():
+        ray.kill(actor)
+    med = {f"nice_{n}": median_ms(t[warmup:]) for n, t in times.items()}
+    return {**med, "nice_15_vs_0": round(med["nice_15"] / med["nice_0"], 3)}
+
+
 # ----------------------------------------------------------------- GPU: the log-prob pass, A/B
 def gpu_logprob_ab(model_dir: str, reps: int) -> dict:
     """On one GPU, in one process, alternating: (A) a separate log-prob pass, then the update with
@@ -437,6 +471,7 @@ def main() -> None:
     result["median_ms"] = middle["median_ms"]  # the repeat with the median Ray ratio
     result["ratios"] = {k: statistics.median(r["ratios"][k] for r in repeats) for k in middle["ratios"]}
     result["ratios_each_repeat"] = [r["ratios"] for r in repeats]
+    result["update_in_actor_by_niceness_ms"] = niceness_ab(cfg, model_path, batch, args.steps, args.warmup)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 

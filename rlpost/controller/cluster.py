@@ -87,7 +87,7 @@ def start_ray(cfg: TrainConfig) -> None:
 def workers_at_normal_priority() -> None:
     """For a Ray started by this process: Ray starts its workers at nice 15, for tasks that yield
     to the rest of a node; here the actors are the work, and at 15 Ray's own daemons preempt them
-    (the trainer's update took 12% longer in an actor than in this process at 15, as long at 0:
+    (the trainer's update took 5-8% longer in an actor at 15 than in one at 0, taking turns:
     scripts/bench_overhead.py). `RAY_worker_niceness=0 ray start ...` does the same on a cluster."""
     os.environ.setdefault("RAY_worker_niceness", "0")
 
