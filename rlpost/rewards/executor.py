@@ -287,6 +287,9 @@ class RewardPool:
 
     def score(self, samples: list[RewardInput]) -> Scores:
         out = Scores(scores=[self.error_score] * len(samples))
+        if self.spec in TRUSTED:  # all of them here
+            self._score_here(samples, range(len(samples)), out)
+            return out
         rows = [j for j, sample in enumerate(samples) if not self.trusted(sample)]  # those for the pool
         if len(rows) < len(samples):
             self._score_here(samples, sorted(set(range(len(samples))) - set(rows)), out)
