@@ -27,7 +27,8 @@ the JSON holds each repeat's ratios, their medians, and the phases of the median
 ratios are what it is for (absolute times move from machine to machine).
 
     python scripts/bench_overhead.py --out benchmarks/overhead_cpu.json
-    python scripts/bench_overhead.py --gpu-ab /tmp/qwen2-0.5b --steps 8 --out gpu.json   # one GPU
+
+(The GPU A/B of the log-prob pass is scripts/bench_logprob_ab.py.)
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -46,6 +46,8 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+from quickstart_seeds import cpu_model  # noqa: E402
 
 SETTING = [
     "+recipe=quickstart",
@@ -60,13 +62,6 @@ SETTING = [
     "trainer.optim.lr=1e-5",
     "cluster.num_threads=1",
 ]
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def median_ms(values: list[float]) -> float:
@@ -280,7 +275,7 @@ class ThroughRay:
         self.placement.remove()
 
 
-def interleaved(runners: dict, steps: int, warmup: int) -> dict[str, dict[str, float]]:
+def interleaved(runners: dict, steps: int, warmup: int) -> tuple[dict, dict[str, list[float]]]:
     """One step of each runner in turn, `warmup + steps` rounds: a slower spell of the machine
     falls on all of them alike. Medians per runner and phase over the timed rounds, and each
     runner's step times."""
@@ -340,92 +335,13 @@ def niceness_ab(cfg, model_path: str, batch, steps: int, warmup: int) -> dict:
     return {**med, "nice_15_vs_0": round(med["nice_15"] / med["nice_0"], 3)}
 
 
-# ----------------------------------------------------------------- GPU: the log-prob pass, A/B
-def gpu_logprob_ab(model_dir: str, reps: int) -> dict:
-    """On one GPU, in one process, alternating: (A) a separate log-prob pass, then the update with
-    those old log-probs; (B) the update that takes them from its own forward. The batch of the
-    colocate GRPO run of scripts/gpu_session.sh: 32 prompts x 8 samples, 32 + 256 tokens each."""
-    from rlpost.config import load_config
-    from rlpost.controller.step import step_plan
-    from rlpost.data.batch import Batch
-    from rlpost.data.microbatch import shard_batch
-    from rlpost.trainer.actor import ActorWorker
-    from rlpost.weightsync.transport import free_port
-
-    overrides = [
-        f"model.path={model_dir}",
-        "model.dtype=bfloat16",
-        "model.attn_implementation=rlpost_varlen",
-        "trainer.device=cuda",
-        "trainer.world_size=1",
-        "data.train_batch_size=32",
-        "rollout.n=8",
-        "rollout.max_response_length=256",
-        "trainer.micro_batch_size=256",
-        "trainer.max_tokens_per_microbatch=8192",
-        "trainer.optim.lr=1e-6",
-    ]
-    cfg = load_config(overrides)
-    g = torch.Generator().manual_seed(0)
-    rows, prompt, response = 256, 32, 256
-    batch = Batch(
-        {
-            "prompt_ids": torch.randint(100, 20000, (rows, prompt), generator=g),
-            "prompt_mask": torch.ones(rows, prompt, dtype=torch.bool),
-            "response_ids": torch.randint(100, 20000, (rows, response), generator=g),
-            "response_mask": torch.ones(rows, response, dtype=torch.bool),
-            "loss_mask": torch.ones(rows, response, dtype=torch.bool),
-            "rollout_logprobs": torch.full((rows, response), -2.0),
-            "advantages": torch.randn(rows, generator=g),
-        }
-    )
-    shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
-    worker = ActorWorker(cfg, model_dir, 0, 1, "127.0.0.1", free_port())
-    times: dict[str, list[float]] = {"separate_logprob": [], "separate_update": [], "separate": [], "fused": []}
-
-    def timed(fn):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        out = fn()
-        torch.cuda.synchronize()
-        return out, time.perf_counter() - start
-
-    for rep in range(reps + 1):  # the first round warms up (CUDA kernels, allocator)
-        logprobs, t_lp = timed(lambda: worker.compute_logprobs(shard))
-        with_old = shard.select(slice(None))
-        with_old["old_logprobs"] = logprobs["old_logprobs"][torch.argsort(logprobs["row_index"])]
-        _, t_up = timed(lambda: worker.update(with_old))
-        _, t_fused = timed(lambda: worker.update(shard))
-        if rep:
-            times["separate_logprob"].append(t_lp)
-            times["separate_update"].append(t_up)
-            times["separate"].append(t_lp + t_up)
-            times["fused"].append(t_fused)
-    worker.shutdown()
-    med = {k: round(statistics.median(v), 4) for k, v in times.items()}
-    return {
-        "setting": overrides,
-        "reps": reps,
-        "median_s": med,
-        "fused_vs_separate": round(med["fused"] / med["separate"], 3),
-        "gpu": torch.cuda.get_device_name(),
-    }
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3, help="the whole measurement, this many times (median)")
-    ap.add_argument("--gpu-ab", metavar="MODEL_DIR", help="only the GPU A/B of the log-prob pass, on this model")
     args = ap.parse_args()
-    if args.gpu_ab:
-        result = {"command": f"python scripts/bench_overhead.py --gpu-ab {args.gpu_ab} --steps {args.steps} --out ..."}
-        result.update(gpu_logprob_ab(args.gpu_ab, args.steps))
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-        print(json.dumps(result, indent=1))
-        return
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     from rlpost.config import load_config
