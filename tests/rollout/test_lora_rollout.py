@@ -54,7 +54,7 @@ def test_hf_engine_serves_the_synced_adapter(base_dir):
     # the rollout expects what the trainer sends (names, shapes, float32), computed independently
     sent = list(adapter_weights(trainer))
     assert engine.adapter_manifest() == manifest_of(sent)
-    from rlpost.rollout.vllm_engine import expected_adapter_manifest
+    from rlpost.rollout.vllm_weights import expected_adapter_manifest
 
     assert expected_adapter_manifest(base_dir, lora_config()) == manifest_of(sent)
 

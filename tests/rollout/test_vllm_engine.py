@@ -145,7 +145,7 @@ def test_weight_sync_into_vllm_is_verified_and_changes_generation(tiny, engine):
 
 
 def test_fused_view_reads_back_the_hf_tensor():
-    from rlpost.rollout.vllm_engine import fused_view
+    from rlpost.rollout.vllm_weights import fused_view
     from rlpost.weightsync.manifest import TensorSpec
 
     q, k, v = torch.randn(8, 4), torch.randn(2, 4), torch.randn(2, 4)
