@@ -1,6 +1,7 @@
 """Helpers shared by tests: the one tiny-model builder, a LoRA-wrapped copy, one sync sent from a
 thread, the one reference for log-probs, a sampling check, ranks in processes, the layerwise
-optimizer against torch's AdamW. Test modules import from here, never from each other."""
+optimizer against torch's AdamW, a small hand-made batch. Test modules import from here, never from
+each other."""
 
 import json
 import threading
@@ -8,6 +9,7 @@ import threading
 import pytest
 import torch
 
+from rlpost.data.batch import Batch
 from rlpost.weightsync.manifest import manifest_of
 from rlpost.weightsync.sync import receive_weights, send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
@@ -81,7 +83,6 @@ def ragged_generation(seed: int, rows: int = 8, multi_turn: bool = False):
     right-padded responses of 1-4, loss on every response token; the generator, for further draws).
     `multi_turn`: responses of 4-10 tokens, each a model turn, an environment's answer (no loss)
     and a second model turn, of random lengths."""
-    from rlpost.data.batch import Batch
     from rlpost.data.padding import left_pad, right_pad
 
     g = torch.Generator().manual_seed(seed)
@@ -363,3 +364,23 @@ def sync_when(reached: threading.Event, engine, model, version: int, timeout: fl
     thread = threading.Thread(target=sync)
     thread.start()
     return thread
+
+
+def metrics_batch() -> Batch:
+    """4 rows (2 prompts x n=2), loss masks with holes where the log-probs disagree wildly."""
+    return Batch(
+        {
+            "prompt_ids": torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9]]),
+            "prompt_mask": torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]], dtype=torch.bool),
+            "response_ids": torch.tensor([[4, 4, 1], [1, 0, 0], [4, 1, 0], [4, 1, 0]]),
+            "response_mask": torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 0]], dtype=torch.bool),
+            "loss_mask": torch.tensor([[1, 0, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]], dtype=torch.bool),
+            "rollout_logprobs": torch.tensor(
+                [[-1.0, -9.0, -0.5], [-2.0, 0.0, 0.0], [-0.25, -1.0, 0.0], [-3.0, -3.0, 0.0]]
+            ),
+            "old_logprobs": torch.tensor(
+                [[-1.5, -1.0, -0.5], [-1.0, 0.0, 0.0], [-0.5, -1.125, 0.0], [-9.0, -8.0, 0.0]]
+            ),
+            "weight_version": torch.tensor([2, 2, 3, 3]),
+        }
+    )
