@@ -325,7 +325,9 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    world_size: int = knob(2, "Trainer ranks (FSDP2 data-parallel shards).", ge=1)
+    world_size: int = knob(
+        2, "Trainer ranks (FSDP2 data-parallel shards; one rank computing in float32 trains the plain model).", ge=1
+    )
     device: str = knob("cpu", "Device of trainer and rollout: `cpu` (gloo) or `cuda` (NCCL).", ("cpu", "cuda"))
     micro_batch_size: int = knob(64, "Most sequences per forward/backward on each rank.", ge=1)
     max_tokens_per_microbatch: int = knob(

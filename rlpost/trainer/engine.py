@@ -3,8 +3,9 @@ checkpoints. Roles use it: the actor (LM head: log-probs, the policy update, wei
 and the critic (value head: values, the value update).
 
 Master weights are float32; FSDP casts to the compute dtype (`model.dtype`) for forward and
-backward. With LoRA (`model.lora.rank > 0`) peft wraps the model before FSDP2 shards it (each
-adapter is sharded with its layer); only the adapter is trainable, optimized and checkpointed.
+backward (one rank computing in float32 trains the plain module: `fsdp.shard_model`). With
+LoRA (`model.lora.rank > 0`) peft wraps the model before FSDP2 shards it (each adapter is
+sharded with its layer); only the adapter is trainable, optimized and checkpointed.
 
 A plain class. Every method that runs collectives must be called on all ranks at once.
 """

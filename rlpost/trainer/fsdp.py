@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -26,8 +27,15 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 
 def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype, cpu_offload: bool = False):
     """Move to `device` and shard with FSDP2 over the default process group (parameters and
-    gradients kept on the CPU between uses with `cpu_offload`)."""
+    gradients kept on the CPU between uses with `cpu_offload`).
+
+    On one rank with float32 compute and no offload there is nothing to shard, gather, cast or
+    offload: the model stays a plain module. FSDP2's hooks and copies would cost a tenth of the
+    quickstart's update step (scripts/bench_overhead.py); everything downstream (exports,
+    checkpoints, the layerwise optimizer, LoRA merges) takes plain and sharded parameters alike."""
     model = model.to(device)
+    if dist.get_world_size() == 1 and compute_dtype == torch.float32 and not cpu_offload:
+        return model
     kwargs = {}
     if compute_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)

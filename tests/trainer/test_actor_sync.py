@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rlpost.config import load_config
+from rlpost.trainer.fsdp import full_tensor
 from rlpost.weightsync.manifest import checksum, spec_of
 from rlpost.weightsync.sync import receive_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
@@ -82,7 +83,7 @@ def train(worker, model, seed: int = 1) -> None:
 
 def full(worker) -> dict[str, torch.Tensor]:
     """The worker's parameters under its own (peft) names, full and float32, copied."""
-    return {n: p.detach().full_tensor().clone() for n, p in worker.model.named_parameters()}
+    return {n: full_tensor(p.detach()).clone() for n, p in worker.model.named_parameters()}
 
 
 class Rollout:
