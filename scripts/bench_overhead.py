@@ -7,10 +7,12 @@ one thread per process. One batch, generated once by the model, is trained on ov
 
 - `reference`: plain PyTorch in this process: one padded forward, the response tokens'
   log-probs, the GRPO / PPO-clip token-mean loss (old log-probs = the forward's own, detached),
-  backward, gradient clipping, AdamW. No Ray, no FSDP. Timed phase by phase.
-- `inprocess`: rlpost's `ActorWorker.update` in this process at world size 1 (FSDP2 over gloo),
-  its phases timed by wrapping the functions it calls (sharding, forward, loss, backward, clip,
-  optimizer, metrics); the FSDP2 hooks are what update spends outside those.
+  backward, gradient clipping, AdamW (no KV cache in the forward, as in rlpost's). No Ray, no FSDP.
+  Timed phase by phase.
+- `inprocess`: rlpost's `ActorWorker.update` in this process at world size 1 (in float32 one rank
+  trains the plain module: `rlpost.trainer.fsdp.shard_model`), its phases timed by wrapping the
+  functions it calls (sharding, forward, loss, backward, clip, optimizer, metrics); `rest` is
+  what update spends outside those.
 - `ray_world1`, `ray_world2`: the trainer group as the controller drives it (Ray actors in a
   placement group, the batch sharded and shipped each step), 1 and 2 ranks, plus the weight
   sync of the 1-rank group to one hf rollout actor (verified). Ray call and object transfer =
@@ -141,7 +143,12 @@ class Reference:
     def step(self, phases: Phases) -> None:
         with phases.time("total"):
             with phases.time("forward"):
-                out = self.model(input_ids=self.input_ids, attention_mask=self.attention, position_ids=self.positions)
+                out = self.model(
+                    input_ids=self.input_ids,
+                    attention_mask=self.attention,
+                    position_ids=self.positions,
+                    use_cache=False,
+                )
                 logits = out.logits[:, self.width - 1 : -1].float() / self.temperature
                 logp = torch.log_softmax(logits, -1).gather(-1, self.response_ids[..., None])[..., 0]
             with phases.time("loss"):
@@ -294,7 +301,7 @@ def interleaved(runners: dict, steps: int, warmup: int) -> tuple[dict, dict[str,
             m["ray_call_and_transfer"] = round(m["update_call"] - m["update_in_actor"], 3)
     if "inprocess_world1" in out:
         m = out["inprocess_world1"]
-        m["fsdp_and_rest"] = round(m["total"] - sum(v for k, v in m.items() if k != "total"), 3)
+        m["rest"] = round(m["total"] - sum(v for k, v in m.items() if k != "total"), 3)
     return out, {name: [s["total"] for s in p.steps[warmup:]] for name, p in phases.items()}
 
 

@@ -2,15 +2,16 @@
 multi-turn environments (`rlpost.envs.tools`).
 
 `WorkerPool` starts its processes when they are first needed. Each runs a function built in the
-worker by `setup` (so nothing but a picklable reference crosses), item by item, each under a
-timeout alarm, inside an address-space cap of `memory_mb`; an item that raises, returns a value its
-caller refuses (`BadValue`) or runs out of time comes back as `(None, kind, message)`, its kind one
-of `ERROR_KINDS`. The parent waits for each item at most its timeout plus a grace: a worker that
-dies (a crash, the memory cap, `os._exit`) or hangs where the alarm cannot reach (inside C code)
-is killed and replaced. `map` spreads a batch in one contiguous chunk per worker (one message
-each way per worker), and when a worker dies inside its chunk, scores the rest of it again one item
-per message, so that the item at fault is found and its neighbours still count; `call` runs one
-item on the next idle worker, from any number of threads (a tool call).
+worker by `setup` (so nothing but a picklable reference crosses), item by item, each within a
+timeout (one alarm per chunk, set again as items go by: `_alarm`), inside an address-space cap of
+`memory_mb`; an item that raises, returns a value its caller refuses (`BadValue`) or runs out of
+time comes back as `(None, kind, message)`, its kind one of `ERROR_KINDS`. The parent waits for
+each item at most its timeout plus a grace: a worker that dies (a crash, the memory cap,
+`os._exit`) or hangs where the alarm cannot reach (inside C code) is killed and replaced. `map`
+spreads a batch in one contiguous chunk per worker (one message each way per worker), and when a
+worker dies inside its chunk, scores the rest of it again one item per message, so that the item
+at fault is found and its neighbours still count; `call` runs one item on the next idle worker,
+from any number of threads (a tool call).
 
 `RewardPool.score(samples)` scores the samples of trusted scorers (rlpost's own, see
 `register_reward`) in this process and sends the others to a `WorkerPool`; a failed sample scores
@@ -61,21 +62,29 @@ class Scores:
 
 
 # ------------------------------------------------------------------------------- in the worker
-_running = False  # an item is under way: only then does the alarm interrupt
+_running = False  # an item is under way: only then may the alarm end it
+_started = 0.0  # when it started (time.monotonic)
+_timeout_s = 0.0  # the chunk's timeout per item
 
 
 def _alarm(signum, frame):
-    if _running:
+    """The chunk's alarm. An item that has run `_timeout_s` when it rings is ended; otherwise it
+    is set again for the moment the item under way (or the next one) would reach its timeout.
+    Arming the alarm per item was two system calls per item, most of the pool's cost for a cheap
+    function; a chunk of quick items now costs two in all, and a slow one an alarm per timeout."""
+    now = time.monotonic()
+    if _running and now - _started >= _timeout_s:
+        signal.setitimer(signal.ITIMER_REAL, _timeout_s)  # for the items after this one
         raise ItemTimeout()
+    left = _started + _timeout_s - now if _running else _timeout_s
+    signal.setitimer(signal.ITIMER_REAL, max(left, 1e-4))
 
 
 def _call_one(fn: Callable, item, timeout_s: float, timeout_key: str) -> Result:
-    """One item under a fresh alarm. The alarm is armed per item and disarmed once per chunk (a
-    system call each is most of the pool's cost for a cheap function): arming resets it, and when
-    it rings between items `_running` is False and it does nothing."""
-    global _running
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    """One item (the chunk's alarm armed, `_run_chunk`)."""
+    global _running, _started
     try:
+        _started = time.monotonic()
         _running = True
         value = fn(item)
         _running = False
@@ -89,6 +98,17 @@ def _call_one(fn: Callable, item, timeout_s: float, timeout_key: str) -> Result:
         _running = False
         return None, "errors", traceback.format_exc(limit=-8)
     return value, "ok", ""
+
+
+def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str) -> list[Result]:
+    """Every item in turn, each within `timeout_s` (SIGALRM must be handled by `_alarm`)."""
+    global _timeout_s
+    _timeout_s = timeout_s
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        return [_call_one(fn, item, timeout_s, timeout_key) for item in items]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: str) -> None:
@@ -117,9 +137,7 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
             items, timeout_s = conn.recv()
         except EOFError:
             return
-        results = [_call_one(fn, item, timeout_s, timeout_key) for item in items]
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        conn.send(results)
+        conn.send(_run_chunk(fn, items, timeout_s, timeout_key))
 
 
 def checked(raw) -> float:

@@ -128,19 +128,30 @@ def test_kwargs_reach_an_explicit_function_only():
         p.close()
 
 
-def test_the_alarm_interrupts_an_item_only_while_it_runs():
-    """The worker arms the alarm per item and disarms it per chunk: one that rings after an item
-    returned must do nothing, one that rings during an item ends that item as a timeout."""
+def test_one_alarm_per_chunk_ends_exactly_the_items_that_run_too_long():
+    """The worker arms one alarm per chunk. When it rings it ends the item under way only if that
+    item has run for the whole timeout, else it is set again for that item's own deadline: items
+    that each stay under the timeout all count, however long the chunk takes, and each slow item
+    among them (two in a row too) ends as a timeout, in about its timeout."""
     import signal
 
-    from rlpost.rewards.executor import _alarm, _call_one
+    from rlpost.rewards.executor import _alarm, _run_chunk
+
+    def item(seconds):
+        time.sleep(seconds)
+        return seconds
 
     previous = signal.signal(signal.SIGALRM, _alarm)
     try:
-        assert _call_one(lambda x: x + 1, 1, 0.05, "reward.timeout_s") == (2, "ok", "")
-        time.sleep(0.2)  # the alarm rings here, between items
-        value, kind, message = _call_one(lambda x: time.sleep(5), 1, 0.05, "reward.timeout_s")
-        assert (value, kind) == (None, "timeouts") and "reward.timeout_s=0.05" in message
+        quick = [0.03] * 6  # 0.18 s in all: the alarm rings twice or more while they run
+        assert _run_chunk(item, quick, 0.05, "reward.timeout_s") == [(0.03, "ok", "")] * 6
+        start = time.monotonic()
+        results = _run_chunk(item, [0.001, 0.03, 5.0, 5.0, 0.001], 0.05, "reward.timeout_s")
+        took = time.monotonic() - start
+        assert [kind for _, kind, _ in results] == ["ok", "ok", "timeouts", "timeouts", "ok"]
+        assert "reward.timeout_s=0.05" in results[2][2]
+        assert 0.13 < took < 0.6, took  # each slow item had its 0.05 s, not much more
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the chunk left no alarm behind
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
