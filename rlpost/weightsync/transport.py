@@ -15,14 +15,41 @@ import contextlib
 import datetime
 import faulthandler
 import pickle
+import random
 import socket
 
 import torch
 import torch.distributed as dist
 
+_LOWEST_PORT = 20000  # Ray's workers listen below this (its default worker port range ends at 19999)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux's default if it cannot say)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """A port free to listen on now, between 20000 and the ephemeral range. A port of that range
+    (what binding port 0 gives) can be taken by any process's next outgoing connection before the
+    caller listens on it: a resumed run's sync group failed so, with EADDRINUSE, among Ray's many
+    connections. Outside it only another listener can take it first."""
+    start = ephemeral_ports()[0]
+    pick = random.SystemRandom()  # not the seeded `random`: processes seeded alike must differ
+    for _ in range(100 if start - _LOWEST_PORT >= 1000 else 0):
+        port = pick.randrange(_LOWEST_PORT, start)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", port))
+            except OSError:  # taken, or just closed (TIME_WAIT)
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # an unusual ephemeral range
         s.bind(("", 0))
         return s.getsockname()[1]
 

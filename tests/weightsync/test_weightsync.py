@@ -13,7 +13,7 @@ from rlpost.weightsync.manifest import (
     spec_of,
 )
 from rlpost.weightsync.sync import receive_weights, send_weights
-from rlpost.weightsync.transport import SyncGroup, free_port
+from rlpost.weightsync.transport import SyncGroup, ephemeral_ports, free_port
 from rlpost.weightsync.verdict import compare_manifests
 
 
@@ -358,3 +358,17 @@ def test_differs_names_the_first_tensor_some_rank_holds_otherwise():
         assert differs([0, 0, *sums, *sums, *[~s for s in low]], n) == i
     two = [0, 0, *sums, sums[0], sums[1] + 5, sums[2] + 5, *[~s for s in sums]]
     assert differs(two, n) == 1  # the first of them
+
+
+def test_free_ports_lie_outside_the_ephemeral_range_and_can_be_listened_on():
+    """A port of the ephemeral range, free when picked, can become the local port of any outgoing
+    connection before the group listens on it (EADDRINUSE, seen in a resumed run under Ray)."""
+    import socket
+
+    start = ephemeral_ports()[0]
+    ports = [free_port() for _ in range(20)]
+    assert all(20000 <= p < start for p in ports), ports
+    assert len(set(ports)) >= 15  # picked at random, not the same few
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", ports[0]))
+        s.listen()
