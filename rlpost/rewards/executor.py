@@ -304,16 +304,32 @@ class RewardPool:
         return self.spec in TRUSTED or (self.spec == "auto" and sample.data_source in TRUSTED)
 
     def score(self, samples: list[RewardInput]) -> Scores:
-        out = Scores(scores=[self.error_score] * len(samples))
         if self.spec in TRUSTED:  # all of them here
+            scores = self._all_here(samples)
+            if scores is not None:
+                return Scores(scores=scores)
+            out = Scores(scores=[self.error_score] * len(samples))
             self._score_here(samples, range(len(samples)), out)
             return out
+        out = Scores(scores=[self.error_score] * len(samples))
         rows = [j for j, sample in enumerate(samples) if not self.trusted(sample)]  # those for the pool
         if len(rows) < len(samples):
             self._score_here(samples, sorted(set(range(len(samples))) - set(rows)), out)
         if rows:
             self._record(out, rows, self.pool.map([samples[j] for j in rows], self.timeout_s))
         return out
+
+    def _all_here(self, samples: list[RewardInput]) -> list[float] | None:
+        """A trusted `reward.fn` on every sample at the cost of a bare loop, the values checked
+        all at once (floats with a finite sum); None if a call raised or a value is not a finite
+        float: `_score_here` then scores the batch again sample by sample (trusted scorers are
+        pure), naming each failure."""
+        fn, kwargs = self.fn, self.kwargs
+        try:
+            scores = [fn(sample, **kwargs) for sample in samples]
+        except Exception:  # noqa: BLE001
+            return None
+        return scores if set(map(type, scores)) <= {float} and math.isfinite(sum(scores)) else None
 
     def _score_here(self, samples: list[RewardInput], rows, out: Scores) -> None:
         """Trusted scorers, in this process (no alarm: they are linear in the response)."""

@@ -92,6 +92,52 @@ def test_trusted_scorers_run_here_and_start_no_process():
         p.close()
 
 
+RAISES = object()
+
+
+@pytest.mark.parametrize(
+    ("value", "score", "kind"),
+    [
+        (float("nan"), -1.0, "bad_values"),
+        (float("inf"), -1.0, "bad_values"),
+        (True, -1.0, "bad_values"),
+        ("1.0", -1.0, "bad_values"),
+        (RAISES, -1.0, "errors"),
+        (1, 1.0, None),  # an int is a number: taken as 1.0
+    ],
+)
+def test_a_trusted_scorer_is_checked_sample_by_sample_when_the_batch_check_fails(value, score, kind):
+    """Trusted scores are checked as a batch (floats, finite sum); a value that is not a finite
+    float, or an exception, sends the batch through the per-sample check, which keeps the good
+    scores, takes an int, and names a bad sample."""
+    from rlpost.rewards.base import REWARDS, TRUSTED
+
+    def shaky(s):
+        if s.response != "odd":
+            return 1.0 if s.response == s.ground_truth else 0.0
+        if value is RAISES:
+            raise ValueError("a bug in a trusted scorer")
+        return value
+
+    REWARDS["shaky"] = shaky
+    TRUSTED.add("shaky")
+    p = pool("shaky")
+    try:
+        assert p.score([sample("7"), sample("8")]).scores == [1.0, 0.0]
+        out = p.score([sample("7"), sample("odd"), sample("8")])
+        assert out.scores == [1.0, score, 0.0]
+        if kind is None:
+            assert out.counts["errors"] == 0 and out.first_error is None
+        else:
+            assert out.counts["errors"] == 1 and out.counts[kind] == 1 and out.error_rows == [1]
+            assert out.first_error.startswith("sample 1: ")
+        assert p.pool.procs == [None, None]  # all in this process
+    finally:
+        p.close()
+        TRUSTED.discard("shaky")
+        del REWARDS["shaky"]
+
+
 def test_every_kind_of_failure_is_scored_counted_and_contained(user_file):
     p = pool(f"{user_file}:misbehave", workers=2, timeout_s=1.0)
     try:
