@@ -80,7 +80,7 @@ def _alarm(signum, frame):
     signal.setitimer(signal.ITIMER_REAL, max(left, 1e-4))
 
 
-def _call_one(fn: Callable, item, timeout_s: float, timeout_key: str) -> Result:
+def _call_one(fn: Callable, item, timeout_key: str) -> Result:
     """One item (the chunk's alarm armed, `_run_chunk`)."""
     global _running, _started
     try:
@@ -90,7 +90,7 @@ def _call_one(fn: Callable, item, timeout_s: float, timeout_key: str) -> Result:
         _running = False
     except ItemTimeout:
         _running = False
-        return None, "timeouts", f"timed out after {timeout_key}={timeout_s:g}"
+        return None, "timeouts", f"timed out after {timeout_key}={_timeout_s:g}"
     except BadValue as e:
         _running = False
         return None, "bad_values", str(e)
@@ -106,7 +106,7 @@ def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str) ->
     _timeout_s = timeout_s
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
-        return [_call_one(fn, item, timeout_s, timeout_key) for item in items]
+        return [_call_one(fn, item, timeout_key) for item in items]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
@@ -304,13 +304,10 @@ class RewardPool:
         return self.spec in TRUSTED or (self.spec == "auto" and sample.data_source in TRUSTED)
 
     def score(self, samples: list[RewardInput]) -> Scores:
-        if self.spec in TRUSTED:  # all of them here
+        if self.spec in TRUSTED:  # all of them here, checked as one batch when nothing fails
             scores = self._all_here(samples)
             if scores is not None:
                 return Scores(scores=scores)
-            out = Scores(scores=[self.error_score] * len(samples))
-            self._score_here(samples, range(len(samples)), out)
-            return out
         out = Scores(scores=[self.error_score] * len(samples))
         rows = [j for j, sample in enumerate(samples) if not self.trusted(sample)]  # those for the pool
         if len(rows) < len(samples):

@@ -41,17 +41,15 @@ def free_port() -> int:
     connections. Outside it only another listener can take it first."""
     start = ephemeral_ports()[0]
     pick = random.SystemRandom()  # not the seeded `random`: processes seeded alike must differ
-    for _ in range(100 if start - _LOWEST_PORT >= 1000 else 0):
-        port = pick.randrange(_LOWEST_PORT, start)
+    candidates = [pick.randrange(_LOWEST_PORT, start) for _ in range(100)] if start > _LOWEST_PORT + 1000 else []
+    for port in candidates + [0]:  # 0: the kernel's choice, if none is free (or the range is unusual)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("", port))
             except OSError:  # taken, or just closed (TIME_WAIT)
                 continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # an unusual ephemeral range
-        s.bind(("", 0))
-        return s.getsockname()[1]
+            return s.getsockname()[1]
+    raise OSError("no free port")
 
 
 @contextlib.contextmanager
