@@ -5,14 +5,11 @@ The setting: the quickstart's tiny Qwen2 model (0.8M parameters, float32), 16 pr
 samples of 2-digit addition (4 response tokens), GRPO without KL, one optimizer step per batch,
 one thread per process. One batch, generated once by the model, is trained on over and over:
 
-- `reference`: plain PyTorch in this process: one padded forward, the response tokens'
-  log-probs, the GRPO / PPO-clip token-mean loss (old log-probs = the forward's own, detached),
-  backward, gradient clipping, AdamW (no KV cache in the forward, as in rlpost's). No Ray, no FSDP.
-  Timed phase by phase.
-- `inprocess`: rlpost's `ActorWorker.update` in this process at world size 1 (in float32 one rank
-  trains the plain module: `rlpost.trainer.fsdp.shard_model`), its phases timed by wrapping the
-  functions it calls (sharding, forward, loss, backward, clip, optimizer, metrics); `rest` is
-  what update spends outside those.
+- `reference`: plain PyTorch here, timed phase by phase: one padded forward (no KV cache), the
+  response tokens' log-probs, the GRPO token-mean loss (old log-probs = the forward's, detached),
+  backward, gradient clipping, AdamW.
+- `inprocess`: rlpost's `ActorWorker.update` here at world size 1 (a plain module in float32),
+  its phases timed by wrapping the functions it calls; `rest` is the update's time outside them.
 - `ray_world1`, `ray_world2`: the trainer group as the controller drives it (Ray actors in a
   placement group, the batch sharded and shipped each step), 1 and 2 ranks, plus the weight
   sync of the 1-rank group to one hf rollout actor (verified). Ray call and object transfer =
@@ -23,10 +20,9 @@ one thread per process. One batch, generated once by the model, is trained on ov
 The reference, in-process and one-rank Ray runners take turns step by step in one process tree
 (a slower spell of the machine falls on all three alike), the two-rank group after them, on an
 otherwise idle machine; every figure is the median over `--steps` timed rounds after `--warmup`
-untimed ones; a ratio is the median over rounds of a runner's step over the reference's, and the
-whole measurement runs `--repeats` times (this VM's speed drifts by 10% and more between minutes):
-the JSON holds each repeat's ratios, their medians, and the phases of the median repeat. The
-ratios are what it is for (absolute times move from machine to machine).
+untimed ones; a ratio is the median over rounds of a runner's step over the reference's. The
+whole measurement runs `--repeats` times (this VM drifts by 10% and more between minutes): the
+JSON holds each repeat's ratios, their medians and the median repeat's phases (ms).
 
     python scripts/bench_overhead.py --out benchmarks/overhead_cpu.json
 
