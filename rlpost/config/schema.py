@@ -339,9 +339,11 @@ class TrainerConfig:
     layout: str = knob(
         "auto",
         "Token layout of trainer forwards: `packed` (padding-free, needs a varlen "
-        "attention such as flash_attention_2 to be fast), `padded` ([B, P+R]), or `auto` "
-        "(packed with flash attention, else padded). Both give the same log-probs.",
-        ("auto", "packed", "padded"),
+        "attention such as flash_attention_2 to be fast), `padded` ([B, P+R]), `shared_prompt` "
+        "(padded, each distinct prompt of a micro-batch run once and its keys and values shared "
+        "by the responses that follow it: GRPO's n samples pay for their prompt once), or `auto` "
+        "(packed with a varlen attention, else shared_prompt). All give the same log-probs.",
+        ("auto", "packed", "padded", "shared_prompt"),
     )
     total_steps: int = knob(100, "Training steps (one batch of prompts each).", ge=0)
     val_every: int = knob(10, "Validate every this many steps, before the first and after the last (0 = never).", ge=0)

@@ -29,7 +29,7 @@ from rlpost.data.microbatch import split_shard
 from rlpost.models.lora import ADAPTER_DTYPE, adapter_named_parameters, base_named_parameters, save_adapter
 from rlpost.trainer.engine import FSDPEngine
 from rlpost.trainer.fsdp import full_tensor
-from rlpost.trainer.logprobs import response_logprobs, use_packed_layout
+from rlpost.trainer.logprobs import resolve_layout, response_logprobs
 from rlpost.trainer.lora import adapter_weights, base_weights, merged_weights
 from rlpost.trainer.stats import Stats
 from rlpost.weightsync.kinds import sync_kinds
@@ -62,7 +62,7 @@ class ActorWorker:
         algorithm = get_algorithm(cfg.algo.name)
         self.loss_fn = get_policy_loss(algorithm.policy_loss)
         self.kl_in_loss = cfg.algo.kl_coef if algorithm.kl == "loss" else 0.0  # else it is in the reward
-        self.packed = use_packed_layout(cfg.trainer.layout, cfg.model.attn_implementation)
+        self.layout = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation)
         self.sync_group: SyncGroup | None = None
         self.manifests = self._manifests()
         e.offload_params()
@@ -70,7 +70,7 @@ class ActorWorker:
     # ------------------------------------------------------------------------------ log-probs
     def _logprobs(self, model, mb: Batch, with_entropy: bool):
         """Per-token log-probs [b, R] of the response tokens (and entropy [b, R])."""
-        return response_logprobs(model, mb, self.cfg.rollout.temperature, self.packed, with_entropy)
+        return response_logprobs(model, mb, self.cfg.rollout.temperature, self.layout, with_entropy)
 
     def _ref_logprobs(self, mb: Batch) -> torch.Tensor:
         with torch.no_grad():

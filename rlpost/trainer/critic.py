@@ -21,7 +21,7 @@ from rlpost.data.batch import Batch
 from rlpost.data.microbatch import split_shard
 from rlpost.trainer.actor import loss_denominators
 from rlpost.trainer.engine import FSDPEngine
-from rlpost.trainer.logprobs import response_values, use_packed_layout
+from rlpost.trainer.logprobs import resolve_layout, response_values
 from rlpost.trainer.stats import Stats
 
 
@@ -32,7 +32,7 @@ class CriticWorker:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.engine = e = FSDPEngine(cfg, model_path, rank, world_size, master_addr, master_port, role="critic")
         self.model, self.device = e.model, e.device
-        self.packed = use_packed_layout(cfg.trainer.layout, cfg.model.attn_implementation)
+        self.layout = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation)
         e.offload_params()
 
     def compute_values(self, shard: Batch) -> Batch:
@@ -41,7 +41,7 @@ class CriticWorker:
         with torch.no_grad(), self.engine.resident():
             for mini in split_shard(shard):
                 for mb in mini:
-                    values.append(response_values(self.model, mb, self.packed).cpu())
+                    values.append(response_values(self.model, mb, self.layout).cpu())
                     rows.append(mb["row_index"])
         return Batch({"values": torch.cat(values), "row_index": torch.cat(rows)})
 
@@ -67,7 +67,7 @@ class CriticWorker:
 
     def _micro_step(self, mb: Batch, denom: torch.Tensor, stats: Stats) -> None:
         dev = self.device
-        values = response_values(self.model, mb, self.packed)
+        values = response_values(self.model, mb, self.layout)
         old, returns = mb["values"].to(dev), mb["returns"].to(dev)
         mask = mb["loss_mask"].to(dev).float()
         loss, clipped = clipped_value_loss(values, old, returns, self.cfg.critic.value_clip)

@@ -1,13 +1,17 @@
 """Log-probs (and entropy) of the response tokens of a generation-layout batch, and a value
 model's values of them.
 
-Two equivalent paths: `packed` (the default: real tokens only, one row, position ids restarting
-per sequence, so transformers' attention keeps sequences apart: flash-attn varlen on CUDA, a
-block-diagonal mask on CPU) and `padded` (the `[B, P + R]` reference). Both return `[B, R]`
-float32 tensors in the response layout; property tests hold them equal.
+Three equivalent layouts (`trainer.layout`, docs/token-layout.md): `packed` (real tokens only,
+one row, position ids restarting per sequence, so transformers' attention keeps sequences apart:
+flash-attn varlen on CUDA, a block-diagonal mask on CPU), `padded` (the `[B, P + R]` reference)
+and `shared_prompt` (padded, but each distinct prompt of the micro-batch runs once: GRPO's n
+samples of a prompt share its keys and values, and only the responses run per row). All return
+`[B, R]` float32 tensors in the response layout; property tests hold them equal.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 
@@ -24,6 +28,8 @@ from rlpost.data.padding import (
     trim_padding,
     unpack_tokens,
 )
+
+LAYOUTS = ("packed", "padded", "shared_prompt")
 
 
 def packed_forward(model, p: Packed, device):  # pragma: no mutate block (see the docstring)
@@ -42,13 +48,72 @@ def packed_forward(model, p: Packed, device):  # pragma: no mutate block (see th
     )
 
 
-def response_logprobs(model, batch: Batch, temperature: float = 1.0, packed: bool = True, with_entropy: bool = False):
+def _cache_keyword(model) -> str:
+    """transformers 5 calls the key/value cache argument `cache`; 4.x `past_key_values`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+
+def outputs_before_responses(model, batch: Batch, share_prompts: bool, last_only: dict | None = None):
+    """The model's outputs (`.logits`) at the position before each response token: [B, R, ...]
+    for a batch on the model's device, trimmed of padding. Response token j is predicted at
+    column P + j - 1 of the padded layout.
+
+    With `share_prompts`, rows whose prompts are equal (tokens and padding) run that prompt once:
+    one forward of the distinct prompts fills a key/value cache, the cache is gathered out to
+    every row, and a second forward runs the responses on it. The prompt's last position
+    predicts response token 0, the responses' own positions the rest. Autograd carries each
+    row's gradient back through the gather to its prompt, so the gradient is the padded
+    layout's too. It is always two forwards, whatever the rows hold: FSDP gathers the weights
+    once per forward, and every rank must run as many. `last_only` is what makes the prompt
+    forward keep only its last position's outputs (`{"logits_to_keep": 1}` for a causal LM: a
+    prompt's other logits are never read)."""
+    prompt_mask, response_mask = batch["prompt_mask"], batch["response_mask"]
+    if not share_prompts:  # one forward over [B, P + R]
+        input_ids, attention_mask, position_ids = model_inputs(batch)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+        return response_logits(out.logits, prompt_mask.shape[1])
+    from transformers import DynamicCache
+
+    key = torch.where(prompt_mask, batch["prompt_ids"], -1)
+    distinct, row_prompt = torch.unique(key, dim=0, return_inverse=True)
+    cache = DynamicCache(config=model.config)
+    kv = {_cache_keyword(model): cache}
+    mask = (distinct >= 0).long()
+    first = model(
+        input_ids=distinct.clamp(min=0),
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        **kv,
+        **(last_only or {}),
+    ).logits[:, -1:][row_prompt]  # [B, 1, ...]: predicts response token 0
+    cache.batch_select_indices(row_prompt)
+    R = response_mask.shape[1]
+    ids, mask = (
+        (batch["response_ids"], response_mask)
+        if R
+        else (key.new_zeros(len(key), 1), response_mask.new_zeros(len(key), 1))
+    )
+    rest = model(
+        input_ids=ids,
+        attention_mask=torch.cat([prompt_mask, mask], dim=1).long(),
+        position_ids=prompt_mask.sum(-1, keepdim=True) + torch.arange(ids.shape[1], device=ids.device),
+        use_cache=True,
+        **kv,
+    ).logits[:, :-1]
+    return torch.cat([first, rest], dim=1)[:, :R]
+
+
+def response_logprobs(
+    model, batch: Batch, temperature: float = 1.0, layout: str = "packed", with_entropy: bool = False
+):
     """(log-probs [B, R], entropy [B, R] or None) of `batch`'s responses under `model`.
 
     Logits are divided by `temperature` first: the log-probs of the distribution the rollout
     sampled from."""
     device = next(model.parameters()).device
-    if packed:
+    if layout == "packed":
         p = pack(batch)
         logits = packed_forward(model, p, device).logits[0].float() / temperature  # [T, V]
         logp = unpack_tokens(shifted_token_logprobs(logits, p.input_ids[0].to(device)), p)
@@ -56,11 +121,8 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, packed: boo
         return logp, entropy
     width = batch["response_ids"].shape[1]
     batch = trim_padding(batch).to(device)  # padded to this micro-batch's own longest rows
-    input_ids, attention_mask, position_ids = model_inputs(batch)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).logits
-    logits = response_logits(logits, batch["prompt_ids"].shape[1]).float() / temperature  # [B, R', V]
+    share = layout == "shared_prompt"
+    logits = outputs_before_responses(model, batch, share, {"logits_to_keep": 1}).float() / temperature
     mask = batch["response_mask"]
     pad = (0, width - mask.shape[1])  # back to the caller's width R
     logp = torch.nn.functional.pad(token_logprobs(logits, batch["response_ids"]) * mask, pad)
@@ -68,26 +130,25 @@ def response_logprobs(model, batch: Batch, temperature: float = 1.0, packed: boo
     return logp, entropy
 
 
-def response_values(model, batch: Batch, packed: bool = True) -> torch.Tensor:
+def response_values(model, batch: Batch, layout: str = "packed") -> torch.Tensor:
     """A value model's values [B, R] of `batch`'s responses: entry j is the value of the state
     before response token j (read at the position just before it, as its log-prob is)."""
     device = next(model.parameters()).device
-    if packed:
+    if layout == "packed":
         p = pack(batch)
         out = packed_forward(model, p, device).logits[0, :, 0]  # [T]
         return unpack_tokens(shifted(out.float()), p)
     width = batch["response_ids"].shape[1]
     batch = trim_padding(batch).to(device)
-    input_ids, attention_mask, position_ids = model_inputs(batch)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
-    values = response_logits(out, batch["prompt_ids"].shape[1])[..., 0].float() * batch["response_mask"]
+    values = outputs_before_responses(model, batch, layout == "shared_prompt")[..., 0].float() * batch["response_mask"]
     return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
-def use_packed_layout(layout: str, attn_implementation: str) -> bool:
-    """`trainer.layout`: `auto` is packed only with a varlen attention kernel. With sdpa/eager,
-    transformers turns a packed row into a dense [T, T] block-diagonal mask: quadratic in the
-    tokens of a whole micro-batch, much slower than padding for many short sequences."""
+def resolve_layout(layout: str, attn_implementation: str) -> str:
+    """`trainer.layout`: `auto` is packed with a varlen attention kernel, else shared_prompt. With
+    sdpa/eager, transformers turns a packed row into a dense [T, T] block-diagonal mask: quadratic
+    in the tokens of a whole micro-batch, much slower than padding for many short sequences."""
     if layout == "auto":
-        return attn_implementation.startswith("flash_attention") or attn_implementation == "rlpost_varlen"
-    return layout == "packed"
+        varlen = attn_implementation.startswith("flash_attention") or attn_implementation == "rlpost_varlen"
+        return "packed" if varlen else "shared_prompt"
+    return layout

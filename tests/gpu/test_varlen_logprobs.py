@@ -39,8 +39,8 @@ def test_varlen_packed_matches_padded(dtype, atol):
     batch = Batch({"prompt_ids": pi, "prompt_mask": pm, "response_ids": ri, "response_mask": rm})
     with torch.no_grad():
         model.set_attn_implementation("sdpa")
-        padded, _ = response_logprobs(model, batch, 1.0, packed=False)
+        padded, _ = response_logprobs(model, batch, 1.0, layout="padded")
         model.set_attn_implementation(varlen.register())
-        packed, _ = response_logprobs(model, batch, 1.0, packed=True)
+        packed, _ = response_logprobs(model, batch, 1.0, layout="packed")
     assert torch.isfinite(packed).all()
     assert (packed - padded).abs().max().item() <= atol

@@ -1,5 +1,5 @@
 """The critic role against from-scratch references: its values are a value model's outputs at the
-position before each response token (packed and padded layouts alike), its update's gradient is
+position before each response token (packed, padded and shared-prompt layouts alike), its update's gradient is
 that of PPO's clipped value loss over the loss tokens written here in plain torch, and its
 checkpoint (`critic/`, next to the actor's `trainer/`) restores weights and Adam states."""
 
@@ -23,6 +23,16 @@ COMMON = [
 ]
 
 
+def grouped_batch():
+    """`ragged_generation(0)` with rows in pairs of one prompt (as GRPO's groups: shared_prompt
+    runs each once) and a hole in a loss mask."""
+    batch, g = ragged_generation(0)
+    for key in ("prompt_ids", "prompt_mask"):
+        batch[key][1::2] = batch[key][0::2]
+    batch["loss_mask"][1, 0] = False
+    return batch, g
+
+
 def worker_and_batch(tmp_path, *extra):
     from rlpost.controller.step import step_plan
     from rlpost.data.microbatch import shard_batch
@@ -30,8 +40,7 @@ def worker_and_batch(tmp_path, *extra):
 
     save_tiny_model(tmp_path / "model")
     cfg = load_config(COMMON + list(extra))
-    batch, g = ragged_generation(0)
-    batch["loss_mask"][1, 0] = False  # a hole
+    batch, g = grouped_batch()
     worker = CriticWorker(cfg, str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
     shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
     return cfg, worker, shard, g
@@ -59,7 +68,7 @@ def reference_values(model, batch) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared_prompt"])
 def test_values_are_the_value_model_before_each_response_token(tmp_path, layout):
     cfg, worker, shard, _ = worker_and_batch(tmp_path, f"trainer.layout={layout}")
     try:
@@ -94,7 +103,7 @@ def critic_rank(rank, world, port, model_dir, batch_path, out):
     from rlpost.trainer.fsdp import full_tensor
 
     torch.set_num_threads(1)
-    layout = "packed" if world == 2 else "padded"  # both layouts
+    layout = "packed" if world == 2 else "shared_prompt"  # both kinds of layout
     cfg = load_config(COMMON + [f"trainer.world_size={world}", f"trainer.layout={layout}"])
     batch = torch.load(batch_path, weights_only=False)
     worker = CriticWorker(cfg, model_dir, rank, world, "127.0.0.1", port)
@@ -127,8 +136,7 @@ def test_update_gradient_is_the_clipped_value_loss(tmp_path, world):
     from rlpost.models.loading import load_value_model
 
     save_tiny_model(tmp_path / "model")
-    batch, _ = ragged_generation(0)
-    batch["loss_mask"][1, 0] = False  # a hole
+    batch, _ = grouped_batch()
     torch.save(batch, tmp_path / "batch.pt")
     run_ranks(critic_rank, world, free_port(), str(tmp_path / "model"), str(tmp_path / "batch.pt"), str(tmp_path / "o"))
     result = torch.load(tmp_path / "o", weights_only=False)

@@ -2,8 +2,9 @@
 
 Random ragged batches: prompt lengths 1..P, response lengths 0..R (empty and full included), EOS
 inside responses (multi-turn: several), holes in the loss mask (an environment's tokens), batch
-sizes 1..16. In float32, packed == padded == a per-sequence reference
-computed with no padding at all; results do not depend on micro-batch size or sample order; and
+sizes 1..16, rows drawing their prompts from a pool of 1..B prompts (GRPO's groups, in any order).
+In float32, packed == padded == shared_prompt == a per-sequence reference computed with no
+padding at all, log-probs and gradients; results do not depend on micro-batch size or sample order; and
 pack -> unpack is the identity for per-token tensors.
 """
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, pack, pack_tokens, right_pad, unpack_tokens
-from rlpost.trainer.logprobs import response_logprobs
+from rlpost.trainer.logprobs import LAYOUTS, response_logprobs
 from tests.helpers import examples, reference_logprobs, tiny_model
 
 VOCAB, EOS, PAD, P, R = 50, 1, 0, 12, 10
@@ -31,9 +32,10 @@ def ragged_batches(draw):
     """A generation-layout batch; responses may be empty, full width, or end in an EOS."""
     b = draw(st.integers(1, 16))
     token = st.integers(2, VOCAB - 1)
+    pool = draw(st.lists(st.lists(token, min_size=1, max_size=P), min_size=1, max_size=b))
     prompts, responses = [], []
     for _ in range(b):
-        prompts.append(draw(st.lists(token, min_size=1, max_size=P)))
+        prompts.append(draw(st.sampled_from(pool)))  # rows of one prompt: a group, wherever it sits
         resp = draw(st.lists(token, min_size=0, max_size=R))
         if resp and draw(st.booleans()):
             resp[-1] = EOS  # finished with EOS inside the width
@@ -57,9 +59,9 @@ def ragged_batches(draw):
     )
 
 
-def in_micro_batches(model, batch, size, packed):
+def in_micro_batches(model, batch, size, layout):
     parts = [
-        response_logprobs(model, batch.select(slice(i, i + size)), 0.7, packed)[0] for i in range(0, len(batch), size)
+        response_logprobs(model, batch.select(slice(i, i + size)), 0.7, layout)[0] for i in range(0, len(batch), size)
     ]
     width = batch["response_ids"].shape[1]
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
@@ -67,25 +69,63 @@ def in_micro_batches(model, batch, size, packed):
 
 @SETTINGS
 @given(batch=ragged_batches())
-def test_packed_equals_padded_equals_per_sequence(model, batch):
+def test_every_layout_equals_per_sequence(model, batch):
     with torch.no_grad():
         ref = reference_logprobs(model, batch, 0.7)
-        packed, _ = response_logprobs(model, batch, 0.7, packed=True)
-        padded, _ = response_logprobs(model, batch, 0.7, packed=False)
-    assert packed.shape == padded.shape == ref.shape
-    torch.testing.assert_close(packed, ref, rtol=0, atol=1e-5)
-    torch.testing.assert_close(padded, ref, rtol=0, atol=1e-5)
-    assert torch.all(packed[~batch["response_mask"]] == 0)
+        for layout in LAYOUTS:
+            got, _ = response_logprobs(model, batch, 0.7, layout=layout)
+            assert got.shape == ref.shape, layout
+            torch.testing.assert_close(got, ref, rtol=0, atol=1e-5, msg=layout)
+            assert torch.all(got[~batch["response_mask"]] == 0), layout
+
+
+def test_shared_prompts_run_once_and_their_gradient_is_the_padded_one(model):
+    """GRPO's layout: 3 prompts of different lengths x 4 samples, interleaved. shared_prompt runs
+    the 3 distinct prompts once (a forward of 3 rows, then one of the 12 responses), and the
+    gradient of a weighted sum of log-probs, taken back through the shared keys and values, is
+    the padded layout's."""
+    prompts = [[5, 6, 7, 8], [9], [10, 11]] * 4
+    responses = [[12 + i % 5, 13, EOS][: 1 + i % 3] for i in range(12)]
+    prompt_ids, prompt_mask = left_pad(prompts, PAD)
+    response_ids, response_mask = right_pad(responses, PAD)
+    batch = Batch(
+        {
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": response_ids,
+            "response_mask": response_mask,
+        }
+    )
+    rows = []
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: rows.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    weights = torch.randn(response_mask.shape, generator=torch.Generator().manual_seed(0))
+    grads = {}
+    try:
+        for layout in ("padded", "shared_prompt"):
+            rows.clear()
+            model.zero_grad()
+            logp, _ = response_logprobs(model, batch, 0.7, layout=layout)
+            (logp * weights).sum().backward()
+            grads[layout] = torch.cat([p.grad.flatten() for p in model.parameters()])
+            if layout == "shared_prompt":
+                assert rows == [torch.Size([3, 4]), torch.Size([12, 3])]
+    finally:
+        hook.remove()
+        model.zero_grad()
+    assert grads["padded"].abs().sum() > 0
+    torch.testing.assert_close(grads["shared_prompt"], grads["padded"], rtol=1e-4, atol=1e-6)
 
 
 @SETTINGS
-@given(batch=ragged_batches(), size=st.integers(1, 16), seed=st.integers(0, 2**16), packed=st.booleans())
-def test_micro_batch_size_and_order_do_not_matter(model, batch, size, seed, packed):
+@given(batch=ragged_batches(), size=st.integers(1, 16), seed=st.integers(0, 2**16), layout=st.sampled_from(LAYOUTS))
+def test_micro_batch_size_and_order_do_not_matter(model, batch, size, seed, layout):
     with torch.no_grad():
-        whole, _ = response_logprobs(model, batch, 0.7, packed=packed)
-        micro = in_micro_batches(model, batch, size, packed)
+        whole, _ = response_logprobs(model, batch, 0.7, layout=layout)
+        micro = in_micro_batches(model, batch, size, layout)
         perm = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed))
-        shuffled, _ = response_logprobs(model, batch.select(perm), 0.7, packed=packed)
+        shuffled, _ = response_logprobs(model, batch.select(perm), 0.7, layout=layout)
     torch.testing.assert_close(micro, whole, rtol=0, atol=1e-5)
     torch.testing.assert_close(shuffled[torch.argsort(perm)], whole, rtol=0, atol=1e-5)
 
@@ -187,7 +227,7 @@ def test_a_loss_mask_outside_the_response_is_refused():
 
 @settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=ragged_batches())
-def test_entropy_packed_equals_padded_equals_per_sequence(model, batch):
+def test_entropy_of_every_layout_equals_per_sequence(model, batch):
     """The entropy of the (temperature-scaled) next-token distribution at each response token,
     from scratch one sequence at a time, and 0 at padding."""
     mask = batch["response_mask"]
@@ -201,29 +241,29 @@ def test_entropy_packed_equals_padded_equals_per_sequence(model, batch):
             logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0].float() / 0.7
             logits = logits[len(prompt) - 1 : len(prompt) - 1 + len(response)]
             expected[i, : len(response)] = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
-        _, packed = response_logprobs(model, batch, 0.7, packed=True, with_entropy=True)
-        _, padded = response_logprobs(model, batch, 0.7, packed=False, with_entropy=True)
-    torch.testing.assert_close(packed, expected, rtol=0, atol=1e-5)
-    torch.testing.assert_close(padded, expected, rtol=0, atol=1e-5)
+        for layout in LAYOUTS:
+            _, got = response_logprobs(model, batch, 0.7, layout=layout, with_entropy=True)
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-5, msg=layout)
     assert mask.sum() == 0 or expected[mask].min() > 0.1  # a real distribution, not a near-one-hot one
 
 
 @pytest.mark.parametrize(
-    "layout, attn, packed",
+    "layout, attn, resolved",
     [
-        ("auto", "flash_attention_2", True),
-        ("auto", "flash_attention_3", True),
-        ("auto", "rlpost_varlen", True),
-        ("auto", "sdpa", False),
-        ("auto", "eager", False),
-        ("packed", "sdpa", True),
-        ("padded", "flash_attention_2", False),
+        ("auto", "flash_attention_2", "packed"),
+        ("auto", "flash_attention_3", "packed"),
+        ("auto", "rlpost_varlen", "packed"),
+        ("auto", "sdpa", "shared_prompt"),
+        ("auto", "eager", "shared_prompt"),
+        ("packed", "sdpa", "packed"),
+        ("padded", "flash_attention_2", "padded"),
+        ("shared_prompt", "flash_attention_2", "shared_prompt"),
     ],
 )
-def test_the_layout_rule(layout, attn, packed):
-    from rlpost.trainer.logprobs import use_packed_layout
+def test_the_layout_rule(layout, attn, resolved):
+    from rlpost.trainer.logprobs import resolve_layout
 
-    assert use_packed_layout(layout, attn) is packed
+    assert resolve_layout(layout, attn) == resolved
 
 
 def test_defaults_are_temperature_one_packed_and_no_entropy(model):
@@ -240,7 +280,7 @@ def test_defaults_are_temperature_one_packed_and_no_entropy(model):
     )
     with torch.no_grad():
         logp, entropy = response_logprobs(model, batch)
-        assert entropy is None and response_logprobs(model, batch, 0.7, packed=False)[1] is None
+        assert entropy is None and response_logprobs(model, batch, 0.7, layout="padded")[1] is None
         assert torch.allclose(logp, reference_logprobs(model, batch, 1.0), atol=1e-5)
         assert not torch.allclose(logp, reference_logprobs(model, batch, 2.0), atol=1e-3)
         calls = []

@@ -81,9 +81,10 @@ def make_batch(model, seed: int = 0):
 
     g = torch.Generator().manual_seed(seed)
     rows = sum(GROUPS)
-    prompts = [
-        torch.randint(3, 60, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist() for _ in range(rows)
+    group_prompts = [
+        torch.randint(3, 60, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist() for _ in GROUPS
     ]
+    prompts = [prompt for prompt, n in zip(group_prompts, GROUPS) for _ in range(n)]  # a group shares its prompt
     lengths = [1, 5, 2, 4, 3, 5, 1, 2, 4, 3, 5, 2]
     responses = [torch.randint(3, 60, (n,), generator=g).tolist() for n in lengths]
     prompt_ids, prompt_mask = left_pad(prompts, 0)
@@ -232,10 +233,13 @@ def reference_grads(model_dir, batch, rewards, algo: dict, mini_batches: int):
 # ------------------------------------------------------------------------------- rlpost's path
 def case_config(name: str, world: int):
     from rlpost.config import load_config
+    from rlpost.trainer.logprobs import LAYOUTS
 
     overrides = [o for o in CASES[name] if o != SILENT]
-    # both layouts on ragged rows: world size 2 packed, world size 1 every other case packed
-    layout = "packed" if world == 2 or list(CASES).index(name) % 2 else "padded"
+    # every layout on ragged rows: world size 1 takes them in turn, world size 2 (FSDP2, where
+    # shared_prompt runs the model twice before the backward) packed and shared_prompt in turn
+    index = list(CASES).index(name)
+    layout = ("packed", "shared_prompt")[index % 2] if world == 2 else LAYOUTS[index % 3]
     return load_config(BASE + overrides + [f"trainer.world_size={world}", f"trainer.layout={layout}"])
 
 
