@@ -8,9 +8,10 @@ gradient clip 1.0, `--steps` steps, one thread per process. rlpost runs it with 
 and one hf rollout actor, colocated (they take turns) and split (one-step-off-policy: the next
 batch is generated while this one trains). TRL runs it in one process (generation with
 `transformers.generate`, no vLLM). Both end with the held-out greedy accuracy on the same 256
-problems, to show that both learned. The three runs follow one another, `--rounds` times; each
-ratio is the median of the rounds' ratios (this VM's speed drifts by 10% and more between minutes:
-one round alone gave colocate 0.83x, two others 0.95x and 0.94x).
+problems, to show that both learned. The three runs follow one another, `--rounds` times, round r
+with seed r for all three (data order and sampling; the start model is the same); each ratio is
+the median of the rounds' ratios (this VM's speed drifts by 10% and more between minutes: one
+round alone gave colocate 0.83x, two others 0.95x and 0.94x).
 
 TRL is a benchmark here, not a dependency: install it in a venv of its own that sees this one's
 packages, and pass its python:
@@ -60,7 +61,7 @@ def cpu_model() -> str:
 
 
 # ----------------------------------------------------------------------------------------- TRL
-def run_trl(steps: int, lr: float, out: str) -> None:
+def run_trl(steps: int, lr: float, seed: int, out: str) -> None:
     """In the TRL venv: GRPOTrainer on the same model, prompts and reward."""
     import torch
     from datasets import Dataset
@@ -117,7 +118,7 @@ def run_trl(steps: int, lr: float, out: str) -> None:
             report_to="none",
             save_strategy="no",
             logging_steps=50,
-            seed=0,
+            seed=seed,
         )
         trainer = GRPOTrainer(
             model=model,
@@ -134,10 +135,10 @@ def run_trl(steps: int, lr: float, out: str) -> None:
 
 
 # -------------------------------------------------------------------------------------- rlpost
-def run_rlpost(steps: int, lr: float, placement: str) -> dict:
+def run_rlpost(steps: int, lr: float, seed: int, placement: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "rlpost.cli", "train", *RLPOST, f"trainer.optim.lr={lr}", *PLACEMENTS[placement]]
-        cmd += [f"trainer.total_steps={steps}", f"trainer.val_every={steps}", f"run.dir={tmp}/run"]
+        cmd += [f"trainer.total_steps={steps}", f"trainer.val_every={steps}", f"run.seed={seed}", f"run.dir={tmp}/run"]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(f"rlpost {placement} failed:\n{proc.stderr[-3000:]}")
@@ -163,21 +164,23 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=10, help="first steps left out of the median")
     ap.add_argument("--rounds", type=int, default=3, help="TRL, colocate and split, this many times in turn")
     ap.add_argument("--trl-only", help=argparse.SUPPRESS)  # internal: run TRL, write to this file
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # internal: TRL's seed
     args = ap.parse_args()
     if args.trl_only:
-        run_trl(args.steps, args.lr, args.trl_only)
+        run_trl(args.steps, args.lr, args.seed, args.trl_only)
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     rounds, start_accuracy = [], None
-    for _ in range(args.rounds):  # TRL, colocate, split in turn: a slow spell of the VM falls on one round
+    for seed in range(args.rounds):  # TRL, colocate, split in turn: a slow spell of the VM falls on one round
         results = {}
         with tempfile.TemporaryDirectory() as tmp:
             trl_out = f"{tmp}/trl.json"
             cmd = [args.trl_python, __file__, "--trl-only", trl_out, "--steps", str(args.steps), "--lr", str(args.lr)]
+            cmd += ["--seed", str(seed)]
             subprocess.run(cmd, cwd=REPO, env=env, check=True)
             results["trl"] = json.loads(Path(trl_out).read_text())
         for placement in PLACEMENTS:
-            results[f"rlpost_{placement}"] = run_rlpost(args.steps, args.lr, placement)
+            results[f"rlpost_{placement}"] = run_rlpost(args.steps, args.lr, seed, placement)
         start_accuracy = results["rlpost_colocate"]["start_accuracy"]
         summary = {}
         for name, r in results.items():
@@ -189,7 +192,7 @@ def main() -> None:
         trl = summary["trl"]["median_step_s"]
         for placement in PLACEMENTS:
             summary[f"rlpost_{placement}"]["vs_trl"] = round(summary[f"rlpost_{placement}"]["median_step_s"] / trl, 3)
-        rounds.append(summary)
+        rounds.append({"seed": seed, **summary})
         print(json.dumps({k: v.get("vs_trl", v["median_step_s"]) for k, v in summary.items()}), flush=True)
     summary = {  # each runner's median over rounds; each ratio the median of the rounds' ratios
         name: {
@@ -197,8 +200,10 @@ def main() -> None:
             for key in rounds[0][name]
             if key != "phases_median_s"
         }
-        for name in rounds[0]
+        for name in results
     }
+    for name in results:  # and every seed's held-out accuracy
+        summary[name]["val_accuracy_by_seed"] = [r[name]["val_accuracy"] for r in rounds]
     version = subprocess.run(
         [args.trl_python, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True
     ).stdout.strip()
