@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Packed vs padded forward+backward of response log-probs, side by side in one process.
+"""The trainer's token layouts side by side in one process: forward+backward of response log-probs.
 
 A Qwen2-shaped model (random weights; default the shape of Qwen2.5-0.5B) scores a batch of
 sequences whose lengths are uniform in [--min-len, --max-len] (prompt of --prompt-len tokens, the
-rest response). Both layouts run the same sequences in micro-batches of the same token budget
-(padded: rows are padded to the longest of their micro-batch). Reports real tokens per second,
-the padding share, the max |log-prob difference| between layouts, and peak memory, as JSON.
+rest response), `--group-size` consecutive sequences sharing a prompt (GRPO's n; 1: every prompt
+its own). Every layout (`padded`, `shared_prompt` with sdpa, `packed` with a varlen kernel) runs
+the same sequences in micro-batches of the same token budget (padded: rows are padded to the
+longest of their micro-batch). Reports real tokens per second, the padding share, the max
+|log-prob difference| from the padded layout, and peak memory, as JSON.
 
     python scripts/bench_logprobs.py --out benchmarks/logprobs_h100.json          # GPU
+    python scripts/bench_logprobs.py --group-size 8 --prompt-len 256 --min-len 320 --max-len 1280
     python scripts/bench_logprobs.py --tiny --device cpu --attn sdpa              # CPU smoke run
 """
 
@@ -60,7 +63,11 @@ def make_model(args):
 def make_batch(args, vocab: int) -> Batch:
     g = torch.Generator().manual_seed(1)
     lengths = torch.randint(args.min_len, args.max_len + 1, (args.num_seqs,), generator=g).tolist()
-    prompts = [torch.randint(3, vocab, (args.prompt_len,), generator=g).tolist() for _ in lengths]
+    groups = [
+        torch.randint(3, vocab, (args.prompt_len,), generator=g).tolist()
+        for _ in range(0, len(lengths), args.group_size)
+    ]
+    prompts = [groups[i // args.group_size] for i in range(len(lengths))]
     responses = [torch.randint(3, vocab, (n - args.prompt_len,), generator=g).tolist() for n in lengths]
     prompt_ids, prompt_mask = left_pad(prompts, 0)
     response_ids, response_mask = right_pad(responses, 0)
@@ -74,11 +81,11 @@ def make_batch(args, vocab: int) -> Batch:
     )
 
 
-def run(model, micro_batches: list[Batch], packed: bool, sync) -> tuple[float, list[torch.Tensor]]:
+def run(model, micro_batches: list[Batch], layout: str, sync) -> tuple[float, list[torch.Tensor]]:
     start = time.perf_counter()
     out = []
     for mb in micro_batches:
-        logp, _ = response_logprobs(model, mb, 1.0, packed=packed)
+        logp, _ = response_logprobs(model, mb, 1.0, layout=layout)
         mask = mb["response_mask"].to(logp.device)
         (-(logp * mask).sum() / mask.sum()).backward()
         out.append(logp.detach())
@@ -95,6 +102,7 @@ def main() -> int:
     p.add_argument("--min-len", type=int, default=64)
     p.add_argument("--max-len", type=int, default=2048)
     p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--group-size", type=int, default=1, help="consecutive sequences sharing a prompt")
     p.add_argument("--max-tokens", type=int, default=16384, help="token budget of a micro-batch")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tiny", action="store_true")
@@ -121,19 +129,20 @@ def main() -> int:
         varlen.register()
     batch = make_batch(args, model.config.vocab_size)
     lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
-    # the same micro-batches (same rows, same token budget) for both layouts
+    # the same micro-batches (same rows, same token budget) for every layout
     plan = plan_shards(lengths, 1, max_tokens=args.max_tokens)[0]
     micro = [trim_padding(batch.select(rows)) for rows in plan]  # each padded to its own longest row
     real_tokens = sum(lengths)
     results = {}
-    for name, packed, attn in (("padded", False, "sdpa"), ("packed", True, args.attn)):
+    layouts = (("padded", "sdpa"), ("shared_prompt", "sdpa"), ("packed", args.attn))
+    for name, attn in layouts:
         model.set_attn_implementation(attn)
         times = []
         for r in range(args.repeats + 1):  # first run warms up
             model.zero_grad(set_to_none=True)
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-            seconds, logps = run(model, micro, packed, sync)
+            seconds, logps = run(model, micro, name, sync)
             if r:
                 times.append(seconds)
         median = sorted(times)[len(times) // 2]
@@ -145,10 +154,11 @@ def main() -> int:
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
             "logprobs": logps,
         }
-    diff = max(
-        float((a.float() - b.float()).abs().max())
-        for a, b in zip(results["padded"].pop("logprobs"), results["packed"].pop("logprobs"))
-    )
+    reference = results["padded"].pop("logprobs")
+    diffs = {
+        name: max(float((a.float() - b.float()).abs().max()) for a, b in zip(reference, results[name].pop("logprobs")))
+        for name in ("shared_prompt", "packed")
+    }
     report = {
         "command": " ".join(sys.argv),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
@@ -156,13 +166,18 @@ def main() -> int:
         "params": sum(p.numel() for p in model.parameters()),
         "dtype": args.dtype,
         "num_seqs": args.num_seqs,
+        "group_size": args.group_size,
+        "prompt_len": args.prompt_len,
         "lengths": [args.min_len, args.max_len],
         "real_tokens": real_tokens,
         "micro_batches": len(micro),
         "max_tokens": args.max_tokens,
         "padding_fraction": padding_fraction(lengths, [plan]),
-        "packed_over_padded_tokens_per_s": results["packed"]["tokens_per_s"] / results["padded"]["tokens_per_s"],
-        "max_abs_logprob_diff": diff,
+        "tokens_per_s_over_padded": {
+            name: results[name]["tokens_per_s"] / results["padded"]["tokens_per_s"]
+            for name in ("shared_prompt", "packed")
+        },
+        "max_abs_logprob_diff_from_padded": diffs,
         **results,
     }
     text = json.dumps(report, indent=2)

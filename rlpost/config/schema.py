@@ -342,7 +342,8 @@ class TrainerConfig:
         "attention such as flash_attention_2 to be fast), `padded` ([B, P+R]), `shared_prompt` "
         "(padded, each distinct prompt of a micro-batch run once and its keys and values shared "
         "by the responses that follow it: GRPO's n samples pay for their prompt once), or `auto` "
-        "(packed with a varlen attention, else shared_prompt). All give the same log-probs.",
+        "(packed with a varlen attention, else shared_prompt on the CPU and padded on a GPU). "
+        "All give the same log-probs.",
         ("auto", "packed", "padded", "shared_prompt"),
     )
     total_steps: int = knob(100, "Training steps (one batch of prompts each).", ge=0)

@@ -62,7 +62,7 @@ class ActorWorker:
         algorithm = get_algorithm(cfg.algo.name)
         self.loss_fn = get_policy_loss(algorithm.policy_loss)
         self.kl_in_loss = cfg.algo.kl_coef if algorithm.kl == "loss" else 0.0  # else it is in the reward
-        self.layout = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation)
+        self.layout = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation, cfg.trainer.device)
         self.sync_group: SyncGroup | None = None
         self.manifests = self._manifests()
         e.offload_params()

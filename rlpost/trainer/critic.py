@@ -32,7 +32,7 @@ class CriticWorker:
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.engine = e = FSDPEngine(cfg, model_path, rank, world_size, master_addr, master_port, role="critic")
         self.model, self.device = e.model, e.device
-        self.layout = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation)
+        self.layout = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation, cfg.trainer.device)
         e.offload_params()
 
     def compute_values(self, shard: Batch) -> Batch:

@@ -248,22 +248,23 @@ def test_entropy_of_every_layout_equals_per_sequence(model, batch):
 
 
 @pytest.mark.parametrize(
-    "layout, attn, resolved",
+    "layout, attn, device, resolved",
     [
-        ("auto", "flash_attention_2", "packed"),
-        ("auto", "flash_attention_3", "packed"),
-        ("auto", "rlpost_varlen", "packed"),
-        ("auto", "sdpa", "shared_prompt"),
-        ("auto", "eager", "shared_prompt"),
-        ("packed", "sdpa", "packed"),
-        ("padded", "flash_attention_2", "padded"),
-        ("shared_prompt", "flash_attention_2", "shared_prompt"),
+        ("auto", "flash_attention_2", "cuda", "packed"),
+        ("auto", "flash_attention_3", "cuda", "packed"),
+        ("auto", "rlpost_varlen", "cuda", "packed"),
+        ("auto", "sdpa", "cpu", "shared_prompt"),
+        ("auto", "eager", "cpu", "shared_prompt"),
+        ("auto", "sdpa", "cuda", "padded"),
+        ("packed", "sdpa", "cpu", "packed"),
+        ("padded", "flash_attention_2", "cuda", "padded"),
+        ("shared_prompt", "flash_attention_2", "cuda", "shared_prompt"),
     ],
 )
-def test_the_layout_rule(layout, attn, resolved):
+def test_the_layout_rule(layout, attn, device, resolved):
     from rlpost.trainer.logprobs import resolve_layout
 
-    assert resolve_layout(layout, attn) == resolved
+    assert resolve_layout(layout, attn, device) == resolved
 
 
 def test_defaults_are_temperature_one_packed_and_no_entropy(model):
