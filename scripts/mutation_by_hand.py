@@ -4,9 +4,11 @@
 mutmut's clean run of that whole set fails in its fork server with no output, while the tests
 pass under pytest). `edges`: the trainer's FSDP2 rule, the port picker and the reward pool's
 alarm and trusted fast path, whose tests spawn processes (outside mutmut's test selection).
+`layouts`: the shared-prompt layout and the layout rule.
 
     python scripts/mutation_by_hand.py batch --out benchmarks/mutation_batch.json
     python scripts/mutation_by_hand.py edges --out benchmarks/mutation_edges.json
+    python scripts/mutation_by_hand.py layouts --out benchmarks/mutation_layouts.json
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ FSDP = ("rlpost/trainer/fsdp.py", ["tests/trainer/test_fsdp.py"])
 PORTS = ("rlpost/weightsync/transport.py", ["tests/weightsync/test_weightsync.py", "-k", "free_ports"])
 ALARM = ("rlpost/rewards/executor.py", ["tests/rewards/test_executor.py", "-k", "one_alarm"])
 TRUSTED = ("rlpost/rewards/executor.py", ["tests/rewards/test_executor.py", "-k", "trusted_scorer_is_checked"])
+SHARED = ("rlpost/trainer/logprobs.py", ["tests/trainer/test_logprobs.py"])
 SETS = {  # set -> [((file, test), what the bug does, code, the code with the bug)]
     "batch": [
         (
@@ -74,6 +77,41 @@ SETS = {  # set -> [((file, test), what the bug does, code, the code with the bu
         ),
         (TRUSTED, "no finite check", "<= {float} and math.isfinite(sum(scores)) else None", "<= {float} else None"),
         (TRUSTED, "no type check", "set(map(type, scores)) <= {float} and math", "math"),
+    ],
+    "layouts": [
+        (
+            SHARED,
+            "responses' positions restart at 0",
+            "position_ids=prompt_mask.sum(-1, keepdim=True) + torch.arange",
+            "position_ids=0 * prompt_mask.sum(-1, keepdim=True) + torch.arange",
+        ),
+        (SHARED, "responses' logits one column late", ".logits[:, : R - 1]", ".logits[:, 1:R]"),
+        (SHARED, "the prompts' padding attended", "mask = (distinct >= 0).long()", "mask = torch.ones_like(distinct)"),
+        (
+            SHARED,
+            "the responses attend to the prompts' padding",
+            "attention_mask=torch.cat([prompt_mask, mask], dim=1).long()",
+            "attention_mask=torch.cat([torch.ones_like(prompt_mask), mask], dim=1).long()",
+        ),
+        (
+            SHARED,
+            "the first token predicted from another prompt",
+            ".logits[:, -1:][row_prompt]",
+            ".logits[:, -1:][row_prompt.flip(0)]",
+        ),
+        (
+            SHARED,
+            "prompts told apart without their padding",
+            'key = torch.where(prompt_mask, batch["prompt_ids"], -1)',
+            'key = batch["prompt_ids"]',
+        ),
+        (
+            SHARED,
+            "shared_prompt on a GPU too",
+            'return "shared_prompt" if device == "cpu" else "padded"',
+            'return "shared_prompt"',
+        ),
+        (SHARED, "never shared", 'layout == "shared_prompt", {"logits_to_keep": 1}', 'False, {"logits_to_keep": 1}'),
     ],
 }
 
