@@ -86,12 +86,17 @@ SETS = {  # set -> [((file, test), what the bug does, code, the code with the bu
             "position_ids=0 * prompt_mask.sum(-1, keepdim=True) + torch.arange",
         ),
         (SHARED, "responses' logits one column late", ".logits[:, : R - 1]", ".logits[:, 1:R]"),
-        (SHARED, "the prompts' padding attended", "mask = (distinct >= 0).long()", "mask = torch.ones_like(distinct)"),
+        (
+            SHARED,
+            "the prompts' padding attended",
+            "distinct_mask = (distinct >= 0).long()",
+            "distinct_mask = torch.ones_like(distinct)",
+        ),
         (
             SHARED,
             "the responses attend to the prompts' padding",
-            "attention_mask=torch.cat([prompt_mask, mask], dim=1).long()",
-            "attention_mask=torch.cat([torch.ones_like(prompt_mask), mask], dim=1).long()",
+            "attention_mask=torch.cat([prompt_mask, torch.nn",
+            "attention_mask=torch.cat([torch.ones_like(prompt_mask), torch.nn",
         ),
         (
             SHARED,

@@ -81,25 +81,22 @@ def outputs_before_responses(model, batch: Batch, share_prompts: bool, last_only
     distinct, row_prompt = torch.unique(key, dim=0, return_inverse=True)
     cache = DynamicCache(config=model.config)
     kv = {_cache_keyword(model): cache}
-    mask = (distinct >= 0).long()
+    distinct_mask = (distinct >= 0).long()
     first = model(
         input_ids=distinct.clamp(min=0),
-        attention_mask=mask,
-        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        attention_mask=distinct_mask,
+        position_ids=(distinct_mask.cumsum(-1) - 1).clamp(min=0),
         use_cache=True,
         **kv,
         **(last_only or {}),
     ).logits[:, -1:][row_prompt]  # [B, 1, ...]: predicts response token 0
     cache.batch_select_indices(row_prompt)
     R = response_mask.shape[1]
-    ids, mask = (
-        (batch["response_ids"], response_mask)
-        if R
-        else (key.new_zeros(len(key), 1), response_mask.new_zeros(len(key), 1))
-    )
+    width = (0, max(R, 1) - R)  # no responses at all: one masked column, so the second forward still runs
+    ids = torch.nn.functional.pad(batch["response_ids"], width)
     rest = model(
         input_ids=ids,
-        attention_mask=torch.cat([prompt_mask, mask], dim=1).long(),
+        attention_mask=torch.cat([prompt_mask, torch.nn.functional.pad(response_mask, width)], dim=1).long(),
         position_ids=prompt_mask.sum(-1, keepdim=True) + torch.arange(ids.shape[1], device=ids.device),
         use_cache=True,
         **kv,
