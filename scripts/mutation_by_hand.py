@@ -117,6 +117,37 @@ SETS = {  # set -> [((file, test), what the bug does, code, the code with the bu
             'return "shared_prompt"',
         ),
         (SHARED, "never shared", 'layout == "shared_prompt", {"logits_to_keep": 1}', 'False, {"logits_to_keep": 1}'),
+        (
+            SHARED,
+            "the padded layout shares too",
+            'layout == "shared_prompt", {"logits_to_keep": 1}',
+            'True, {"logits_to_keep": 1}',
+        ),
+        (
+            SHARED,
+            "values never shared",
+            'pieces = outputs_before_responses(model, batch, layout == "shared_prompt")',
+            "pieces = outputs_before_responses(model, batch, False)",
+        ),
+        (
+            SHARED,
+            "the values' packed path returns nothing",
+            "        out = packed_forward(model, p, device).logits[0, :, 0]",
+            "        out = packed_forward(model, p, device).logits[0, :, 0] if False else None",
+        ),
+        (
+            SHARED,
+            "the cache argument's name the other way round",
+            '"cache" if "cache" in inspect',
+            '"cache" if "cache" not in inspect',
+        ),
+        (SHARED, "4.x's name misspelt", 'else "past_key_values"', 'else "PAST_KEY_VALUES"'),
+        (
+            SHARED,
+            "a wrapper's own signature read",
+            'model.get_base_model() if hasattr(model, "get_base_model")',
+            "model.get_base_model() if False",
+        ),
     ],
 }
 

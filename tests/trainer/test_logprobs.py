@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, pack, pack_tokens, right_pad, unpack_tokens
-from rlpost.trainer.logprobs import LAYOUTS, response_logprobs
+from rlpost.trainer.logprobs import LAYOUTS, response_logprobs, response_values
 from tests.helpers import examples, reference_logprobs, tiny_model
 
 VOCAB, EOS, PAD, P, R = 50, 1, 0, 12, 10
@@ -109,13 +109,54 @@ def test_shared_prompts_run_once_and_their_gradient_is_the_padded_one(model):
             logp, _ = response_logprobs(model, batch, 0.7, layout=layout)
             (logp * weights).sum().backward()
             grads[layout] = torch.cat([p.grad.flatten() for p in model.parameters()])
-            if layout == "shared_prompt":
-                assert rows == [torch.Size([3, 4]), torch.Size([12, 3])]
+            forwards = {"padded": [torch.Size([12, 7])], "shared_prompt": [torch.Size([3, 4]), torch.Size([12, 3])]}
+            assert rows == forwards[layout], layout
+        # a value model's values (read from the same positions) run the same forwards per layout
+        values = {}
+        with torch.no_grad():
+            for layout, forwards in (
+                ("packed", [torch.Size([1, 52])]),  # 28 prompt + 24 response tokens
+                ("padded", [torch.Size([12, 7])]),
+                ("shared_prompt", [torch.Size([3, 4]), torch.Size([12, 3])]),
+            ):
+                rows.clear()
+                values[layout] = response_values(model, batch, layout)
+                assert rows == forwards, layout
     finally:
         hook.remove()
         model.zero_grad()
     assert grads["padded"].abs().sum() > 0
     torch.testing.assert_close(grads["shared_prompt"], grads["padded"], rtol=1e-4, atol=1e-6)
+    for layout in ("packed", "shared_prompt"):
+        torch.testing.assert_close(values[layout], values["padded"], rtol=0, atol=1e-5)
+
+
+def test_the_cache_argument_is_named_as_the_model_names_it():
+    """transformers 5's `cache`, 4.x's `past_key_values`, read from the model under a wrapper
+    that takes `**kwargs` and hands out the model it wraps (peft's `get_base_model`)."""
+    from rlpost.trainer.logprobs import _cache_keyword
+
+    class New:
+        def forward(self, input_ids=None, cache=None): ...
+
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None): ...
+
+    class Wrapper:
+        def __init__(self, model):
+            self.model = model
+
+        def forward(self, *args, **kwargs): ...
+
+        def get_base_model(self):
+            return self.model
+
+    assert [_cache_keyword(m) for m in (New(), Old(), Wrapper(New()), Wrapper(Old()))] == [
+        "cache",
+        "past_key_values",
+        "cache",
+        "past_key_values",
+    ]
 
 
 @SETTINGS
