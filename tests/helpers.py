@@ -14,22 +14,35 @@ from rlpost.weightsync.manifest import manifest_of
 from rlpost.weightsync.sync import receive_weights, send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
 
+# The model families the CPU tests run on: (family, embeddings tied to the head). Qwen2 with tied
+# embeddings is the tiny model's shape; Llama untied is Llama 3's, Llama tied SmolLM2's.
+FAMILIES = [("qwen2", True), ("llama", False), ("llama", True)]
+FAMILY_IDS = ["qwen2-tied", "llama-untied", "llama-tied"]
+
 
 def tiny_model(
-    seed: int = 0, hidden: int = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2, intermediate: int = 256
+    seed: int = 0,
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 256,
+    family: str = "qwen2",
+    tied: bool = True,
 ):
-    """(a random Qwen2-style model, the character tokenizer). The default width 128 gives head_dim
-    32, which vLLM's CPU attention needs; tied embeddings, q/k/v biases, as the tiny model."""
-    from transformers import Qwen2ForCausalLM
+    """(a random decoder, the character tokenizer): Qwen2-style (q/k/v biases) or Llama-style (no
+    biases), embeddings tied to the head or not. The default width 128 gives head_dim 32, which
+    vLLM's CPU attention needs; Qwen2 with tied embeddings is the tiny model's shape."""
+    from transformers import AutoModelForCausalLM
 
     from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config
 
     tok = build_char_tokenizer()
     torch.manual_seed(seed)
     config = tiny_qwen2_config(
-        len(tok), hidden, layers, heads, kv_heads, intermediate, 64, tok.pad_token_id, tok.eos_token_id
+        len(tok), hidden, layers, heads, kv_heads, intermediate, 64, tok.pad_token_id, tok.eos_token_id, family, tied
     )
-    return Qwen2ForCausalLM(config).eval(), tok
+    return AutoModelForCausalLM.from_config(config).eval(), tok
 
 
 def save_tiny_model(folder, seed: int = 0, **shape):

@@ -44,8 +44,11 @@ CONFIG = [
         "algo.name='nope' is not allowed; choose one of ['grpo', 'ppo', 'rloo', 'reinforce_pp', "
         "'reinforce_pp_baseline', 'dapo', 'gspo', 'cispo']",
     ),
-    ("model.path=/no/such/folder", "model.path='/no/such/folder': no such folder (a hub id looks like `org/name`)"),
-    ("critic.model_path=./nope", "critic.model_path='./nope': no such folder (a hub id looks like `org/name`)"),
+    (
+        "model.path=/no/such/folder",
+        "model.path='/no/such/folder': no such file or folder (a hub id looks like `org/name`)",
+    ),
+    ("critic.model_path=./nope", "critic.model_path='./nope': no such file or folder (a hub id looks like `org/name`)"),
     ("trainer.resume=/no/such/ckpt", "trainer.resume='/no/such/ckpt': not `none`, `auto` or an existing folder"),
     (
         "algo.overlong_buffer=4",

@@ -187,7 +187,7 @@ def test_image_installs_the_gpu_versions_and_every_pip_call_uses_the_pins():
     assert calls and all(CONSTRAINTS in args[args.index("-c") + 1] for args in calls if "-c" in args)
     assert all("-c" in args for args in calls), "a pip install without the constraints file"
     _, extras, _ = dockerfile_requirements(dockerfile)
-    assert extras == {"vllm", "gpu", "wandb"}
+    assert extras == {"vllm", "gpu", "wandb", "tasks", "gguf"}
     # the CUDA of the base image is the CUDA of torch's wheel index (cu130 <-> 13.0)
     image = re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:(\d+)\.(\d+)\.\d+-\S*devel\S*$", dockerfile, re.M)
     index = re.search(r"^ARG TORCH_INDEX_URL=\S+/whl/cu(\d+)$", dockerfile, re.M)

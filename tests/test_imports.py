@@ -41,7 +41,7 @@ MAY_IMPORT = {
     # measured through the hf engine), imported there
     "models": {"data", "rewards", "metrics", "envs", "rollout"},
     "envs": {"data", "rewards"},  # data.userfile: an environment from a user's file; rewards.executor: tool calls
-    "config": {"algos", "envs", "metrics"},  # allowed choices come from the registries
+    "config": {"algos", "data", "envs", "metrics"},  # allowed choices come from the registries (data: tasks)
     "rollout": {"config", "data", "envs", "models", "weightsync"},
     "trainer": {"algos", "config", "data", "models", "weightsync"},
     "controller": {

@@ -83,6 +83,19 @@ def rows_to_train_on(cfg):
         return "data.train_files is empty and data.task is not set: give rows to train on"
 
 
+@rule("data.task")
+def tiny_model_task(cfg):
+    from rlpost.data.tasks import TASKS
+
+    task = TASKS.get(cfg.data.task)
+    if cfg.model.path == "tiny" and task is not None and not task.tiny:
+        tiny = [name for name, t in TASKS.items() if t.tiny]
+        return (
+            f"data.task={task.name} writes chat prompts for a real chat model, and model.path=tiny is "
+            f"warmed up only on {tiny}: set model.path (e.g. smollm2-135m-instruct) or another data.task"
+        )
+
+
 @rule("env.name")
 def environment_exists(cfg):
     from rlpost.envs import ENVS, PARSERS
@@ -115,7 +128,7 @@ def looks_local(path: str) -> bool:
 
 def missing_folder(key: str, path: str) -> str | None:
     if path and path != "tiny" and looks_local(path) and not Path(path).expanduser().exists():
-        return f"{key}={path!r}: no such folder (a hub id looks like `org/name`)"
+        return f"{key}={path!r}: no such file or folder (a hub id looks like `org/name`)"
 
 
 @rule("model.path")
@@ -257,7 +270,20 @@ def validate(cfg: TrainConfig, this_machine: bool = True) -> None:
     """Every key's allowed values (`choices`, ranges: declared with the key), then the rules that
     span keys (`RULES`; those about this machine only with `this_machine`: `rlpost plan` sizes a
     GPU run on a laptop). Raises ConfigError naming the key at fault and what would fix it."""
+    check_values(cfg)
+    for r in RULES:
+        if r.this_machine and not this_machine:
+            continue
+        problem = r.check(cfg)
+        if problem:
+            raise ConfigError(problem)
+
+
+def check_values(cfg: TrainConfig, prefix: str = "") -> None:
+    """Every key's (under `prefix`, e.g. `data.`) allowed values: its `choices` or its range."""
     for key, f in iter_fields():
+        if not key.startswith(prefix):
+            continue
         value = _get(cfg, key)
         choices = f.metadata.get("choices")
         if choices is not None and value not in choices:
@@ -265,9 +291,3 @@ def validate(cfg: TrainConfig, this_machine: bool = True) -> None:
         broken = _out_of_range(value, f.metadata["range"]) if "range" in f.metadata else None
         if broken:
             raise ConfigError(f"{key}={value!r} must be {broken}")
-    for r in RULES:
-        if r.this_machine and not this_machine:
-            continue
-        problem = r.check(cfg)
-        if problem:
-            raise ConfigError(problem)

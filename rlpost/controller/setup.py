@@ -8,8 +8,9 @@ from pathlib import Path
 
 from rlpost.config import TrainConfig, to_yaml
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
-from rlpost.data.tasks import task_format, task_split, write_jsonl
+from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
 from rlpost.envs import EpisodeRow, make_env
+from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS
 
 
@@ -21,16 +22,12 @@ def make_run_dir(cfg: TrainConfig) -> Path:
 
 
 def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
-    """Train and validation sources; an offline task writes its rows as jsonl first."""
-    task = cfg.data.task
-    if task:
-        folder = (
-            Path(cfg.model.cache_dir).expanduser()
-            / "data"
-            / f"{task}-d{cfg.data.arithmetic_digits}-v{cfg.data.val_size}-f{task_format(task)}"
-        )
+    """Train and validation sources; an offline task writes its rows as jsonl first, into a folder
+    named by every setting that changes them (`rlpost.data.tasks.TASKS`)."""
+    if cfg.data.task:
+        folder = Path(cfg.model.cache_dir).expanduser() / "data" / task_cache_name(cfg.data)
         if not (folder / "val.jsonl").is_file():
-            train, val = task_split(task, cfg.data.arithmetic_digits, cfg.data.val_size)
+            train, val = task_rows(cfg.data)
             write_jsonl(train, folder / "train.jsonl")
             write_jsonl(val, folder / "val.jsonl")
         return [str(folder / "train.jsonl")], [str(folder / "val.jsonl")]
@@ -87,8 +84,7 @@ def resolve_critic_path(cfg: TrainConfig, policy_path: str) -> str:
     policy's (`policy_path`, `model.path` resolved) when it is empty."""
     if not cfg.critic.model_path:
         return policy_path
-    local = Path(cfg.critic.model_path).expanduser()
-    return str(local) if local.exists() else cfg.critic.model_path
+    return resolve_path(cfg.critic.model_path, cfg.model.cache_dir)
 
 
 def resolve_reward_model_path(cfg: TrainConfig, policy_path: str, log=print) -> str:
@@ -105,5 +101,4 @@ def resolve_reward_model_path(cfg: TrainConfig, policy_path: str, log=print) -> 
         policy = policy_path if cfg.model.path == "tiny" else str(ensure_tiny_model(cfg.model, cfg.data, device, log))
         data = cfg.data
         return str(ensure_tiny_reward_model(policy, data.arithmetic_digits, data.val_size, device, log))
-    local = Path(path).expanduser()
-    return str(local) if local.exists() else path
+    return resolve_path(path, cfg.model.cache_dir, log)

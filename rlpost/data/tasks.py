@@ -17,6 +17,12 @@ headroom RL needs (docs/learnable-start.md).
 `multiply`: two-operand multiplication written as ``"a*b="`` (``"347*281="`` -> ``"97507"``), a
 problem a tiny model cannot do in its head: the multi-turn recipe (`+recipe=multiturn_tools`)
 solves it by calling the calculator tool. Split like `arithmetic` (the same operand pairs).
+
+`TASKS` is the registry of every offline task (`data.task`, `rlpost data`): each `Task` builds its
+(train, validation) rows from the data config and names the cached copy by every setting that
+changes them. The chat tasks for a real chat model (`sums_chat`, `sums_steps`) are in
+`rlpost.data.chat_tasks`, reasoning-gym's procedural datasets in `rlpost.data.gym_tasks`; both
+register here when this module is imported.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from __future__ import annotations
 import json
 import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 ARITHMETIC = "arithmetic"
 ARITHMETIC_FORMAT = 2  # bump when the rows change: cached copies are keyed by it
@@ -73,13 +81,75 @@ def multiply_split(digits: int, seed: int, num_val: int) -> tuple[list[dict], li
 
 
 def task_split(task: str, digits: int, num_val: int) -> tuple[list[dict], list[dict]]:
-    """(train rows, validation rows) of an offline task by name."""
+    """(train rows, validation rows) of a task of the tiny model (arithmetic, multiply) by name."""
     split = {ARITHMETIC: arithmetic_split, MULTIPLY: multiply_split}[task]
     return split(digits, seed=0, num_val=num_val)
 
 
 def task_format(task: str) -> int:
-    return {ARITHMETIC: ARITHMETIC_FORMAT, MULTIPLY: MULTIPLY_FORMAT}[task]
+    return TASKS[task].format
+
+
+# ------------------------------------------------------------------------------------ registry
+@dataclass(frozen=True)
+class Task:
+    """An offline task. `rows(data)` and `cache_name(data)` read the `data` config section
+    (`rlpost.config.DataConfig`); `cache_name` must change with every setting that changes the rows,
+    `format` among them (bump it when the code that writes the rows changes)."""
+
+    name: str
+    help: str  # one line, for `data.task`'s documentation
+    format: int
+    rows: Callable[..., tuple[list[dict], list[dict]]]
+    cache_name: Callable[..., str]
+    tiny: bool = False  # the tiny model (`model.path=tiny`) can be warmed up on it
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register_task(task: Task) -> Task:
+    if task.name in TASKS:
+        raise ValueError(f"offline task {task.name!r} is registered twice")
+    TASKS[task.name] = task
+    return task
+
+
+def task_rows(data) -> tuple[list[dict], list[dict]]:
+    """(train rows, validation rows) of the offline task `data.task`, from the `data` config section."""
+    return TASKS[data.task].rows(data)
+
+
+def task_cache_name(data) -> str:
+    """The folder name of `data.task`'s cached rows (under `model.cache_dir`/data)."""
+    return TASKS[data.task].cache_name(data)
+
+
+def digits_key(data, name: str, fmt: int) -> str:
+    """`NAME-dDIGITS-vVAL-fFORMAT`: the cache name of a task whose rows depend on these alone."""
+    return f"{name}-d{data.arithmetic_digits}-v{data.val_size}-f{fmt}"
+
+
+register_task(
+    Task(
+        ARITHMETIC,
+        "a+b=, the answer zero-padded; for the tiny model",
+        ARITHMETIC_FORMAT,
+        lambda data: task_split(ARITHMETIC, data.arithmetic_digits, data.val_size),
+        lambda data: digits_key(data, ARITHMETIC, ARITHMETIC_FORMAT),
+        tiny=True,
+    )
+)
+register_task(
+    Task(
+        MULTIPLY,
+        "a*b=, for the calculator tool; for the tiny model",
+        MULTIPLY_FORMAT,
+        lambda data: task_split(MULTIPLY, data.arithmetic_digits, data.val_size),
+        lambda data: digits_key(data, MULTIPLY, MULTIPLY_FORMAT),
+        tiny=True,
+    )
+)
 
 
 def operands(row: dict) -> tuple[int, int]:
@@ -112,3 +182,6 @@ def write_jsonl(rows: list[dict], path: Path) -> Path:
             f.write(json.dumps(row) + "\n")
     tmp.replace(path)
     return path
+
+
+from rlpost.data import chat_tasks, gym_tasks  # noqa: E402, F401  (they register their tasks)

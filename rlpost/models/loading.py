@@ -299,5 +299,15 @@ def resolve_model_path(model_cfg, data_cfg, device: str = "cpu", log=print) -> s
     if model_cfg.path == "tiny":
         device = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
         return str(ensure_tiny_model(model_cfg, data_cfg, device, log=log))
-    local = Path(model_cfg.path).expanduser()
-    return str(local) if local.exists() else model_cfg.path
+    return resolve_path(model_cfg.path, model_cfg.cache_dir, log)
+
+
+def resolve_path(path: str, cache_dir: str, log=print) -> str:
+    """A local folder, or a hub id as it is; a packaged GGUF model's name or a `.gguf` file
+    becomes the Hugging Face folder it is converted into (once, in `cache_dir`)."""
+    from rlpost.models.gguf import ensure_converted, is_gguf
+
+    if is_gguf(path):
+        return str(ensure_converted(path, cache_dir, log))
+    local = Path(path).expanduser()
+    return str(local) if local.exists() else path

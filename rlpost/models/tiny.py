@@ -2,7 +2,7 @@
 
 `build_char_tokenizer` makes a character-level tokenizer (one token per character, `<eos>` and
 `<pad>` specials) that saves and loads like any Hugging Face tokenizer. `tiny_qwen2_config` gives
-a Qwen2-shaped decoder config of the requested size. `warm_up` runs a short supervised pass on an
+a Qwen2- (or Llama-) shaped decoder config of the requested size. `warm_up` runs a short supervised pass on an
 offline task so that sampling already finds correct answers, which GRPO needs to learn from: a
 policy that is never rewarded has nothing to reinforce. Its examples are token segments, trained
 or not: `answer_example` (prompt, then answer) or `calculator_trace` (a whole calculator episode:
@@ -64,10 +64,18 @@ def tiny_qwen2_config(
     max_position: int,
     pad_token_id: int,
     eos_token_id: int,
+    family: str = "qwen2",
+    tied: bool = True,
 ):
-    from transformers import Qwen2Config
+    """A decoder config of the requested size: Qwen2 (q/k/v biases), or with `family="llama"`
+    Llama (no biases, as SmolLM2 and Llama 3); embeddings tied to the output head unless `tied`
+    is false."""
+    from transformers import LlamaConfig, Qwen2Config
 
-    return Qwen2Config(
+    configs = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+    if family not in configs:
+        raise ValueError(f"tiny model family must be one of {sorted(configs)}, got {family!r}")
+    return configs[family](
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
@@ -75,7 +83,7 @@ def tiny_qwen2_config(
         num_key_value_heads=num_kv_heads,
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,
         bos_token_id=eos_token_id,

@@ -5,19 +5,29 @@
 - `gsm8k`: the answer after the last `#### ` (strict, the GSM8K reference format, as in
   lm-eval-harness' strict-match), or with `method="flexible"` the last number in the response
   (flexible-extract). Commas and a trailing period are ignored; 1.0 if it equals the ground truth.
+- `last_number` (task `sums_chat`): the last number in the response, found as gsm8k's flexible
+  extraction finds it (commas removed, a trailing period stripped); 1.0 if it equals the ground
+  truth as a number: both are read as exact decimals, so "068", "68.0" and "+68" all equal "68"
+  (the value is what the task asks for), and integers compare exactly, however long.
+- `answer_line` (task `sums_steps`): the first number after the last "Answer:" (any case) on
+  that line, e.g. "Answer: 213" or "**Answer:** $1,234."; compared like `last_number`. No
+  "Answer:", or no number after it on its line, scores 0.
 
-Both are trusted (scored in the controller's process): a strip and a comparison, or two regular
-expressions without nested repetition, so their time is linear in the response's length.
+All are trusted (scored in the controller's process): a strip and a comparison, or regular
+expressions without nested repetition, so their time is linear in the response's length (the
+numbers are compared as `Decimal`s, whose parsing is linear too, unlike `int`'s).
 """
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
 
 from rlpost.rewards.base import RewardInput, register_reward
 
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _RUN = re.compile(r"-?[0-9.,]+")  # a run of number characters; no backtracking, so linear time
+_ANSWER = re.compile(r"answer:", re.IGNORECASE)
 
 
 def _normalise_number(text: str) -> str:
@@ -47,3 +57,46 @@ def extract_gsm8k_answer(response: str, method: str = "strict") -> str | None:
 def gsm8k(sample: RewardInput, method: str = "strict") -> float:
     answer = extract_gsm8k_answer(sample.response, method)
     return 1.0 if answer is not None and answer == _normalise_number(sample.ground_truth) else 0.0
+
+
+def as_decimal(text: str) -> Decimal | None:
+    """`text` as an exact number ("1,234." -> 1234), or None if it is not one."""
+    try:
+        value = Decimal(_normalise_number(text))
+    except InvalidOperation:
+        return None
+    return value if value.is_finite() else None
+
+
+def same_number(answer: str | None, ground_truth: str) -> float:
+    """1.0 if `answer` is the number `ground_truth` is; a ground truth that is no number is an error."""
+    truth = as_decimal(ground_truth)
+    if truth is None:
+        raise ValueError(f"ground truth {ground_truth!r} is not a number")
+    value = None if answer is None else as_decimal(answer)
+    return 1.0 if value is not None and value == truth else 0.0
+
+
+@register_reward("last_number", trusted=True)
+def last_number(sample: RewardInput) -> float:
+    return same_number(extract_gsm8k_answer(sample.response, "flexible"), sample.ground_truth)
+
+
+def extract_answer_line(response: str) -> str | None:
+    """The first number after the last "Answer:" (any case), on the same line; None if none."""
+    last = None
+    for last in _ANSWER.finditer(response):
+        pass
+    if last is None:
+        return None
+    end = response.find("\n", last.end())
+    line = response[last.end() : end if end >= 0 else len(response)]
+    for run in _RUN.finditer(line):
+        if any(c.isdigit() for c in run.group()):
+            return _normalise_number(run.group())
+    return None
+
+
+@register_reward("answer_line", trusted=True)
+def answer_line(sample: RewardInput) -> float:
+    return same_number(extract_answer_line(sample.response), sample.ground_truth)

@@ -295,6 +295,7 @@ class VLLMRolloutEngine:
         if self._lora_wrapped:
             named_tensors = ((self._base_layer_name(n), t) for n, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
+        self.llm.collective_rpc(_refresh_tied_head)
         self._held = None
         # cached prefixes hold keys/values of the old weights: never reuse them
         self.llm.reset_prefix_cache()
@@ -376,6 +377,19 @@ class VLLMRolloutEngine:
             self.awake_tags |= wanted
         if self.awake_tags >= {"weights", "kv_cache"}:
             self.asleep = False
+
+
+def _refresh_tied_head(worker) -> None:
+    """Runs inside vLLM's worker, after a reload: an output head that shares the embedding's
+    parameter (Llama's tying; Qwen2's head is the embedding module itself) loads no weights of its
+    own, so vLLM does not process it again, and a kernel that keeps a processed copy of the weight
+    (the CPU backend packs it for its GEMM) would go on with the old embedding. Process it again."""
+    model = worker.model_runner.get_model()
+    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
+    method = getattr(head, "quant_method", None)
+    if None in (head, embed, method) or head is embed or getattr(head, "weight", None) is not embed.weight:
+        return
+    method.process_weights_after_loading(head)
 
 
 def _named_parameters(worker) -> dict[str, torch.Tensor]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from peft.tuners.lora import Linear as PeftLoraLinear
 from torch.distributed.fsdp import FSDPModule
 
 from rlpost.models.lora import adapter_named_parameters, base_name, base_named_parameters, is_lora_name
@@ -51,33 +52,42 @@ def _own(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def _merged(layer, weight: torch.Tensor) -> torch.Tensor:
-    """W + scaling * B @ A of a peft LoRA Linear for each active adapter, in float32, out of place
-    (`weight` is the full base weight; A and B are gathered here)."""
-    from peft.tuners.lora import Linear
+def merge_weight(weight: torch.Tensor, adapters: list, dtype: torch.dtype) -> torch.Tensor:
+    """W + sum of scaling * B @ A over `adapters` ([(A, B, scaling)]), out of place, rounded to
+    `dtype`: W, A and B are first rounded to `dtype` (as FSDP's mixed precision hands them to a
+    forward), the sum is taken in float32, then rounded once. The sync (`merged_weights`) and the
+    trainer's merged forward (`MergedLoraLinear`) both compute it here, so the rollout holds bit
+    for bit the weight the trainer computes with."""
+    merged = weight.to(dtype).float()
+    for a, b, scaling in adapters:
+        merged = torch.addmm(merged, b.to(dtype).float(), a.to(dtype).float(), alpha=scaling)  # a new tensor
+    return merged.to(dtype)
 
-    if not isinstance(layer, Linear) or any(layer.use_dora.values()):
+
+def _merged(layer, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`merge_weight` of a peft LoRA Linear for each active adapter (`weight` is the full base
+    weight; A and B are gathered here)."""
+    if not isinstance(layer, PeftLoraLinear) or any(layer.use_dora.values()):
         raise NotImplementedError(f"merging {type(layer).__name__} (only plain LoRA on Linear layers)")
     if layer.merged:
         raise RuntimeError("the adapter is merged into the base weights already (layer.merge())")
-    merged = weight.float()
+    adapters = []
     for adapter in layer.active_adapters:
         if adapter not in layer.lora_A:
             continue
-        a = _gather(layer.lora_A[adapter].weight).float()
-        b = _gather(layer.lora_B[adapter].weight).float()
+        a, b = _gather(layer.lora_A[adapter].weight), _gather(layer.lora_B[adapter].weight)
         if layer.fan_in_fan_out:  # weight stored as [in, out] (GPT-2 Conv1D)
             a, b = b.T, a.T
-        merged = torch.addmm(merged, b, a, alpha=layer.scaling[adapter])  # a new tensor
-    return merged
+        adapters.append((a, b, layer.scaling[adapter]))
+    return merge_weight(weight, adapters, dtype)
 
 
 @torch.no_grad()
 def merged_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """(base name, merged full tensor in `dtype`) for every base parameter of the (FSDP2-sharded or
     plain) peft `model`, in the base model's `named_parameters` order. LoRA layers give
-    W + (alpha/r) B @ A, computed in float32 from the float32 master weights; other parameters
-    (embeddings, norms, biases) their full values.
+    W + (alpha/r) B @ A as `_merged` rounds it (the weight the merged forward computes with);
+    other parameters (embeddings, norms, biases) their full values.
 
     A generator, consumed one bucket at a time: it gathers one parameter at a time (an adapted
     weight with its A and B), so its extra memory is a few copies of the largest parameter, less
@@ -94,7 +104,7 @@ def merged_weights(model, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tenso
         value = _gather(param)
         owner, _, leaf = name.rpartition(".")
         if owner.endswith(".base_layer") and leaf == "weight":
-            value = _merged(model.get_submodule(owner.removesuffix(".base_layer")), value)
+            value = _merged(model.get_submodule(owner.removesuffix(".base_layer")), value, dtype)
         yield base_name(name), _own(value.to(dtype), param)
 
 
@@ -119,3 +129,51 @@ def adapter_weights(model, dtype: torch.dtype | None = None) -> Iterator[tuple[s
     for key, param in adapter_named_parameters(model):
         value = _gather(param)
         yield key, _own(value.to(dtype or value.dtype), param)
+
+
+class _MergedMatmul(torch.autograd.Function):
+    """y = x @ W'^T + bias with W' = `merge_weight(W, [(A, B, s)], x.dtype)`: the weight the
+    rollout holds. The gradient reaches A and B as LoRA's does, straight through the rounding of
+    W' (dB = s g^T (x A^T), dA = s (g B)^T x), and x through W'; W and the bias are frozen. W' is
+    computed again in the backward rather than kept: one weight's memory per layer, not per model."""
+
+    @staticmethod
+    def forward(ctx, x, a, b, weight, bias, scaling: float):
+        ctx.scaling = scaling
+        ctx.save_for_backward(x, a, b, weight)
+        return torch.nn.functional.linear(x, merge_weight(weight, [(a, b, scaling)], x.dtype), bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, a, b, weight = ctx.saved_tensors
+        s = ctx.scaling
+        g, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        grad_a = (s * ((g @ b.to(g.dtype)).T @ x2)).to(a.dtype) if ctx.needs_input_grad[1] else None
+        grad_b = (s * (g.T @ (x2 @ a.to(x2.dtype).T))).to(b.dtype) if ctx.needs_input_grad[2] else None
+        grad_x = grad @ merge_weight(weight, [(a, b, s)], x.dtype) if ctx.needs_input_grad[0] else None
+        return grad_x, grad_a, grad_b, None, None, None
+
+
+class MergedLoraLinear(PeftLoraLinear):
+    """peft's LoRA Linear whose forward computes with the merged weight (`use_merged_forward`).
+    With the adapter disabled (the KL reference), merged in place, or several adapters or one per
+    row, it is peft's own forward."""
+
+    def forward(self, x, *args, **kwargs):
+        adapters = [n for n in self.active_adapters if n in self.lora_A]
+        if self.disable_adapters or self.merged or kwargs.get("adapter_names") or len(adapters) != 1:
+            return super().forward(x, *args, **kwargs)
+        base, name = self.get_base_layer(), adapters[0]
+        a, b = self.lora_A[name].weight, self.lora_B[name].weight
+        return _MergedMatmul.apply(x.to(base.weight.dtype), a, b, base.weight, base.bias, self.scaling[name])
+
+
+def use_merged_forward(model) -> None:
+    """`model.lora.mode=merge`: every plain LoRA Linear of the peft `model` computes with W + s B A
+    merged and rounded as the sync sends it (`merge_weight`), not W x + s B (A x): the rollout
+    holds bit for bit the weights the trainer computes with, as in full fine-tuning. (Computed
+    apart, bf16(W + s B A) differs from bf16(W) x + s B A x by a rounding of every adapted weight:
+    a log-prob gap the size of running the whole model in bfloat16 instead of float32.)"""
+    for module in model.modules():
+        if type(module) is PeftLoraLinear and not any(module.use_dora.values()) and not module.fan_in_fan_out:
+            module.__class__ = MergedLoraLinear

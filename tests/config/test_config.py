@@ -100,6 +100,7 @@ VIOLATIONS = {
     "mini_batch_divides_batch": [["algo.ppo_mini_batch_size=5"]],
     "ranks_divide_mini_batch": [["trainer.world_size=3"]],
     "rows_to_train_on": [["data.task=", "data.train_files=[]"]],
+    "tiny_model_task": [["data.task=sums_chat"], ["data.task=reasoning_gym"]],
     "resume_folder_exists": [["trainer.resume=/nonexistent/ckpt"]],
     "environment_exists": [
         ["env.name=nope"],

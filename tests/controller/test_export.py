@@ -10,13 +10,14 @@ import torch
 from rlpost.cli import main
 from rlpost.config import load_config, to_yaml
 from rlpost.weightsync.transport import free_port
-from tests.helpers import save_tiny_model  # noqa: E402
+from tests.helpers import FAMILIES, FAMILY_IDS, save_tiny_model  # noqa: E402
 
 
-@pytest.fixture
-def run_dir(tmp_path):
+@pytest.fixture(params=FAMILIES, ids=FAMILY_IDS)
+def run_dir(tmp_path, request):
     base = tmp_path / "base"
-    save_tiny_model(base, hidden=32, layers=2, intermediate=64)
+    family, tied = request.param
+    save_tiny_model(base, hidden=32, layers=2, intermediate=64, family=family, tied=tied)
     run = tmp_path / "run"
     cfg = load_config(
         [

@@ -7,31 +7,49 @@ import torch
 
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.hf import HFRolloutEngine
-from tests.helpers import check_sampling, save_tiny_model, sync_when
+from tests.helpers import FAMILIES, FAMILY_IDS, check_sampling, save_tiny_model, sync_when
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-hf")
-    model, tok = save_tiny_model(folder)
-    engine = HFRolloutEngine(str(folder), "float32", "cpu", tok.pad_token_id, tok.eos_token_id, batch_size=16)
-    return engine, model, tok
+def engines(tmp_path_factory):
+    """family id -> (engine, model, tokenizer) of a random model of that family, made once."""
+    made = {}
+
+    def make(family_id: str):
+        if family_id not in made:
+            family, tied = FAMILIES[FAMILY_IDS.index(family_id)]
+            folder = tmp_path_factory.mktemp("tiny-hf")
+            model, tok = save_tiny_model(folder, family=family, tied=tied)
+            engine = HFRolloutEngine(str(folder), "float32", "cpu", tok.pad_token_id, tok.eos_token_id, batch_size=16)
+            made[family_id] = engine, model, tok
+        return made[family_id]
+
+    return make
+
+
+@pytest.fixture(params=FAMILY_IDS)
+def tiny(engines, request):
+    return engines(request.param)
+
+
+SAMPLING = {
+    "temperature": SamplingParams(n=8, temperature=0.7, max_tokens=8, seed=3),
+    "top_k": SamplingParams(n=8, temperature=1.3, top_k=3, max_tokens=8, seed=3),
+    "top_p": SamplingParams(n=8, temperature=0.9, top_p=0.4, max_tokens=8, seed=3),
+    "top_k_and_top_p": SamplingParams(n=8, temperature=1.0, top_k=5, top_p=0.6, max_tokens=8, seed=3),
+    "greedy": SamplingParams(n=1, max_tokens=8, greedy=True),
+}
 
 
 @pytest.mark.parametrize(
-    "params",
-    [
-        SamplingParams(n=8, temperature=0.7, max_tokens=8, seed=3),
-        SamplingParams(n=8, temperature=1.3, top_k=3, max_tokens=8, seed=3),
-        SamplingParams(n=8, temperature=0.9, top_p=0.4, max_tokens=8, seed=3),
-        SamplingParams(n=8, temperature=1.0, top_k=5, top_p=0.6, max_tokens=8, seed=3),
-        SamplingParams(n=1, max_tokens=8, greedy=True),
-    ],
-    ids=["temperature", "top_k", "top_p", "top_k_and_top_p", "greedy"],
+    "family, setting",
+    # every setting on Qwen2; temperature and greedy on the Llama models (top-k and top-p act on
+    # the logits, whatever made them: a minute of CI saved)
+    [("qwen2-tied", s) for s in SAMPLING] + [(f, s) for f in FAMILY_IDS[1:] for s in ("temperature", "greedy")],
 )
-def test_sampling_settings_shape_the_samples_and_their_logprobs(tiny, params):
-    engine, model, tok = tiny
-    check_sampling(engine, model, tok, params)
+def test_sampling_settings_shape_the_samples_and_their_logprobs(engines, family, setting):
+    engine, model, tok = engines(family)
+    check_sampling(engine, model, tok, SAMPLING[setting])
 
 
 def test_the_same_seed_gives_the_same_samples(tiny):

@@ -21,16 +21,39 @@ from rlpost.weightsync.kinds import sync_kinds
 from rlpost.weightsync.manifest import manifest_of
 from rlpost.weightsync.sync import send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
-from tests.helpers import lora_config, lora_model, reference_logprobs, save_tiny_model, sync_from_thread
+from tests.helpers import (
+    FAMILIES,
+    FAMILY_IDS,
+    lora_config,
+    lora_model,
+    reference_logprobs,
+    save_tiny_model,
+    sync_from_thread,
+)
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
 
 
 @pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("base")
-    save_tiny_model(folder, hidden=32, layers=2, intermediate=64)
-    return str(folder)
+def base_dirs(tmp_path_factory):
+    """family id -> the folder of a random model of that family, made once."""
+    made = {}
+
+    def make(family_id: str = "qwen2-tied"):
+        if family_id not in made:
+            family, tied = FAMILIES[FAMILY_IDS.index(family_id)]
+            folder = tmp_path_factory.mktemp("base")
+            save_tiny_model(folder, hidden=32, layers=2, intermediate=64, family=family, tied=tied)
+            made[family_id] = str(folder)
+        return made[family_id]
+
+    return make
+
+
+@pytest.fixture
+def base_dir(base_dirs, request):
+    """Qwen2 with tied embeddings, or the family a test names (indirect parametrization)."""
+    return base_dirs(getattr(request, "param", "qwen2-tied"))
 
 
 def adapter_engine(base_dir):
@@ -48,6 +71,7 @@ def test_sync_kinds_per_mode():
     assert sync_kinds(cfg, first=True) == ["base", "adapter"] and sync_kinds(cfg, first=False) == ["adapter"]
 
 
+@pytest.mark.parametrize("base_dir", FAMILY_IDS, indirect=True)
 def test_hf_engine_serves_the_synced_adapter(base_dir):
     trainer = lora_model(base_dir).eval()  # random non-zero B: the adapter changes the outputs
     engine = adapter_engine(base_dir)

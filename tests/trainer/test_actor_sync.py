@@ -17,7 +17,7 @@ from rlpost.trainer.fsdp import full_tensor
 from rlpost.weightsync.manifest import checksum, spec_of
 from rlpost.weightsync.sync import receive_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
-from tests.helpers import ragged_generation, reference_logprobs, save_tiny_model
+from tests.helpers import FAMILIES, FAMILY_IDS, ragged_generation, reference_logprobs, save_tiny_model
 
 LORA = {
     "none": [],
@@ -48,9 +48,11 @@ def config(lora: str, *overrides):
 
 
 @pytest.fixture
-def base(tmp_path):
-    """(the folder of a tiny model, the model as saved: the from-scratch reference)."""
-    model, _ = save_tiny_model(tmp_path / "model")
+def base(tmp_path, request):
+    """(the folder of a tiny model, the model as saved: the from-scratch reference). Qwen2 with
+    tied embeddings, or the family a test names (`FAMILY_IDS`, indirect parametrization)."""
+    family, tied = FAMILIES[FAMILY_IDS.index(getattr(request, "param", "qwen2-tied"))]
+    model, _ = save_tiny_model(tmp_path / "model", family=family, tied=tied)
     return str(tmp_path / "model"), model
 
 
@@ -133,6 +135,7 @@ def check_received(sent, received, got, expected, version):
     assert (received.version, received.tensors, received.readback) == (version, len(expected), len(expected))
 
 
+@pytest.mark.parametrize("base", FAMILY_IDS, indirect=True)
 @pytest.mark.parametrize("dtype,param_offload", [("float32", False), ("bfloat16", True)])
 def test_full_sync_carries_the_model_bit_for_bit(base, make_worker, dtype, param_offload):
     """Without LoRA the default kind is `full`: every parameter under the base model's name, cast
@@ -151,34 +154,39 @@ def test_full_sync_carries_the_model_bit_for_bit(base, make_worker, dtype, param
     check_received(*rollout.sync(2, expected, kind="full"), expected, 2)
 
 
-def merged_reference(worker, model) -> list[tuple[str, torch.Tensor]]:
-    """W + (alpha/r) B @ A of each adapted weight (W of the model as saved, A and B the worker's),
-    in float64; every other parameter as saved."""
+def merged_reference(worker, model, dtype=torch.float32) -> list[tuple[str, torch.Tensor]]:
+    """W + (alpha/r) B @ A of each adapted weight (W of the model as saved, A and B the worker's,
+    each rounded to `dtype` first, as the compute dtype's forward sees them), in float64; every
+    other parameter as saved."""
     params = full(worker)
     out = []
     for name, p in model.named_parameters():
         prefix = "base_model.model." + name.removesuffix(".weight")
         if f"{prefix}.lora_A.default.weight" in params:
-            a, b = params[f"{prefix}.lora_A.default.weight"], params[f"{prefix}.lora_B.default.weight"]
-            out.append((name, p.detach().double() + SCALING * (b.double() @ a.double())))
+            w, a, b = (
+                t.detach().to(dtype).double()
+                for t in (p, params[f"{prefix}.lora_A.default.weight"], params[f"{prefix}.lora_B.default.weight"])
+            )
+            out.append((name, w + SCALING * (b @ a)))
         else:
             out.append((name, p.detach()))
     return out
 
 
+@pytest.mark.parametrize("base", FAMILY_IDS, indirect=True)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_merged_sync_is_w_plus_scaled_b_a(base, make_worker, dtype):
     """In merge mode the default kind is `merged`: every base parameter under its base name, in the
     compute dtype; the adapted ones W + (alpha/r) B @ A (within float32 rounding of a float64
-    reference; in bfloat16 within one ulp), the others bit for bit; the sharded weights stay as
-    they were."""
+    reference; in bfloat16 within one ulp of it with W, A and B rounded first), the others bit for
+    bit; the sharded weights stay as they were."""
     path, model = base
     cast = getattr(torch, dtype)
     worker = make_worker(config("merge", f"model.dtype={dtype}"), path)
     rollout = Rollout(worker)
     train(worker, model)  # B leaves 0: the merge is not the base
     before = full(worker)
-    reference = merged_reference(worker, model)
+    reference = merged_reference(worker, model, cast)
     expected = [(n, t.to(cast)) for n, t in reference]
     sent, received, got = rollout.sync(1, expected)
     assert list(got) == [n for n, _ in reference]
@@ -202,6 +210,7 @@ def test_merged_sync_is_w_plus_scaled_b_a(base, make_worker, dtype):
     assert all(torch.equal(t, before[n]) for n, t in full(worker).items()), "merging wrote the weights"
 
 
+@pytest.mark.parametrize("base", FAMILY_IDS, indirect=True)
 def test_base_then_adapter_syncs(base, make_worker):
     """In adapter mode the default kind is `base`: the weights as loaded, without the adapter (an
     update leaves them as they were); then `adapter`: the lora_A/lora_B float32 masters under
@@ -287,3 +296,38 @@ def test_init_weight_sync_passes_the_transport_on(base, make_worker):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         worker.init_weight_sync("127.0.0.1", free_port(), world_size=2, transport="ipc")
     assert worker.sync_group is None
+
+
+@pytest.mark.parametrize("base", FAMILY_IDS, indirect=True)
+def test_merge_mode_trains_with_the_weights_the_rollout_holds(base, make_worker):
+    """In bfloat16 the trainer's log-probs in merge mode are those of a plain model holding the
+    synced merged weights, to float32 round-off: the rollout and the trainer compute with the same
+    weights, as in full fine-tuning. (W x + s B A x computed apart from the synced bf16(W + s B A)
+    differs by a rounding of every adapted weight: on SmolLM2 a gap of nats.)"""
+    from transformers import AutoModelForCausalLM
+
+    from rlpost.controller.step import step_plan
+    from rlpost.data.microbatch import shard_batch
+    from rlpost.trainer.logprobs import response_logprobs
+
+    path, model = base
+    worker = make_worker(config("merge", "model.dtype=bfloat16"), path)
+    rollout = Rollout(worker)
+    for seed in (1, 2):  # B leaves 0, and far enough that the merge rounds otherwise than W
+        train(worker, model, seed)
+    expected = [(n, p.detach().to(torch.bfloat16)) for n, p in model.named_parameters()]
+    _, _, got = rollout.sync(1, expected)
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    plain.load_state_dict(got, strict=False)  # a tied head follows its embedding
+    batch, _ = ragged_generation(5)
+    shard = shard_batch(batch, step_plan(batch, worker.cfg)[1])[0]
+    trainer = worker.compute_logprobs(shard)
+    rows = shard.select(torch.argsort(trainer["row_index"]))
+    order = torch.argsort(trainer["row_index"])
+    with torch.no_grad():
+        rollout_lp, _ = response_logprobs(plain, rows, 1.0, worker.layout)
+        base_lp, _ = response_logprobs(AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16), rows, 1.0)
+    mask = rows["response_mask"]
+    gap = (trainer["old_logprobs"][order] - rollout_lp).abs()[mask]
+    assert (base_lp - rollout_lp).abs()[mask].max() > 1e-2, "the adapter moved nothing: this would prove nothing"
+    assert gap.max() < 1e-5, f"trainer vs rollout log-prob gap {gap.max():.3g}"

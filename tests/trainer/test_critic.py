@@ -8,7 +8,7 @@ import torch
 
 from rlpost.config import load_config
 from rlpost.weightsync.transport import free_port
-from tests.helpers import WORLDS, ragged_generation, run_ranks, save_tiny_model
+from tests.helpers import FAMILIES, FAMILY_IDS, WORLDS, ragged_generation, run_ranks, save_tiny_model
 
 COMMON = [
     "+recipe=ppo",
@@ -33,12 +33,13 @@ def grouped_batch():
     return batch, g
 
 
-def worker_and_batch(tmp_path, *extra):
+def worker_and_batch(tmp_path, *extra, family: str = "qwen2-tied"):
     from rlpost.controller.step import step_plan
     from rlpost.data.microbatch import shard_batch
     from rlpost.trainer.critic import CriticWorker
 
-    save_tiny_model(tmp_path / "model")
+    name, tied = FAMILIES[FAMILY_IDS.index(family)]
+    save_tiny_model(tmp_path / "model", family=name, tied=tied)
     cfg = load_config(COMMON + list(extra))
     batch, g = grouped_batch()
     worker = CriticWorker(cfg, str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
@@ -68,9 +69,10 @@ def reference_values(model, batch) -> torch.Tensor:
     return out
 
 
+@pytest.mark.parametrize("family", FAMILY_IDS)
 @pytest.mark.parametrize("layout", ["padded", "packed", "shared_prompt"])
-def test_values_are_the_value_model_before_each_response_token(tmp_path, layout):
-    cfg, worker, shard, _ = worker_and_batch(tmp_path, f"trainer.layout={layout}")
+def test_values_are_the_value_model_before_each_response_token(tmp_path, layout, family):
+    cfg, worker, shard, _ = worker_and_batch(tmp_path, f"trainer.layout={layout}", family=family)
     try:
         out = worker.compute_values(shard)
         order = torch.argsort(out["row_index"])

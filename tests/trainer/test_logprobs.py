@@ -3,9 +3,10 @@
 Random ragged batches: prompt lengths 1..P, response lengths 0..R (empty and full included), EOS
 inside responses (multi-turn: several), holes in the loss mask (an environment's tokens), batch
 sizes 1..16, rows drawing their prompts from a pool of 1..B prompts (GRPO's groups, in any order).
-In float32, packed == padded == shared_prompt == a per-sequence reference computed with no
-padding at all, log-probs and gradients; results do not depend on micro-batch size or sample order; and
-pack -> unpack is the identity for per-token tensors.
+On Qwen2 and Llama models, tied and untied, in float32, packed == padded == shared_prompt == a
+per-sequence reference computed with no padding at all, log-probs and gradients; results do not
+depend on micro-batch size or sample order; and pack -> unpack is the identity for per-token
+tensors.
 """
 
 import pytest
@@ -16,15 +17,16 @@ from hypothesis import strategies as st
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, pack, pack_tokens, right_pad, unpack_tokens
 from rlpost.trainer.logprobs import LAYOUTS, response_logprobs, response_values
-from tests.helpers import examples, reference_logprobs, tiny_model
+from tests.helpers import FAMILIES, FAMILY_IDS, examples, reference_logprobs, tiny_model
 
 VOCAB, EOS, PAD, P, R = 50, 1, 0, 12, 10
 SETTINGS = settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model(hidden=32, layers=2, intermediate=64)[0]
+@pytest.fixture(scope="module", params=FAMILIES, ids=FAMILY_IDS)
+def model(request):
+    family, tied = request.param
+    return tiny_model(hidden=32, layers=2, intermediate=64, family=family, tied=tied)[0]
 
 
 @st.composite

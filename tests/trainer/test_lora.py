@@ -28,7 +28,7 @@ from rlpost.models.lora import (
 )
 from rlpost.trainer.lora import _gather, _merged, adapter_weights, merged_weights
 from rlpost.weightsync.transport import free_port
-from tests.helpers import lora_config, lora_model, run_ranks, save_tiny_model
+from tests.helpers import FAMILIES, FAMILY_IDS, lora_config, lora_model, run_ranks, save_tiny_model
 
 LORA = lora_config()
 
@@ -91,10 +91,11 @@ def run_sharded(tmp_path_factory, base_dir, world, compute_dtype, out_dtype):
     return torch.load(out)
 
 
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=FAMILIES, ids=FAMILY_IDS)
+def base_dir(tmp_path_factory, request):
+    family, tied = request.param
     folder = tmp_path_factory.mktemp("base")
-    save_tiny_model(folder, hidden=32, layers=2, intermediate=64)
+    save_tiny_model(folder, hidden=32, layers=2, intermediate=64, family=family, tied=tied)
     return folder
 
 
@@ -125,7 +126,23 @@ def world1_bf16(tmp_path_factory, base_dir):
     return run_sharded(tmp_path_factory, base_dir, 1, torch.bfloat16, torch.bfloat16)
 
 
-def check_merged(named, merged_ref, base_dir, dtype):
+@pytest.fixture(scope="module")
+def merged_ref_bf16(peft_ref):
+    """The merge as bfloat16 compute sees it: bf16(W) + scaling * bf16(B) @ bf16(A), in float64
+    (W, A, B rounded first, as FSDP's mixed precision hands them to the forward)."""
+    params = dict(peft_ref.named_parameters())
+    out = {}
+    for name, p in base_named_parameters(peft_ref):
+        value = p.detach().to(torch.bfloat16).double()
+        prefix = "base_model.model." + name.removesuffix(".weight")
+        if f"{prefix}.lora_A.default.weight" in params:
+            a, b = (params[f"{prefix}.lora_{x}.default.weight"].detach().to(torch.bfloat16).double() for x in "AB")
+            value = value + lora_config().alpha / lora_config().rank * (b @ a)
+        out[name] = value
+    return out
+
+
+def check_merged(named, merged_ref, base_dir, dtype, merged_ref_bf16=None):
     base = dict(load_causal_lm(str(base_dir), "float32").named_parameters())
     assert [n for n, _ in named] == list(base) == list(merged_ref)
     for name, t in named:
@@ -133,9 +150,10 @@ def check_merged(named, merged_ref, base_dir, dtype):
         assert t.dtype == dtype and t.shape == ref.shape, name
         if dtype == torch.float32:
             torch.testing.assert_close(t, ref, rtol=1e-6, atol=1e-6, msg=name)
-        else:  # within one bfloat16 rounding of the float32 merge
+        else:  # within one bfloat16 rounding of the merge of the rounded W, A and B
+            ref = merged_ref_bf16[name]
             ulp = torch.finfo(dtype).eps * ref.abs().clamp(min=2**-126)
-            assert torch.all((t.float() - ref.to(dtype).float()).abs() <= ulp), name
+            assert torch.all((t.double() - ref).abs() <= ulp), name
     adapted = [n for n in base if n.endswith("proj.weight")]
     assert adapted and all(not torch.equal(merged_ref[n], base[n]) for n in adapted)
 
@@ -157,9 +175,26 @@ def test_apply_lora_freezes_the_base_and_finds_the_layers(world2, peft_ref, base
     assert names == [n for n, _ in load_causal_lm(str(base_dir), "float32").named_parameters()]
 
 
-def test_apply_lora_rejects_a_tied_head(base_dir):
-    with pytest.raises(ValueError, match="tied"):
-        apply_lora(load_causal_lm(str(base_dir), "float32"), LoraConfig(rank=4, target_modules=["q_proj", "lm_head"]))
+def test_an_adapter_on_the_head_is_refused_where_it_is_tied_and_merged_where_not(base_dir):
+    """A tied head shares the embedding's weight (an adapter there would merge into both); an
+    untied one (Llama 3's) merges like any projection."""
+    base = load_causal_lm(str(base_dir), "float32")
+    lora = LoraConfig(rank=4, target_modules=["q_proj", "lm_head"])
+    if base.config.tie_word_embeddings:
+        with pytest.raises(ValueError, match="tied"):
+            apply_lora(base, lora)
+        return
+    model = apply_lora(base, lora)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(std=0.5)
+    merged = dict(merged_weights(model, torch.float32))
+    reference = dict(copy.deepcopy(model).merge_and_unload().named_parameters())
+    assert list(merged) == list(reference)
+    assert not torch.equal(merged["lm_head.weight"], base.get_output_embeddings().base_layer.weight)
+    for name, t in merged.items():
+        torch.testing.assert_close(t, reference[name].detach(), rtol=1e-6, atol=1e-6, msg=name)
 
 
 def test_merged_weights_match_merge_and_unload_world2(world2, merged_ref, base_dir):
@@ -168,20 +203,20 @@ def test_merged_weights_match_merge_and_unload_world2(world2, merged_ref, base_d
     assert world2["all_sharded"]
 
 
-def test_merged_weights_world1_bfloat16(world1_bf16, merged_ref, base_dir):
-    check_merged(world1_bf16["at_yield"], merged_ref, base_dir, torch.bfloat16)
+def test_merged_weights_world1_bfloat16(world1_bf16, merged_ref, merged_ref_bf16, base_dir):
+    check_merged(world1_bf16["at_yield"], merged_ref, base_dir, torch.bfloat16, merged_ref_bf16)
     assert world1_bf16["changed"] == [] and world1_bf16["all_sharded"]
 
 
 @pytest.mark.parametrize("run", ["world2", "world1_bf16", "unsharded"])
-def test_yielded_tensors_survive_later_steps(request, run, merged_ref, base_dir):
+def test_yielded_tensors_survive_later_steps(request, run, merged_ref, merged_ref_bf16, base_dir):
     """verl #7014: merged tensors read after the model moved on must still hold the merge. Here
     all are kept, then the weights are updated in place and forward/backward reuse FSDP buffers."""
     res = request.getfixturevalue(run)
     assert res["changed"] == [], "merging wrote the model's weights"
     for (name, kept), (_, at_yield) in zip(res["kept"], res["at_yield"]):
         assert torch.equal(kept, at_yield), f"{name} changed after it was yielded"
-    check_merged(res["kept"], merged_ref, base_dir, res["kept"][0][1].dtype)
+    check_merged(res["kept"], merged_ref, base_dir, res["kept"][0][1].dtype, merged_ref_bf16)
 
 
 def test_adapter_round_trip_and_merged_export(world2, peft_ref, base_dir, tmp_path):
@@ -270,7 +305,7 @@ def delta(layer, adapter, scaling):
 def check_merge(layer, want):
     weight = layer.base_layer.weight.detach()
     before = weight.clone()
-    got = _merged(layer, weight)
+    got = _merged(layer, weight, torch.float32)
     assert got.dtype == torch.float32 and got.shape == weight.shape
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
     assert torch.equal(weight, before), "merging wrote the base weight"
@@ -312,7 +347,7 @@ def test_merged_refuses_what_is_not_plain_lora_on_a_linear(target, kwargs, kind)
     layer = getattr(with_adapter([target], **kwargs), target)
     message = f"merging {kind} (only plain LoRA on Linear layers)"
     with pytest.raises(NotImplementedError, match=f"^{re.escape(message)}$"):
-        _merged(layer, layer.base_layer.weight.detach())
+        _merged(layer, layer.base_layer.weight.detach(), torch.float32)
 
 
 def test_merged_refuses_an_adapter_merged_already():
@@ -321,7 +356,7 @@ def test_merged_refuses_an_adapter_merged_already():
     q.merge()
     message = "the adapter is merged into the base weights already (layer.merge())"
     with pytest.raises(RuntimeError, match=f"^{re.escape(message)}$"):
-        _merged(q, q.base_layer.weight.detach())
+        _merged(q, q.base_layer.weight.detach(), torch.float32)
 
 
 class HostShard:
@@ -348,3 +383,33 @@ def test_gather_brings_a_host_shard_to_its_mesh_device():
     param = torch.nn.Parameter(torch.randn(3, 2))
     plain = _gather(param)
     assert torch.equal(plain, param) and not plain.requires_grad
+
+
+def test_the_merged_forward_is_loras_and_so_is_its_gradient(base_dir):
+    """`use_merged_forward` (model.lora.mode=merge) computes x @ (W + s B A)^T in one product: in
+    float32 the outputs and the adapter's gradients are peft's (round-off apart), the frozen
+    weights get none; with the adapter disabled (the KL reference) it is the base model."""
+    from rlpost.trainer.lora import MergedLoraLinear, use_merged_forward
+
+    peft = lora_model(base_dir)
+    merged = copy.deepcopy(peft)
+    use_merged_forward(merged)
+    assert sum(isinstance(m, MergedLoraLinear) for m in merged.modules()) == 7 * 2
+    ids = input_ids()
+    losses = []
+    for model in (peft, merged):
+        logits = model(input_ids=ids).logits
+        losses.append((logits * torch.linspace(-1, 1, logits.shape[-1])).sum())
+        losses[-1].backward()
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-4)
+    grads = {n: p.grad for n, p in peft.named_parameters() if p.requires_grad}
+    assert all(g.abs().max() > 0 for g in grads.values())
+    for name, p in merged.named_parameters():
+        if name in grads:
+            scale = grads[name].abs().max()
+            assert (p.grad - grads[name]).abs().max() <= 1e-4 * scale, name  # float32 round-off
+        else:
+            assert p.grad is None, name
+    with torch.no_grad(), merged.disable_adapter():
+        base = load_causal_lm(str(base_dir), "float32")(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, base, rtol=0, atol=1e-6)

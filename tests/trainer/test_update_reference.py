@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.helpers import reference_logprobs, run_ranks, save_tiny_model
+from tests.helpers import FAMILIES, FAMILY_IDS, reference_logprobs, run_ranks, save_tiny_model
 
 TEMPERATURE = 0.7
 GROUPS = [4, 2, 3, 3]  # samples per prompt: 12 rows, two mini-batches of 6 ([4, 2] and [3, 3])
@@ -293,28 +293,49 @@ def rank_main(rank, world, port, model_dir, batch_path, out, names):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny")
-    model, _ = save_tiny_model(folder, seed=3)
-    batch, rewards = make_batch(model)
-    path = folder / "batch.pt"
-    torch.save((batch, rewards), path)
-    return str(folder), batch, rewards, path
+def setups(tmp_path_factory):
+    """family -> (model folder, batch, rewards, batch file), built once per family."""
+    made = {}
+
+    def make(family: str = "qwen2-tied"):
+        if family not in made:
+            folder = tmp_path_factory.mktemp(family)
+            name, tied = FAMILIES[FAMILY_IDS.index(family)]
+            model, _ = save_tiny_model(folder, seed=3, family=name, tied=tied)
+            batch, rewards = make_batch(model)
+            path = folder / "batch.pt"
+            torch.save((batch, rewards), path)
+            made[family] = str(folder), batch, rewards, path
+        return made[family]
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def setup(setups):
+    return setups()
+
+
+# The Llama family (no q/k/v biases; untied and tied heads) on a few cases at both world sizes
+LLAMA_CASES = ["pg_tis_token", "kl_k3", "entropy", "gspo"]
 
 
 @pytest.mark.filterwarnings("ignore:Seems like `optimizer.step\\(\\)` has been overridden")
 @pytest.mark.parametrize(
-    "world, names",
+    "world, names, family",
     # world size 1 in this process, one case per test (a broken term fails fast, by name); world
     # size 2 as two processes over gloo, every case in one spawn
-    [pytest.param(1, [name], id=f"1-{name}") for name in CASES]
-    + [pytest.param(2, list(CASES), id="2-all", marks=pytest.mark.multiprocess)],
+    [pytest.param(1, [name], "qwen2-tied", id=f"1-{name}") for name in CASES]
+    + [pytest.param(2, list(CASES), "qwen2-tied", id="2-all", marks=pytest.mark.multiprocess)]
+    + [pytest.param(1, LLAMA_CASES, "llama-untied", id="1-llama-untied")]
+    + [pytest.param(2, LLAMA_CASES, "llama-tied", id="2-llama-tied", marks=pytest.mark.multiprocess)],
 )
-def test_update_gradients_match_the_reference(setup, world, names, tmp_path):
-    """Each case of CASES through rlpost's update against the reference, at world size 1 and 2."""
+def test_update_gradients_match_the_reference(setups, world, names, family, tmp_path):
+    """Each case of CASES through rlpost's update against the reference, at world size 1 and 2
+    (a Qwen2 model; a Llama one, untied and tied, on LLAMA_CASES)."""
     from rlpost.weightsync.transport import free_port
 
-    model_dir, batch, rewards, batch_path = setup
+    model_dir, batch, rewards, batch_path = setups(family)
     out = tmp_path / "grads.pt"
     run_ranks(rank_main, world, free_port(), model_dir, str(batch_path), str(out), names)
     results = torch.load(out, weights_only=False)
