@@ -218,6 +218,13 @@ class RolloutConfig:
         gt=0,
         le=1,
     )
+    kv_cache_gb: float = knob(
+        0.0,
+        "vllm on a GPU: the KV cache's size in GiB, set instead of derived from "
+        "`gpu_memory_utilization` by profiling (which fails when another process on the GPU frees "
+        "memory meanwhile: set it to run several engines or runs on one GPU). 0 = derived.",
+        ge=0,
+    )
     enforce_eager: bool = knob(False, "vllm: no CUDA graphs (faster start, slower decoding).")
     max_num_seqs: int = knob(256, "vllm: most sequences decoded at once.", ge=1)
 

@@ -131,6 +131,7 @@ class VLLMRolloutEngine:
         trust_remote_code: bool = False,
         lora=None,
         pausable: bool = False,
+        kv_cache_gb: float = 0.0,
     ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process
         if device == "cpu":
@@ -149,6 +150,8 @@ class VLLMRolloutEngine:
         kwargs = {"gpu_memory_utilization": gpu_memory_utilization}
         if device == "cuda":
             kwargs["enable_sleep_mode"] = sleep_mode
+            if kv_cache_gb:  # no memory profiling: another process on the GPU may free memory meanwhile
+                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
             if pausable:  # async scheduling keeps a batch in flight between two steps: a sync
                 kwargs["async_scheduling"] = False  # landing there would race it (the CPU has none)
         else:  # no prefill split over steps: vLLM rewinds a seeded sampler's generator for the part
@@ -162,6 +165,11 @@ class VLLMRolloutEngine:
         if lora is not None:
             self._adapter_manifest = expected_adapter_manifest(model_path, lora, trust_remote_code)
             kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora.rank), max_loras=1)
+        # skip_tokenizer_init (rlpost tokenizes): vLLM 0.27 still warms up a chat template and
+        # logs its failure with a traceback at every start
+        logging.getLogger("vllm.renderers.base").addFilter(
+            lambda record: record.getMessage() != "Chat template warmup failed"
+        )
         self.llm = LLM(
             model=model_path,
             dtype=dtype,
@@ -175,9 +183,11 @@ class VLLMRolloutEngine:
             **kwargs,
         )
         # each sync reloads the weights layer by layer; vLLM then warns that the rotary embeddings
-        # (a cache computed from the config, in no checkpoint) got none, and keeps their tensors
+        # (a cache computed from the config, in no checkpoint) and an output head tied to the
+        # embedding (loaded through it: `_refresh_tied_head`) got none, and keeps their tensors
+        quiet = {"RotaryEmbedding: Failed to load weights", "ParallelLMHead: Failed to load weights"}
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
-            lambda record: record.getMessage() != "RotaryEmbedding: Failed to load weights"
+            lambda record: record.getMessage() not in quiet
         )
         # modules vLLM wrapped for LoRA: their base weights load as `<module>.base_layer.<leaf>`
         self._held: dict[str, torch.Tensor] | None = None  # vLLM's parameters, looked up once per sync

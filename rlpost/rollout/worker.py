@@ -37,6 +37,7 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
             seed=cfg.run.seed + rank,
             max_model_len=cfg.data.max_prompt_length + r.max_response_length,
             gpu_memory_utilization=r.gpu_memory_utilization,
+            kv_cache_gb=r.kv_cache_gb,
             enforce_eager=r.enforce_eager,
             max_num_seqs=r.max_num_seqs,
             sleep_mode=colocated_on_cuda(cfg),

