@@ -53,7 +53,11 @@ case "$STAGE" in
       run sums_s$s $s +recipe=smollm2_sums run.seed=$s rollout.kv_cache_gb=4
       run sums_lora_s$s $s +recipe=smollm2_sums_lora run.seed=$s rollout.kv_cache_gb=4
     done
-    for s in 1 2; do run steps_lora_s$s 3 +recipe=smollm2_steps_lora run.seed=$s rollout.kv_cache_gb=8; done
+    run steps_s0 3 +recipe=smollm2_steps run.seed=0 rollout.kv_cache_gb=8
+    ;;
+  again)  # each alone on its GPU: the sums runs whose vLLM failed to sleep beside another run, 2 steps seeds
+    for s in 0 1; do run sums_s$s $s +recipe=smollm2_sums run.seed=$s; done
+    run steps_s1 2 +recipe=smollm2_steps run.seed=1; run steps_s2 3 +recipe=smollm2_steps run.seed=2
     ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
