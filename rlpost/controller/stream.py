@@ -2,10 +2,11 @@
 pause and the trainer takes the first complete batch.
 
 The prompts are drawn a batch at a time (a *draw*) and split over the rollout actors as the
-synchronous loop splits them (`Rollouts.launch`: actor i, seed `Rollouts.seed(draw) + i`); each
-part is a *unit*, one rollout call. Each actor has up to `DEPTH` units queued, so it never waits
-for the controller. While the controller waits for a batch it scores each unit that has come back
-(its groups then wait in `ready`); a step trains the oldest `data.train_batch_size` of them.
+synchronous loop splits them (`Rollouts.launch`: actor i, seed `Rollouts.seed(draw)` + n times
+its first prompt's place in the draw); each part is a *unit*, one rollout call. Each actor has up
+to `DEPTH` units queued, so it never waits for the controller. While the controller waits for a
+batch it scores each unit that has come back (its groups then wait in `ready`); a step trains the
+oldest `data.train_batch_size` of them.
 
 How far ahead: after the sync of step s (s steps trained), at most (s + 1 + `algo.max_staleness`)
 batches of groups may have been handed out or be under way, AReaL's bound: a group starts at most
@@ -130,7 +131,7 @@ class Stream:
         for i in range(k):
             lo, hi = i * len(rows) // k, (i + 1) * len(rows) // k
             if hi > lo:
-                self.todo.append(Unit(rows[lo:hi], d, lo, self.r.seed(d) + i, i))
+                self.todo.append(Unit(rows[lo:hi], d, lo, self.r.seed(d) + lo * self.r.cfg.rollout.n, i))
 
     # ------------------------------------------------------------------------------- receiving
     def _take(self, ref) -> None:

@@ -12,6 +12,9 @@
 - `answer_line` (task `sums_steps`): the first number after the last "Answer:" (any case) on
   that line, e.g. "Answer: 213" or "**Answer:** $1,234."; compared like `last_number`. No
   "Answer:", or no number after it on its line, scores 0.
+- `running_total` (task `sums_steps`, where the steps must pay): the sum asked for in the prompt
+  (its last "a + b + c ..." expression) worked out step by step: 1.0 if the response's numbers
+  hold each running total (a + b, then + c, ...) in order and its last number is the sum, else 0.
 
 All are trusted (scored in the controller's process): a strip and a comparison, or regular
 expressions without nested repetition, so their time is linear in the response's length (the
@@ -28,6 +31,7 @@ from rlpost.rewards.base import RewardInput, register_reward
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _RUN = re.compile(r"-?[0-9.,]+")  # a run of number characters; no backtracking, so linear time
 _ANSWER = re.compile(r"answer:", re.IGNORECASE)
+_SUM = re.compile(r"\d+(?: ?\+ ?\d+)+")  # "5 + 7 + 2": no nested repetition that backtracks
 
 
 def _normalise_number(text: str) -> str:
@@ -100,3 +104,29 @@ def extract_answer_line(response: str) -> str | None:
 @register_reward("answer_line", trusted=True)
 def answer_line(sample: RewardInput) -> float:
     return same_number(extract_answer_line(sample.response), sample.ground_truth)
+
+
+def numbers_in(text: str) -> list[Decimal]:
+    """Every number of `text`, in order (runs of number characters that read as one)."""
+    values = (as_decimal(run.rstrip(".,")) for run in _RUN.findall(text) if any(c.isdigit() for c in run))
+    return [v for v in values if v is not None]
+
+
+@register_reward("running_total", trusted=True)
+def running_total(sample: RewardInput) -> float:
+    sums = _SUM.findall(sample.prompt)
+    if not sums:
+        raise ValueError(f"running_total: the prompt holds no sum 'a + b + ...' to check: {sample.prompt[-200:]!r}")
+    operands = [Decimal(x) for x in re.findall(r"\d+", sums[-1])]
+    totals = [sum(operands[: k + 1]) for k in range(1, len(operands))]
+    found = numbers_in(sample.response)
+    if not found or found[-1] != totals[-1] or same_number(str(totals[-1]), sample.ground_truth) != 1.0:
+        return 0.0
+    position = 0
+    for total in totals:  # each running total, in order (the last one may be the answer itself)
+        while position < len(found) and found[position] != total:
+            position += 1
+        if position == len(found):
+            return 0.0
+        position += 1
+    return 1.0

@@ -71,6 +71,29 @@ def test_answer_line(response, truth, score):
     assert REWARDS["answer_line"](sample(response, truth, "answer_line")) == score
 
 
+SUM_PROMPT = "<|im_start|>user\nWhat is 5 + 7 + 2 + 9? Work it out step by step.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize(
+    "response, score",
+    [
+        ("5 + 7 = 12\n12 + 2 = 14\n14 + 9 = 23\nAnswer: 23", 1.0),
+        ("5+7=12, 12+2=14, so 23.", 1.0),  # the last running total is the answer itself
+        ("The answer is 23", 0.0),  # right, but no steps: the steps must pay
+        ("5 + 7 = 12, 12 + 2 = 15, 15 + 9 = 23", 0.0),  # a wrong step
+        ("14, 12, 23", 0.0),  # the running totals out of order
+        ("12, 14, 23, 24", 0.0),  # the last number is not the sum
+        ("", 0.0),
+    ],
+)
+def test_running_total_pays_the_steps(response, score):
+    assert REWARDS["running_total"](RewardInput(SUM_PROMPT, response, "23", "running_total")) == score
+    wrong_truth = RewardInput(SUM_PROMPT, "5 + 7 = 12\n12 + 2 = 14\n14 + 9 = 23", "24", "running_total")
+    assert REWARDS["running_total"](wrong_truth) == 0.0  # the ground truth is checked too
+    with pytest.raises(ValueError, match="no sum"):
+        REWARDS["running_total"](RewardInput("What is it?", response, "23", "running_total"))
+
+
 def test_the_chat_rewards_take_linear_time():
     start = time.perf_counter()
     assert extract_answer_line("Answer: " * 100_000 + "5") == "5"

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""One stage of benchmarks/real_model/gpu.sh (its archive, unpacked) as the committed JSON: the
+machine, commit, command and date the stage recorded; per run its recipe, seed, whether it
+finished (or the last line of its error), the start model's headroom, the validation curve, and
+per step the reward, response length, gradient norm, rollout/trainer log-prob gap, tokens/s and
+step time; the headroom survey, where the stage ran one.
+
+    python benchmarks/real_model/collect.py /tmp/gpu/sums --out benchmarks/real_model/sums_h100.json \
+        --command "COMMIT=... bash benchmarks/real_model/gpu.sh sums"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+PER_STEP = {
+    "reward": "reward/mean",
+    "response_length": "response_length/mean",
+    "grad_norm": "actor/grad_norm",
+    "logprob_gap_max": "rollout/logprob_diff_max",
+    "logprob_gap_mean": "rollout/logprob_diff_mean",
+    "tokens_per_s": "perf/tokens_per_s",
+    "step_s": "timing_s/step",
+}
+
+
+def machine(stage: Path) -> dict:
+    lines = (stage / "machine.txt").read_text().splitlines()
+    gpus = [line for line in lines if "," in line and "MiB" in line]
+    return {
+        "commit": lines[0].removeprefix("commit "),
+        "date": lines[2],
+        "gpus": f"{len(gpus)} x {gpus[0].split(',')[0]}" if gpus else "none",
+        "cpu_cores": int(lines[2 + len(gpus) + 1]),
+        "software": lines[-1],
+    }
+
+
+def run_record(stage: Path, name: str, command: str) -> dict:
+    folder = stage / name
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r.get("step", 0) > 0 and "timing_s/step" in r]
+    log = (stage / f"{name}.log").read_text(errors="replace")
+    errors = [line for line in log.splitlines() if re.match(r"^\w*(Error|Exception)\b", line.strip())]
+    finished = "summary:" in log and not errors
+    return {
+        "command": command,
+        "finished": finished,
+        "error": None if finished else (errors[-1].strip() if errors else log.strip().splitlines()[-1]),
+        "start": {k.removeprefix("start/"): v for k, v in rows[0].items() if k.startswith("start/")},
+        "val_accuracy": [[r["step"], r["val/accuracy"]] for r in rows if "val/accuracy" in r],
+        "steps": len(steps),
+        "per_step": {"step": [r["step"] for r in steps]}
+        | {key: [r.get(metric) for r in steps] for key, metric in PER_STEP.items()},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("stage", type=Path, help="an unpacked stage folder of gpu.sh")
+    p.add_argument("--command", required=True, help="the command that ran the stage")
+    p.add_argument("--note", default="", help="what a reader must know about this stage")
+    p.add_argument("--commit", help="the commit whose tree ran, where the stage recorded another")
+    p.add_argument("--runs", nargs="*", help="only these runs (default: every run of the stage)")
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args()
+    commands = {}
+    for line in (a.stage / "commands.txt").read_text().splitlines():
+        m = re.match(r"^\S+ start (\S+) on GPU (\d+): (.*)$", line)
+        if m and (a.runs is None or m.group(1) in a.runs):
+            commands[m.group(1)] = f"CUDA_VISIBLE_DEVICES={m.group(2)} rlpost train {m.group(3)}"
+    out = {
+        **machine(a.stage),
+        **({"commit": a.commit} if a.commit else {}),
+        "command": a.command,
+        "note": a.note,
+        "runs": {name: run_record(a.stage, name, cmd) for name, cmd in commands.items()},
+    }
+    survey = a.stage / "headroom.jsonl"
+    if survey.is_file():
+        seen, rows = set(), []
+        for line in survey.read_text().splitlines():
+            row = json.loads(line)
+            key = (row["task"], tuple(row["set"]))
+            if key not in seen:  # a stage run twice on one machine appends its survey again
+                seen.add(key)
+                rows.append(
+                    {k: v for k, v in row.items() if not k.startswith("example")} | {"sample": row["example_sample"]}
+                )
+        out["headroom"] = rows
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

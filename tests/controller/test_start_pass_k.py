@@ -1,0 +1,28 @@
+"""`trainer.start_pass_k`: the start model's pass@k from k samples of each validation row."""
+
+import torch
+
+from rlpost.controller.rollouts import Rollouts
+from rlpost.rollout.base import SamplingParams
+
+
+def test_pass_at_k_reads_each_rows_samples_together():
+    """Rows come back as sample j of row i at i * n + j: row 0 has 1 right of 4, row 1 none,
+    row 2 all four (read as n rows of len(rows) samples, the same scores would give others)."""
+    rollouts = object.__new__(Rollouts)  # only generate and score are used
+    scores = torch.tensor([1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1], dtype=torch.float32)
+    seen = {}
+
+    def generate(rows, params):
+        seen["n"] = params.n
+        return "batch"
+
+    rollouts.generate = generate
+    rollouts.score = lambda rows, batch, n, rule_only: (scores, {}, None)
+    out = rollouts.pass_at_k(["a", "b", "c"], SamplingParams(n=4, temperature=0.7, max_tokens=8))
+    assert seen["n"] == 4
+    assert out == {
+        "start/pass@1": (0.25 + 0 + 1) / 3,
+        "start/pass@2": ((1 - 3 / 6) + 0 + 1) / 3,
+        "start/pass@4": (1 + 0 + 1) / 3,
+    }
