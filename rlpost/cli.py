@@ -140,10 +140,12 @@ def cmd_plan(argv: list[str]) -> int:
         argv = argv[:i] + argv[i + 2 :]
     from rlpost.config import ConfigError, load_config
     from rlpost.controller.plan import GIB, check_plan, format_plan, gpu_plan, shape_of
+    from rlpost.models.loading import resolve_path
 
     try:
         cfg = load_config(argv, this_machine=False)
-        shape = shape_of(cfg)
+        path = cfg.model.path if cfg.model.path == "tiny" else resolve_path(cfg.model.path, cfg.model.cache_dir)
+        shape = shape_of(cfg, path)  # a GGUF model: the folder it converts into (once), as a run would
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"rlpost plan: {e}", file=sys.stderr)
         return 2

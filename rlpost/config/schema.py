@@ -222,7 +222,8 @@ class RolloutConfig:
         0.0,
         "vllm on a GPU: the KV cache's size in GiB, set instead of derived from "
         "`gpu_memory_utilization` by profiling (which fails when another process on the GPU frees "
-        "memory meanwhile: set it to run several engines or runs on one GPU). 0 = derived.",
+        "memory meanwhile, as engines started together on one GPU do). 0 = derived. (Colocated runs "
+        "that share a GPU can still fail vLLM's check at sleep: benchmarks/real_model/.)",
         ge=0,
     )
     enforce_eager: bool = knob(False, "vllm: no CUDA graphs (faster start, slower decoding).")
@@ -376,8 +377,8 @@ class TrainerConfig:
     micro_batch_size: int = knob(64, "Most sequences per forward/backward on each rank.", ge=1)
     max_tokens_per_microbatch: int = knob(
         0,
-        "Token budget of a micro-batch (prompt + response tokens; "
-        "0 = cut by `micro_batch_size` only). Ranks are balanced by tokens.",
+        "Token budget of a micro-batch (prompt + response tokens as the layout computes them: "
+        "a padded layout's padding counts; 0 = cut by `micro_batch_size` only). Ranks are balanced by tokens.",
         ge=0,
     )
     layout: str = knob(

@@ -16,6 +16,7 @@ from rlpost.config import TrainConfig, mini_batch_size
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import padding_fraction, plan_step
 from rlpost.rollout.base import SamplingParams
+from rlpost.trainer.logprobs import resolve_layout
 
 
 def group_ids(num_prompts: int, n: int) -> torch.Tensor:
@@ -26,13 +27,17 @@ def group_ids(num_prompts: int, n: int) -> torch.Tensor:
 def step_plan(batch: Batch, cfg: TrainConfig):
     """(tokens per row, plan[rank][mini][micro] = row indices): contiguous mini-batches of whole
     prompt groups, each balanced over the trainer ranks by tokens (rlpost.data.microbatch)."""
-    lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
+    prompts, responses = batch["prompt_mask"].sum(-1).tolist(), batch["response_mask"].sum(-1).tolist()
+    lengths = [p + r for p, r in zip(prompts, responses)]
+    t = cfg.trainer
+    padded = resolve_layout(t.layout, cfg.model.attn_implementation, t.device) != "packed"
     plan = plan_step(
         lengths,
-        cfg.trainer.world_size,
+        t.world_size,
         cfg.data.train_batch_size // mini_batch_size(cfg),
-        cfg.trainer.max_tokens_per_microbatch,
-        cfg.trainer.micro_batch_size,
+        t.max_tokens_per_microbatch,
+        t.micro_batch_size,
+        list(zip(prompts, responses)) if padded else None,  # a padded layout computes its padding too
     )
     return lengths, plan
 

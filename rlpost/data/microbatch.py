@@ -2,11 +2,14 @@
 
 `plan_shards` balances ranks by tokens, not rows: rows go longest-first to the rank with the
 fewest tokens so far (greedy LPT), so no rank waits long for the slowest one; no rank takes more
-than its share ceil(rows / world_size) of rows, so that all can run as many micro-batches. Each rank's rows
-are then cut into micro-batches of at most `max_tokens` tokens (a longer row goes alone), or of
-`max_rows` rows when no token budget is set. FSDP runs collectives in every micro-batch, so all
-ranks must run the same number of them: ranks with fewer are evened out by splitting their
-largest micro-batches.
+than its share ceil(rows / world_size) of rows, so that all can run as many micro-batches. Each
+rank's rows are then cut into micro-batches of at most `max_tokens` tokens (a longer row goes
+alone), or of `max_rows` rows when no token budget is set. Tokens are counted as the layout
+computes them: each row's own in the packed layout; with `widths` (each row's prompt and response
+lengths), a padded micro-batch's rows x (longest prompt + longest response), padding included:
+its logits are that size, and for a 50k vocabulary they are most of a micro-batch's memory. FSDP
+runs collectives in every micro-batch, so all ranks must run the same number of them: ranks with
+fewer are evened out by splitting their largest micro-batches.
 
 A plan is a list, per rank, of micro-batches, each a list of row indices into the full batch.
 """
@@ -14,7 +17,9 @@ A plan is a list, per rank, of micro-batches, each a list of row indices into th
 from __future__ import annotations
 
 
-def plan_shards(lengths: list[int], world_size: int, max_tokens: int = 0, max_rows: int = 0) -> list[list[list[int]]]:
+def plan_shards(
+    lengths: list[int], world_size: int, max_tokens: int = 0, max_rows: int = 0, widths: list | None = None
+) -> list[list[list[int]]]:
     if len(lengths) < world_size:
         raise ValueError(f"{len(lengths)} rows cannot feed {world_size} data-parallel ranks")
     ranks: list[list[int]] = [[] for _ in range(world_size)]
@@ -27,7 +32,7 @@ def plan_shards(lengths: list[int], world_size: int, max_tokens: int = 0, max_ro
         ranks[r].append(i)
         load[r] += lengths[i]
         count[r] += 1
-    plans = [_cut(sorted(rows), lengths, max_tokens, max_rows) for rows in ranks]
+    plans = [_cut(sorted(rows), lengths, max_tokens, max_rows, widths) for rows in ranks]
     target = max(len(p) for p in plans)
     for plan in plans:
         while len(plan) < target:
@@ -43,19 +48,25 @@ def plan_shards(lengths: list[int], world_size: int, max_tokens: int = 0, max_ro
     return plans
 
 
-def _cut(rows: list[int], lengths: list[int], max_tokens: int, max_rows: int) -> list[list[int]]:
+def _cut(rows: list[int], lengths: list[int], max_tokens: int, max_rows: int, widths=None) -> list[list[int]]:
     if not max_tokens:
         size = max_rows or len(rows)
         return [rows[i : i + size] for i in range(0, len(rows), size)]
     micro: list[list[int]] = [[]]
-    tokens = 0
     for i in rows:
-        if micro[-1] and (tokens + lengths[i] > max_tokens or (max_rows and len(micro[-1]) >= max_rows)):
+        if micro[-1] and (
+            _tokens(micro[-1] + [i], lengths, widths) > max_tokens or (max_rows and len(micro[-1]) >= max_rows)
+        ):
             micro.append([])
-            tokens = 0
         micro[-1].append(i)
-        tokens += lengths[i]
     return micro
+
+
+def _tokens(rows: list[int], lengths: list[int], widths) -> int:
+    """The tokens a micro-batch of `rows` computes: their own, or padded (`widths`)."""
+    if widths is None:
+        return sum(lengths[i] for i in rows)
+    return len(rows) * (max(widths[i][0] for i in rows) + max(widths[i][1] for i in rows))
 
 
 def padding_fraction(lengths: list[int], plan: list[list[list[int]]]) -> float:
@@ -67,18 +78,25 @@ def padding_fraction(lengths: list[int], plan: list[list[list[int]]]) -> float:
 
 
 def plan_step(
-    lengths: list[int], world_size: int, num_mini_batches: int, max_tokens: int = 0, max_rows: int = 0
+    lengths: list[int],
+    world_size: int,
+    num_mini_batches: int,
+    max_tokens: int = 0,
+    max_rows: int = 0,
+    widths: list | None = None,
 ) -> list[list[list[list[int]]]]:
     """Plan a whole step: rows are cut into `num_mini_batches` contiguous mini-batches (one
-    optimizer step each; prompt groups stay whole), each planned by `plan_shards`.
-    Returns plan[rank][mini][micro] = row indices of the full batch."""
+    optimizer step each; prompt groups stay whole), each planned by `plan_shards` (`widths`:
+    count padded tokens). Returns plan[rank][mini][micro] = row indices of the full batch."""
     if len(lengths) % num_mini_batches:
         raise ValueError(f"{len(lengths)} rows do not split into {num_mini_batches} equal mini-batches")
     size = len(lengths) // num_mini_batches
     plan: list[list[list[list[int]]]] = [[] for _ in range(world_size)]
     for m in range(num_mini_batches):
         offset = m * size
-        for rank, micro in enumerate(plan_shards(lengths[offset : offset + size], world_size, max_tokens, max_rows)):
+        part = widths[offset : offset + size] if widths is not None else None
+        shards = plan_shards(lengths[offset : offset + size], world_size, max_tokens, max_rows, part)
+        for rank, micro in enumerate(shards):
             plan[rank].append([[offset + i for i in mb] for mb in micro])
     return plan
 

@@ -134,6 +134,30 @@ def test_plan_padding_fraction_is_the_mean_over_mini_batches():
     assert plan_padding_fraction([2, 6], [[[[0, 1]]]]) == pytest.approx(1 - 8 / 12, rel=1e-12)
 
 
+@pytest.mark.parametrize("layout, cuts", [("packed", [[0, 1, 2, 3]]), ("padded", [[0, 1, 2], [3]])])
+def test_step_plan_counts_a_padded_layouts_padding_against_the_token_budget(layout, cuts):
+    """Rows of 2+3 tokens beside one of 2+98: 113 real tokens fit a budget of 200, but padded
+    the four rows are 4 x 100 (the logits of a padded forward)."""
+    from rlpost.controller.step import step_plan
+
+    cfg = load_config(
+        [
+            "+recipe=quickstart",
+            "trainer.world_size=1",
+            "data.train_batch_size=1",
+            "rollout.n=4",
+            f"trainer.layout={layout}",
+            "trainer.max_tokens_per_microbatch=200",
+        ]
+    )
+    prompt = torch.tensor([[True, True]] * 4)
+    response = torch.zeros(4, 98, dtype=torch.bool)
+    response[:3, :3] = True
+    response[3, :] = True
+    _, plan = step_plan(Batch({"prompt_mask": prompt, "response_mask": response}), cfg)
+    assert plan == [[cuts]]
+
+
 # -------------------------------------------------------------------------------- sampling_params
 @pytest.fixture(scope="module")
 def rollout_cfg():

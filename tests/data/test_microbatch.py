@@ -34,6 +34,40 @@ def test_plan_covers_every_row_once_with_equal_micro_batch_counts(lengths, world
                 assert sum(lengths[i] for i in mb) <= budget
 
 
+@settings(max_examples=examples(200), deadline=None)
+@given(
+    widths=st.lists(st.tuples(st.integers(1, 100), st.integers(0, 300)), min_size=2, max_size=64),
+    world=st.integers(1, 4),
+    budget=st.sampled_from([64, 256, 1000]),
+)
+def test_a_padded_layouts_budget_counts_its_padding(widths, world, budget):
+    """With `widths`, a micro-batch of several rows computes at most `budget` tokens padded:
+    rows x (longest prompt + longest response), what a padded forward's logits hold."""
+    lengths = [p + r for p, r in widths]
+    if len(lengths) < world:
+        return
+    try:
+        plan = plan_shards(lengths, world, budget, 0, widths)
+    except ValueError as e:
+        assert "micro-batches" in str(e)
+        return
+    assert sorted(i for rank in plan for mb in rank for i in mb) == list(range(len(lengths)))
+    for rank in plan:
+        for mb in rank:
+            if len(mb) > 1:
+                assert len(mb) * (max(widths[i][0] for i in mb) + max(widths[i][1] for i in mb)) <= budget
+
+
+def test_a_padded_micro_batch_is_cut_by_its_padded_size():
+    """A short row beside a long one costs the long one's width: 4 rows of real lengths 10, 10,
+    10 and 100 fit a 200-token budget in one micro-batch, but padded they are 4 x 100."""
+    widths = [(5, 5), (5, 5), (5, 5), (5, 95)]
+    lengths = [10, 10, 10, 100]
+    assert plan_shards(lengths, 1, max_tokens=200) == [[[0, 1, 2, 3]]]
+    assert plan_shards(lengths, 1, max_tokens=200, widths=widths) == [[[0, 1, 2], [3]]]
+    assert plan_step(lengths, 1, 1, 200, 0, widths) == [[[[0, 1, 2], [3]]]]
+
+
 def test_ranks_are_balanced_by_tokens_not_rows():
     lengths = [100, 60, 50, 10, 10, 10, 10, 10]
     plan = plan_shards(lengths, 2)
