@@ -24,6 +24,7 @@ PER_STEP = {
     "logprob_gap_mean": "rollout/logprob_diff_mean",
     "tokens_per_s": "perf/tokens_per_s",
     "step_s": "timing_s/step",
+    "update_peak_gb": "perf/update_peak_gb",
 }
 
 

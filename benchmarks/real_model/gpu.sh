@@ -11,10 +11,13 @@
 #                                                # running_total and last_number, 8 settings, 2 a GPU
 #   STEPS="..." bash benchmarks/real_model/gpu.sh rest       # not yet run: sums seeds 0, 1 alone; steps seeds 0-2
 #   STEPS="..." bash benchmarks/real_model/gpu.sh rest_lora  # not yet run: steps_lora seeds 0-2; LoRA adapter mode
+#   STEPS="..." bash benchmarks/real_model/gpu.sh pair       # a 2-GPU machine: sums seeds 0, 1 alone; steps seed 0
+#   STEPS="..." bash benchmarks/real_model/gpu.sh pair_steps # a 2-GPU machine: steps seeds 1, 2
+#   bash benchmarks/real_model/gpu.sh scale2                 # sums at world 2 (2 replicas), seeds 0-2
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest or rest_lora}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps or scale2}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -22,6 +25,9 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 CACHE=/tmp/rlcache
 COMMON="model.cache_dir=$CACHE logger.progress_bar=false logger.plot=false"
 W=/tmp/runs/$STAGE; mkdir -p "$W"
+nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$W/gpu_memory.csv" 2>/dev/null &  # the GPUs' peaks
+SMI=$!
+waitruns() { for j in $(jobs -p); do [ "$j" = "$SMI" ] || wait "$j"; done; }  # every job but the sampler
 { echo "commit ${COMMIT:-unknown}"; echo "stage $STAGE"; date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader;
   nproc; python3 -c 'import torch, vllm, transformers; print("torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__)'; } > "$W/machine.txt" 2>&1
 cat "$W/machine.txt"
@@ -79,9 +85,22 @@ case "$STAGE" in
     for s in 0 1 2; do run steps_lora_s$s $s +recipe=smollm2_steps_lora run.seed=$s ${STEPS:-}; done
     run sums_adapter_s0 3 +recipe=smollm2_sums_lora model.lora.mode=adapter run.seed=0
     ;;
+  pair)  # a 2-GPU machine: sums seeds 0, 1 each alone on GPU 0; smollm2_steps seed 0 on GPU 1 ($STEPS as in `rest`)
+    ( run sums_s0 0 +recipe=smollm2_sums run.seed=0; wait; run sums_s1 0 +recipe=smollm2_sums run.seed=1; wait ) &
+    run steps_s0 1 +recipe=smollm2_steps run.seed=0 ${STEPS:-}
+    ;;
+  pair_steps)  # a 2-GPU machine: smollm2_steps seeds 1, 2 ($STEPS as in `rest`)
+    for s in 1 2; do run steps_s$s $((s - 1)) +recipe=smollm2_steps run.seed=$s ${STEPS:-}; done
+    ;;
+  scale2)  # smollm2_sums on both GPUs of a 2-GPU machine (FSDP2 world 2, 2 vLLM replicas colocated, the same
+           # global batch as one GPU), seeds 0-2 one after another; `rlpost plan`'s prediction beside them
+    python3 -m rlpost.cli plan +recipe=smollm2_sums trainer.world_size=2 rollout.num_workers=2 $COMMON > "$W/plan2.txt" 2>&1
+    python3 -m rlpost.cli plan +recipe=smollm2_sums $COMMON > "$W/plan1.txt" 2>&1
+    for s in 0 1 2; do run sums_w2_s$s 0,1 +recipe=smollm2_sums run.seed=$s trainer.world_size=2 rollout.num_workers=2; waitruns; done
+    ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
-wait
+waitruns; kill $SMI
 echo "stage $STAGE done in $((SECONDS - START)) s"
 tar -czf "$OUT/$STAGE.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.distcp' -C /tmp/runs "$STAGE"
 ls -la "$OUT"; tail -n 30 "$W/commands.txt"
