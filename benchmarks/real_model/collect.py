@@ -46,11 +46,12 @@ def run_record(stage: Path, name: str, command: str) -> dict:
     steps = [r for r in rows if r.get("step", 0) > 0 and "timing_s/step" in r]
     log = (stage / f"{name}.log").read_text(errors="replace")
     errors = [line for line in log.splitlines() if re.match(r"^\w*(Error|Exception)\b", line.strip())]
-    finished = "summary:" in log and not errors
+    stopped = [line for line in log.splitlines() if line.startswith("stopped by")]  # SIGTERM: the call's time limit
+    finished = "summary:" in log and not errors and not stopped
     return {
         "command": command,
         "finished": finished,
-        "error": None if finished else (errors[-1].strip() if errors else log.strip().splitlines()[-1]),
+        "error": None if finished else (errors or stopped or log.strip().splitlines())[-1].strip(),
         "start": {k.removeprefix("start/"): v for k, v in rows[0].items() if k.startswith("start/")},
         "val_accuracy": [[r["step"], r["val/accuracy"]] for r in rows if "val/accuracy" in r],
         "steps": len(steps),

@@ -12,8 +12,10 @@
 #   STEPS="..." bash benchmarks/real_model/gpu.sh rest       # not yet run: sums seeds 0, 1 alone; steps seeds 0-2
 #   STEPS="..." bash benchmarks/real_model/gpu.sh rest_lora  # not yet run: steps_lora seeds 0-2; LoRA adapter mode
 #   STEPS="..." bash benchmarks/real_model/gpu.sh pair       # a 2-GPU machine: sums seeds 0, 1 alone; steps seed 0
-#   STEPS="..." bash benchmarks/real_model/gpu.sh pair_steps # a 2-GPU machine: steps seeds 1, 2
-#   bash benchmarks/real_model/gpu.sh scale2                 # sums at world 2 (2 replicas), seeds 0-2
+#                                                # (as run on 2026-11-26 with STEPS=trainer.total_steps=60: pair_h100x2.json)
+#   STEPS="..." bash benchmarks/real_model/gpu.sh pair_steps # a 2-GPU machine: steps seeds 1, 2 (STEPS=trainer.total_steps=30:
+#                                                # steps_h100x2.json; rest_lora cut to seeds 0, 1: steps_lora_h100x2.json)
+#   bash benchmarks/real_model/gpu.sh scale2                 # not yet run: sums at world 2 (2 replicas), seeds 0-2
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
