@@ -38,10 +38,11 @@ import torch
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, right_pad
 from rlpost.rollout.base import Pauser, SamplingParams
+from rlpost.rollout.vllm_shards import Layer, layer_of
 from rlpost.rollout.vllm_weights import (
     expected_adapter_manifest,
     expected_manifest,
-    fused_view,
+    shard_view,
     shm_dir,
     vllm_lora_rank,
     vllm_module,
@@ -190,7 +191,7 @@ class VLLMRolloutEngine:
             lambda record: record.getMessage() not in quiet
         )
         # modules vLLM wrapped for LoRA: their base weights load as `<module>.base_layer.<leaf>`
-        self._held: dict[str, torch.Tensor] | None = None  # vLLM's parameters, looked up once per sync
+        self._held: dict[str, tuple[torch.Tensor, Layer]] | None = None  # vLLM's parameters, once per sync
         self._lora_wrapped = {n.split(".base_layer.")[0] for n in self._parameters() if ".base_layer." in n}
 
     # ------------------------------------------------------------------------------ generate
@@ -311,11 +312,12 @@ class VLLMRolloutEngine:
         self.llm.reset_prefix_cache()
 
     def loaded_tensor(self, name: str) -> torch.Tensor | None:
-        return fused_view(self._parameters(), self._by_name, name)
+        found = shard_view(self._parameters(), self._by_name, name)
+        return None if found is None else found[0]  # one shard: the whole tensor
 
-    def _parameters(self) -> dict[str, torch.Tensor]:
+    def _parameters(self) -> dict[str, tuple[torch.Tensor, Layer]]:
         if self._held is None:
-            self._held = self.llm.collective_rpc(_named_parameters)[0]
+            self._held = self.llm.collective_rpc(_held_parameters)[0]
         return self._held
 
     def _base_layer_name(self, hf_name: str) -> str:
@@ -402,6 +404,9 @@ def _refresh_tied_head(worker) -> None:
     method.process_weights_after_loading(head)
 
 
-def _named_parameters(worker) -> dict[str, torch.Tensor]:
-    """Runs inside vLLM's worker (in this process): its model's parameters by name."""
-    return dict(worker.model_runner.get_model().named_parameters())
+def _held_parameters(worker) -> dict[str, tuple[torch.Tensor, Layer]]:
+    """Runs inside vLLM's worker (in this process): its model's parameters by name, each with the
+    layer that holds it, as the shard rules see it."""
+    model = worker.model_runner.get_model()
+    modules = dict(model.named_modules())
+    return {n: (p, layer_of(modules[n.rpartition(".")[0]])) for n, p in model.named_parameters()}

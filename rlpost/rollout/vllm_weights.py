@@ -1,7 +1,7 @@
 """How a Hugging Face checkpoint's tensors map onto the parameters of a vLLM engine: the manifest
-of what the trainer sends (read from the config on the meta device), vLLM's fused projections
-(q/k/v into `qkv_proj`, gate/up into `gate_up_proj`) and the slice of a fused parameter that holds
-one HF tensor, the LoRA ranks vLLM accepts, and where an adapter file is written."""
+of what the trainer sends (read from the config on the meta device), the part of a vLLM parameter
+that holds one HF tensor (fused and sharded: `rlpost.rollout.vllm_shards`), the LoRA ranks vLLM
+accepts, and where an adapter file is written."""
 
 from __future__ import annotations
 
@@ -10,18 +10,10 @@ import shutil
 
 import torch
 
+from rlpost.rollout.vllm_shards import Layer, fused_name, held_part, shard_slice, siblings
 from rlpost.weightsync.manifest import Manifest, TensorSpec
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank values
-
-# HF projections that vLLM fuses into one parameter, and their order inside it
-FUSED = {
-    "q_proj": ("qkv_proj", 0),
-    "k_proj": ("qkv_proj", 1),
-    "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0),
-    "up_proj": ("gate_up_proj", 1),
-}
 
 
 def expected_manifest(model_path: str, dtype: str, trust_remote_code: bool = False) -> Manifest:
@@ -71,32 +63,23 @@ def shm_dir(nbytes: int) -> str | None:
 
 def vllm_module(hf_name: str) -> str:
     """The vLLM module that holds HF parameter `hf_name` (q/k/v and gate/up are fused)."""
-    parts = hf_name.split(".")
-    if len(parts) >= 2 and parts[-2] in FUSED:
-        parts[-2] = FUSED[parts[-2]][0]
-    return ".".join(parts[:-1])
+    return fused_name(hf_name)[0].rpartition(".")[0]
 
 
-def fused_view(params: dict[str, torch.Tensor], manifest: dict[str, TensorSpec], name: str):
-    """The part of a vLLM parameter that holds HF tensor `name`, or None if vLLM keeps it in a
-    layout that cannot be sliced back (repacked kernels, tensor parallel shards)."""
+def shard_view(held: dict[str, tuple[torch.Tensor, Layer]], manifest: dict[str, TensorSpec], name: str):
+    """(the part of a vLLM parameter that holds HF tensor `name`, which slice of `name` it is), or
+    None where vLLM keeps it in a layout that cannot be sliced back (repacked kernels). `held`:
+    vLLM's parameters by name, each with its layer (`rlpost.rollout.vllm_shards.layer_of`)."""
     spec = manifest[name]
-    parts = name.split(".")
-    target, piece = name, None
-    if len(parts) >= 2 and parts[-2] in FUSED:
-        fused, piece = FUSED[parts[-2]]
-        target = ".".join(parts[:-2] + [fused, parts[-1]])
-    held = params.get(target)
-    if held is None:  # with enable_lora vLLM keeps adaptable layers' weights under base_layer
+    target, piece = fused_name(name)
+    entry = held.get(target)
+    if entry is None:  # with enable_lora vLLM keeps adaptable layers' weights under base_layer
         module, _, leaf = target.rpartition(".")
-        held = params.get(f"{module}.base_layer.{leaf}")
-    if held is None or held.dim() != len(spec.shape) or tuple(held.shape[1:]) != spec.shape[1:]:
+        entry = held.get(f"{module}.base_layer.{leaf}")
+    if entry is None:
         return None
-    start = 0
-    if piece is not None:
-        siblings = [k for k, (f, _) in FUSED.items() if f == FUSED[parts[-2]][0]]
-        for k in siblings[:piece]:
-            start += manifest[".".join(parts[:-2] + [k, parts[-1]])].shape[0]
-    if start + spec.shape[0] > held.shape[0]:
-        return None
-    return held[start : start + spec.shape[0]]  # vocab rows past the checkpoint's are vLLM padding
+    tensor, layer = entry
+    pieces = None if piece is None else [manifest[n].shape[0] for n in siblings(name)]
+    s = shard_slice(layer, spec.shape, pieces, piece or 0)
+    view = None if s is None else held_part(tensor, s, spec.shape)
+    return None if view is None else (view, s)  # vocab rows past the checkpoint's are vLLM padding

@@ -153,32 +153,6 @@ def test_weight_sync_into_vllm_is_verified_and_changes_generation(tiny, engine):
     assert diff.max().item() < 1e-4, diff.max()
 
 
-def test_fused_view_reads_back_the_hf_tensor():
-    from rlpost.rollout.vllm_weights import fused_view
-    from rlpost.weightsync.manifest import TensorSpec
-
-    q, k, v = torch.randn(8, 4), torch.randn(2, 4), torch.randn(2, 4)
-    params = {
-        "l.qkv_proj.weight": torch.cat([q, k, v]),
-        "embed.weight": torch.randn(16, 4),
-        "l.o_proj.weight": torch.empty(0),
-    }
-    manifest = {
-        n: TensorSpec(n, s, "float32")
-        for n, s in [
-            ("l.q_proj.weight", (8, 4)),
-            ("l.k_proj.weight", (2, 4)),
-            ("l.v_proj.weight", (2, 4)),
-            ("embed.weight", (11, 4)),
-            ("l.o_proj.weight", (4, 4)),
-        ]
-    }
-    assert torch.equal(fused_view(params, manifest, "l.k_proj.weight"), k)
-    assert torch.equal(fused_view(params, manifest, "l.v_proj.weight"), v)
-    assert torch.equal(fused_view(params, manifest, "embed.weight"), params["embed.weight"][:11])
-    assert fused_view(params, manifest, "l.o_proj.weight") is None  # repacked: cannot read back
-
-
 def test_a_sync_lands_between_two_scheduler_steps_and_each_token_records_its_version(tiny, engine, monkeypatch):
     """A partial rollout on vLLM: a load (on another thread, as a sync runs in async rollouts)
     waits for the scheduler step under way; the requests keep their KV cache and go on with the
