@@ -5,10 +5,13 @@ Protocol (all over the `SyncGroup`, sender = rank 0), two control messages per s
 2. the tensors, bucket by bucket, each bucket one flat buffer of one dtype. A receiver whose
    manifest or version disagrees with the header receives them without loading anything;
 3. the verdict (one all-reduce, MAX): which rank refused the header, which engine loaded fewer
-   tensors than were sent and, when verified, the sender's checksums and the highest and lowest
-   checksum of each tensor over all ranks. Each receiver checks what it *loaded* against the
-   sender's; every rank sees whether any rank differs, so a failure is an error on every rank
-   (the receiver at fault names the tensor).
+   tensors than were sent, which holds a part of a tensor other than the one it received and,
+   when verified, the sender's checksums and the highest and lowest checksum of each tensor over
+   all ranks. Each receiver checks what it *loaded* against the sender's; every rank sees whether
+   any rank differs, so a failure is an error on every rank (the receiver at fault names the
+   tensor). A receiver that holds only part of a tensor (a tensor-parallel shard) checks the
+   tensor as received against the sender's, and the part it holds against that part of what it
+   received.
 The sender never waits for the receivers before the data moves: a refusal costs a transfer,
 a sync that is accepted costs no round trip more than the data.
 """
@@ -38,7 +41,7 @@ from rlpost.weightsync.manifest import (
     unpack,
 )
 from rlpost.weightsync.transport import SyncGroup
-from rlpost.weightsync.verdict import compare_manifests, differs
+from rlpost.weightsync.verdict import HEAD, compare_manifests, differs
 
 
 @dataclass
@@ -162,21 +165,31 @@ _LOWEST = -(2**63)  # neutral in a MAX all-reduce
 
 
 def _verdict(
-    group: SyncGroup, refused: int, short: int, sent: torch.Tensor | None, mine: torch.Tensor | None, n: int
+    group: SyncGroup,
+    refused: int,
+    short: int,
+    sent: torch.Tensor | None,
+    mine: torch.Tensor | None,
+    n: int,
+    part: torch.Tensor | None = None,
 ) -> list[int]:
     """The closing all-reduce. Each rank gives [rank that refused the header, rank whose engine
-    loaded less, the sender's checksums, its own checksums, their bitwise complements] (the last
-    three only for a verified sync of `n` tensors, `_LOWEST` where a rank has nothing to say);
-    every rank gets [refused, short, sent, highest, ~lowest]. Built where it is reduced, with no
-    wait for the device before the all-reduce is queued."""
-    values = torch.full((2 + 3 * n,), _LOWEST, dtype=torch.int64, device=group.control)
+    loaded less, rank that holds a wrong part (`part`: a device flag), the sender's checksums, its
+    own checksums, their bitwise complements] (the last three only for a verified sync of `n`
+    tensors, `_LOWEST` where a rank has nothing to say); every rank gets [refused, short, part,
+    sent, highest, ~lowest]. Built where it is reduced, with no wait for the device before the
+    all-reduce is queued."""
+    values = torch.full((HEAD + 3 * n,), _LOWEST, dtype=torch.int64, device=group.control)
     values[0].fill_(refused)
     values[1].fill_(short)
+    values[2].fill_(0)
+    if part is not None:
+        values[2].copy_(part.to(values.device) * group.rank)
     if sent is not None:
-        values[2 : 2 + n].copy_(sent)
+        values[HEAD : HEAD + n].copy_(sent)
     if mine is not None:
-        values[2 + n : 2 + 2 * n].copy_(mine)
-        torch.bitwise_not(values[2 + n : 2 + 2 * n], out=values[2 + 2 * n :])
+        values[HEAD + n : HEAD + 2 * n].copy_(mine)
+        torch.bitwise_not(values[HEAD + n : HEAD + 2 * n], out=values[HEAD + 2 * n :])
     group.all_reduce_max_(values)
     return values.tolist()
 
@@ -231,6 +244,11 @@ def send_weights(
             f"weight sync v{version}: the engine of rollout rank {values[1]} loaded "
             "fewer tensors than were sent (its error says how many)"
         )
+    if values[2]:
+        raise WeightSyncError(
+            f"weight sync v{version}: rollout rank {values[2]} holds a part of a tensor that differs "
+            "from that part of what it received (its error names the tensor)"
+        )
     wrong = differs(values, n)
     if wrong is not None:
         raise WeightSyncError(
@@ -248,12 +266,15 @@ def receive_weights(
     version: int,
     load: Callable[[Iterator[tuple[str, torch.Tensor]]], None],
     loaded: Callable[[str], torch.Tensor | None],
+    part: Callable[[str], tuple[int, int, int] | None] | None = None,
 ) -> SyncStats:
     """Receive one sync. `load(named_tensors)` consumes an iterator of (name, tensor) that
     receives bucket by bucket as it is read (an engine can stream it into its own loader; only
     one bucket is in memory at a time). `loaded(name)` returns the tensor the engine now holds
     under `name` for the checksum, or None where the engine keeps it in another layout (fused or
-    repacked kernels): then the checksum of the received bytes stands in for it."""
+    repacked kernels): then the checksum of the received bytes stands in for it. `part(name)`:
+    (dim, start, length) of tensor `name` where the engine holds only that slice of it (a
+    tensor-parallel shard; then `loaded` returns the slice), None where it holds all of it."""
     start = time.perf_counter()
     header = group.broadcast_object()
     plan = _received_plan(header["plan"])
@@ -265,6 +286,8 @@ def receive_weights(
     verify = header["verify"] and not problem
     received_sums: list[torch.Tensor] = []  # one vector per bucket, read back once at the end
     received = 0
+    parts = _parts(manifest, part) if verify else {}
+    part_sums: list[torch.Tensor] = []  # of the received slices a shard holds, bucket by bucket
 
     def stream() -> Iterator[tuple[str, torch.Tensor]]:
         nonlocal received
@@ -277,7 +300,11 @@ def receive_weights(
             received += sum(plan.numels[b]) * flat.element_size()
             if verify:
                 received_sums.append(bucket_checksums(flat, plan.numels[b]))
-            for i, view in zip(plan.buckets[b], unpack(flat, plan.places[b])):
+            views = unpack(flat, plan.places[b])
+            if parts:  # before the engine sees them
+                mine = [v.narrow(*parts[i]) for i, v in zip(plan.buckets[b], views) if i in parts]
+                part_sums.extend([ReadBack(mine)(mine)] if mine else [])
+            for i, view in zip(plan.buckets[b], views):
                 yield manifest[i].name, view
 
     tensors = stream()
@@ -292,10 +319,12 @@ def receive_weights(
     readback = 0
     loaded_at = time.perf_counter()
     mine = None
+    parts_back, part_bad, wrong_parts = 0, None, list
     if verify:
-        held = [loaded(s.name) for s in manifest]
+        parts_back, part_bad, wrong_parts = _check_parts(manifest, parts, part_sums, loaded)
+        held = [None if i in parts else loaded(s.name) for i, s in enumerate(manifest)]
         back = [i for i, h in enumerate(held) if h is not None]
-        readback = len(back)
+        readback = len(back) + parts_back
         if len(back) == len(manifest):  # what the engine holds
             mine = plan.read_back(held, back)
         else:  # as received, in manifest order (buckets hold consecutive tensors), then what it holds
@@ -304,25 +333,60 @@ def receive_weights(
                 values = plan.read_back([held[i] for i in back], back).to(mine.device)
                 mine[torch.tensor(back, device=mine.device)] = values
     n = len(manifest) if header["verify"] else 0
-    values = _verdict(group, group.rank if problem else 0, group.rank if skipped else 0, None, mine, n)
+    values = _verdict(group, group.rank if problem else 0, group.rank if skipped else 0, None, mine, n, part_bad)
     if problem:
         raise WeightSyncError(f"weight sync v{version} refused: {problem}")
     if skipped:
         raise WeightSyncError(skipped)
+    if part_bad is not None and part_bad.item():  # after the verdict's read: no wait of its own
+        wrong = wrong_parts()
+        raise WeightSyncError(
+            f"weight sync v{version}: the part this shard holds of tensor {wrong[0]!r} differs from "
+            f"that part of what it received ({len(wrong)} tensors differ)"
+        )
     first_differing = differs(values, n)
     if first_differing is not None and mine is not None:  # all agree with the sender unless some differ
-        sent = values[2 : 2 + n]
+        sent = values[HEAD : HEAD + n]
         wrong = [s.name for s, got, want in zip(manifest, mine.tolist(), sent) if got != want]
         if wrong:
             raise WeightSyncError(
                 f"weight sync v{version}: checksum of loaded tensor {wrong[0]!r} "
                 f"differs from the sender's ({len(wrong)} tensors differ)"
             )
-    if values[0] or values[1] or first_differing is not None:
+    if values[0] or values[1] or values[2] or first_differing is not None:
         raise WeightSyncError(
             f"weight sync v{version} failed on rollout rank "
-            f"{values[0] or values[1] or 'another'} (its error says why); this rank "
+            f"{values[0] or values[1] or values[2] or 'another'} (its error says why); this rank "
             f"loaded every tensor{' intact' if mine is not None else ''}"
         )
     end = time.perf_counter()
     return SyncStats(version, received, end - start, len(manifest), readback, header_s, end - loaded_at)
+
+
+def _parts(manifest: Manifest, part) -> dict[int, tuple[int, int, int]]:
+    """Manifest position -> (dim, start, length) of each tensor the engine holds a slice of."""
+    if part is None:
+        return {}
+    found = {i: part(s.name) for i, s in enumerate(manifest)}
+    return {i: p for i, p in found.items() if p is not None}
+
+
+def _check_parts(manifest: Manifest, parts: dict, part_sums: list[torch.Tensor], loaded) -> tuple:
+    """The slices a shard holds against those slices of what it received: (how many were read
+    back, a device flag: any differs, a function naming those that differ). None for both where
+    there is nothing to check; the names need the host, so only a rank at fault asks for them."""
+    if not parts:
+        return 0, None, list
+    positions = sorted(parts)
+    held = [loaded(manifest[i].name) for i in positions]
+    back = [k for k, h in enumerate(held) if h is not None]  # the rest: in a layout not read back
+    if not back:
+        return 0, None, list
+    want = torch.cat(part_sums)
+    got = ReadBack([held[k] for k in back])([held[k] for k in back]).to(want.device)
+    bad = got != want[torch.tensor(back, device=want.device)]
+    return (
+        len(back),
+        bad.any().to(torch.int64),
+        lambda: [manifest[positions[back[k]]].name for k in bad.nonzero()[:, 0].tolist()],
+    )

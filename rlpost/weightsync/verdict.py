@@ -23,8 +23,11 @@ def compare_manifests(expected: Manifest, received: Manifest) -> str | None:
     return None
 
 
+HEAD = 3  # the verdict's slots before the checksums: refused, short, part
+
+
 def differs(values: list[int], n: int) -> int | None:
     """The first tensor whose highest and lowest checksum over all ranks differ, if any. `values`
-    is the reduced verdict [refused, short, sent checksums (n), highest (n), ~lowest (n)]."""
-    high, low = values[2 + n : 2 + 2 * n], values[2 + 2 * n :]
+    is the reduced verdict [refused, short, part, sent checksums (n), highest (n), ~lowest (n)]."""
+    high, low = values[HEAD + n : HEAD + 2 * n], values[HEAD + 2 * n :]
     return next((i for i, (hi, lo) in enumerate(zip(high, low)) if hi != ~lo), None)

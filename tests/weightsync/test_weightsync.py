@@ -350,13 +350,13 @@ def test_differs_names_the_first_tensor_some_rank_holds_otherwise():
 
     n = 3
     sums = [11, -7, 2**40]
-    agree = [0, 0, *sums, *sums, *[~s for s in sums]]  # highest == lowest for every tensor
+    agree = [0, 0, 0, *sums, *sums, *[~s for s in sums]]  # highest == lowest for every tensor
     assert differs(agree, n) is None
     for i in range(n):
         low = list(sums)
         low[i] -= 1  # one rank holds tensor i with another checksum
-        assert differs([0, 0, *sums, *sums, *[~s for s in low]], n) == i
-    two = [0, 0, *sums, sums[0], sums[1] + 5, sums[2] + 5, *[~s for s in sums]]
+        assert differs([0, 0, 0, *sums, *sums, *[~s for s in low]], n) == i
+    two = [0, 0, 0, *sums, sums[0], sums[1] + 5, sums[2] + 5, *[~s for s in sums]]
     assert differs(two, n) == 1  # the first of them
 
 
