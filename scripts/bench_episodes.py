@@ -3,12 +3,13 @@
 against single-turn generation of the same total lengths, in one process on one engine.
 
 For each tool latency (0, then a random delay per call, as a remote tool has), the episodes run
-twice: batched continuously (`VLLMTurns`: a request per turn, started as soon as its episode's
-tool has answered) and in rounds (`RoundTurns`: every waiting turn in one `generate` call, after
-every tool of the round has answered). Then the same prompts are generated in one turn each, with
-`max_tokens` the length of that episode's whole response (model and tool tokens) and EOS ignored:
-the same total length without the turns. Reported: wall time, model tokens, all tokens, and tokens
-per second, the median of `--repeats` runs after a warm-up run.
+twice: batched continuously (`rlpost.rollout.vllm_requests.VLLMTurns`: a request per turn,
+started as soon as its episode's tool has answered) and in rounds (`RoundTurns`: every waiting
+turn in one `generate` call, after every tool of the round has answered). Then the same prompts
+are generated in one turn each, with `max_tokens` the length of that episode's whole response
+(model and tool tokens) and EOS ignored: the same total length without the turns. Reported: wall
+time, model tokens, all tokens, and tokens per second, the median of `--repeats` runs after a
+warm-up run.
 
     python scripts/bench_episodes.py --model PATH --device cuda --out benchmarks/episodes_h100.json
 """

@@ -175,11 +175,33 @@ def one_parameter_offload(cfg):
 
 @rule("rollout.num_workers")
 def colocated_actor_per_rank(cfg):
-    if cfg.cluster.placement == "colocate" and cfg.rollout.num_workers > cfg.trainer.world_size:
+    r = cfg.rollout
+    if cfg.cluster.placement == "colocate" and r.num_workers * r.tensor_parallel_size > cfg.trainer.world_size:
+        shards = f" x rollout.tensor_parallel_size={r.tensor_parallel_size}" if r.tensor_parallel_size > 1 else ""
         return (
-            f"cluster.placement=colocate shares each trainer rank's device with one rollout actor: "
-            f"rollout.num_workers={cfg.rollout.num_workers} must be <= trainer.world_size="
+            f"cluster.placement=colocate shares each trainer rank's device with one rollout shard: "
+            f"rollout.num_workers={r.num_workers}{shards} must be <= trainer.world_size="
             f"{cfg.trainer.world_size} (or use cluster.placement=split)"
+        )
+
+
+@rule("rollout.tensor_parallel_size")
+def tensor_parallel_engines(cfg):
+    r = cfg.rollout
+    if r.tensor_parallel_size == 1:
+        return None
+    if r.backend != "vllm":
+        return f"rollout.tensor_parallel_size={r.tensor_parallel_size} splits a vLLM engine; set rollout.backend=vllm"
+    if cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda":
+        return (
+            f"rollout.tensor_parallel_size={r.tensor_parallel_size} with cluster.placement=colocate on GPUs is not "
+            "built yet (each shard would have to map its own trainer rank's GPU); use cluster.placement=split, or "
+            "rollout.num_workers replicas of tensor_parallel_size=1"
+        )
+    if cfg.model.lora.rank > 0 and cfg.model.lora.mode == "adapter":
+        return (
+            f"rollout.tensor_parallel_size={r.tensor_parallel_size} with model.lora.mode=adapter: the adapter sync "
+            "writes a peft folder in one process; use model.lora.mode=merge"
         )
 
 

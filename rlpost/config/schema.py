@@ -202,7 +202,13 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     backend: str = knob("hf", "Generation engine: `hf` (transformers generate; CPU default) or `vllm`.", ("hf", "vllm"))
-    num_workers: int = knob(1, "Rollout actors; each holds a full copy of the weights.", ge=1)
+    num_workers: int = knob(1, "Rollout actors (engine replicas); each holds a full copy of the weights.", ge=1)
+    tensor_parallel_size: int = knob(
+        1,
+        "vllm: GPUs each replica's engine is split over (vLLM tensor parallel; every shard is "
+        "synced and verified). On GPUs split placement only, for now.",
+        ge=1,
+    )
     n: int = knob(8, "Samples per prompt (the GRPO group size).", ge=1)
     temperature: float = knob(1.0, "Sampling temperature; the trainer scales its logits the same way.", gt=0)
     top_p: float = knob(1.0, "Nucleus sampling threshold (1.0 = off).", gt=0, le=1)

@@ -100,33 +100,41 @@ def local_ray_died() -> bool:
     return bool(node is not None and node.head and node.dead_processes())
 
 
+def bundle_layout(cfg: TrainConfig, roles=("actor", "rollout")) -> tuple[list[dict], list[int], list[int], dict]:
+    """(the placement group's bundles, the trainer ranks' bundles, the rollout actors' bundles, the
+    share of its bundle each role's actor takes). Colocated, rollout actor i shares trainer rank
+    i's bundle; split, each rollout actor has a bundle of its own, with one GPU per shard of its
+    engine (a bundle lies on one node, as a tensor-parallel engine must)."""
+    ws, nr = cfg.trainer.world_size, cfg.rollout.num_workers
+    gpu = cfg.trainer.device == "cuda"
+    bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
+    # on the trainer bundles: the actor (trainer), and the critic and the reward model if any
+    on_trainer_bundles = 1 + sum(role in roles for role in ("critic", "reward_model"))
+    if cfg.cluster.placement == "colocate":
+        share = 1.0 / (on_trainer_bundles + 1)
+        shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": share}
+        return [dict(bundle) for _ in range(ws)], list(range(ws)), [i % ws for i in range(nr)], shares
+    engine = dict(bundle, GPU=cfg.rollout.tensor_parallel_size) if gpu else dict(bundle)
+    share = 1.0 / on_trainer_bundles
+    shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": 1.0}
+    bundles = [dict(bundle) for _ in range(ws)] + [dict(engine) for _ in range(nr)]
+    return bundles, list(range(ws)), list(range(ws, ws + nr)), shares
+
+
 @dataclass
 class Placement:
     pg: object
     trainer_bundles: list[int]
     rollout_bundles: list[int]
     shares: dict[str, float]  # per role: the fraction of its bundle each of its actors takes
+    rollout_gpus: int = 1  # GPUs of a rollout bundle (split: one per shard of a tensor-parallel engine)
 
     @staticmethod
     def create(cfg: TrainConfig, roles=("actor", "rollout")) -> "Placement":
-        ws, nr = cfg.trainer.world_size, cfg.rollout.num_workers
-        device = "GPU" if cfg.trainer.device == "cuda" else "CPU"
-        bundle = {"CPU": 1, "GPU": 1} if device == "GPU" else {"CPU": 1}
-        # on the trainer bundles: the actor (trainer), and the critic and the reward model if any
-        on_trainer_bundles = 1 + sum(role in roles for role in ("critic", "reward_model"))
-        if cfg.cluster.placement == "colocate":
-            bundles = [dict(bundle) for _ in range(ws)]
-            trainers, rollouts = list(range(ws)), [i % ws for i in range(nr)]
-            share = 1.0 / (on_trainer_bundles + 1)
-            shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": share}
-        else:
-            bundles = [dict(bundle) for _ in range(ws + nr)]
-            trainers, rollouts = list(range(ws)), list(range(ws, ws + nr))
-            share = 1.0 / on_trainer_bundles
-            shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": 1.0}
+        bundles, trainers, rollouts, shares = bundle_layout(cfg, roles)
         pg = placement_group(bundles, strategy="PACK")
         ray.get(pg.ready(), timeout=300)
-        return Placement(pg, trainers, rollouts, shares)
+        return Placement(pg, trainers, rollouts, shares, int(bundles[rollouts[0]].get("GPU", 1)))
 
     def options(self, cfg: TrainConfig, bundle: int, name: str, role: str) -> dict:
         gpu = cfg.trainer.device == "cuda"
@@ -134,7 +142,7 @@ class Placement:
         return {
             "name": name,
             "num_cpus": share,
-            "num_gpus": share if gpu else 0,
+            "num_gpus": share * (self.rollout_gpus if role == "rollout" else 1) if gpu else 0,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=bundle
             ),

@@ -20,14 +20,17 @@ def sync_transport(cfg: TrainConfig) -> str:
     return "ipc" if colocated_on_cuda(cfg) else "broadcast"
 
 
-def sync_plan(cfg: TrainConfig) -> dict[int, list[int]]:
-    """Which trainer rank sends the weights to which rollout actors."""
+def sync_plan(cfg: TrainConfig) -> dict[int, list[tuple[int, int]]]:
+    """Which trainer rank sends the weights to which (rollout actor, shard of its engine): rank 0
+    to every shard of every replica over NCCL/gloo (each shard is a rank of one group), or over
+    CUDA IPC the rank on each actor's GPU."""
+    shards = [(r, t) for r in range(cfg.rollout.num_workers) for t in range(cfg.rollout.tensor_parallel_size)]
     if sync_transport(cfg) == "ipc":
-        plan: dict[int, list[int]] = {}
-        for r in range(cfg.rollout.num_workers):
-            plan.setdefault(r % cfg.trainer.world_size, []).append(r)
+        plan: dict[int, list[tuple[int, int]]] = {}
+        for r, t in shards:
+            plan.setdefault((r * cfg.rollout.tensor_parallel_size + t) % cfg.trainer.world_size, []).append((r, t))
         return plan
-    return {0: list(range(cfg.rollout.num_workers))}
+    return {0: shards}
 
 
 def check_colocated_memory(cfg: TrainConfig, reports: list[dict[str, float]], margin_gib: float = 1.0) -> None:
@@ -70,15 +73,16 @@ class WeightSync:
         self.cfg, self.trainers, self.rollouts, self.log = cfg, trainers, rollouts, log
         self.primed = False  # False until a sync brought the whole model (base) over
         self.last_kinds: list[str] = []
-        calls = []
+        calls, transport = [], sync_transport(cfg)
+        addresses: dict[int, dict[int, tuple]] = {}  # actor -> shard -> (host, port, rank, world)
         for rank, receivers in sync_plan(cfg).items():
             host, port = placement.address_of_bundle(placement.trainer_bundles[rank])
-            world, transport = 1 + len(receivers), sync_transport(cfg)
+            world = 1 + len(receivers)
             calls.append(trainers.submit(rank, "init_weight_sync", host, port, world, transport))
-            calls += [
-                rollouts.submit(r, "init_weight_sync", host, port, 1 + j, world, transport)
-                for j, r in enumerate(receivers)
-            ]
+            for j, (r, t) in enumerate(receivers):
+                addresses.setdefault(r, {})[t] = (host, port, 1 + j, world)
+        for r, shards in addresses.items():
+            calls.append(rollouts.submit(r, "init_weight_sync", [shards[t] for t in sorted(shards)], transport))
         trainers.get(calls, others=rollouts)
 
     def sync(self, version: int) -> dict[str, float]:

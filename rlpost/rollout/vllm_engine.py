@@ -17,6 +17,10 @@ stepping cost 0.85x of its tokens/s and async scheduling off 0.71x: `benchmarks/
 Colocate placement on a GPU: vLLM sleeps (`sleep`, its weights and KV cache leave the GPU) while
 the trainer computes and wakes for the weight sync and generation (`wake_up`).
 
+Tensor parallel (`tensor_parallel_size` > 1): vLLM's multiprocessing executor runs one worker
+process per shard; each joins the weight-sync group itself and receives every tensor, keeping and
+checking its slice (`rlpost.rollout.vllm_worker`), so `load_weights` is not used.
+
 Adapter mode (`lora`, model.lora.mode=adapter): vLLM runs with `enable_lora`; the base arrives once
 through `load_weights` (vLLM wraps every adaptable linear layer, so those weights load under
 `<module>.base_layer.<leaf>`), and each adapter sync is written as a peft folder that generation
@@ -26,7 +30,6 @@ keep serving the old adapter). Sleep keeps the base weights (level 1): they are 
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import shutil
@@ -38,81 +41,18 @@ import torch
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, right_pad
 from rlpost.rollout.base import Pauser, SamplingParams
-from rlpost.rollout.vllm_shards import Layer, layer_of
+from rlpost.rollout.vllm_requests import REQUESTS, VLLMTurns, sampling
+from rlpost.rollout.vllm_shards import Layer
 from rlpost.rollout.vllm_weights import (
     expected_adapter_manifest,
     expected_manifest,
     shard_view,
     shm_dir,
     vllm_lora_rank,
-    vllm_module,
 )
-from rlpost.weightsync.manifest import Manifest
-
-
-def sampling(params: SamplingParams, n: int, max_tokens: int, seed: int, eos_id: int):
-    """vLLM's sampling settings for `params`: the log-prob of each sampled token, stop at EOS."""
-    from vllm import SamplingParams as VSamplingParams
-
-    return VSamplingParams(
-        n=n,
-        temperature=0.0 if params.greedy else params.temperature,
-        top_p=1.0 if params.greedy else params.top_p,
-        top_k=0 if params.greedy else params.top_k,
-        max_tokens=max_tokens,
-        logprobs=0,
-        stop_token_ids=[eos_id],
-        detokenize=False,
-        seed=seed,
-    )
-
-
-REQUESTS = itertools.count()  # request ids of turns, unique in the process
-
-
-class VLLMTurns:
-    """Turns of multi-turn episodes on vLLM's engine: a request per turn, added as soon as its
-    episode is ready, decoded alongside every other request in flight (continuous batching);
-    `step` runs one scheduler step. Turn t of episode k samples with seed `seed + k + 7919 t`,
-    whatever the timing."""
-
-    continuous = True
-
-    def __init__(self, engine: VLLMRolloutEngine, params: SamplingParams):
-        from vllm.sampling_params import RequestOutputKind
-
-        self.core, self.params, self.eos_id = engine.llm.llm_engine, params, engine.eos_id
-        self.pauser = engine.pauser
-        self.lora_request, self.final_only = engine.lora_request, RequestOutputKind.FINAL_ONLY
-        self.keys: dict[str, int] = {}  # request id -> episode
-        self.turn_of: dict[int, int] = {}
-
-    def add(self, key: int, context: list[int], max_tokens: int) -> None:
-        from vllm.inputs import TokensPrompt
-
-        turn = self.turn_of.get(key, 0)
-        self.turn_of[key] = turn + 1
-        params = sampling(self.params, 1, max_tokens, self.params.seed + key + 7919 * turn, self.eos_id)
-        params.output_kind = self.final_only  # one output per request, when it finishes
-        request_id = f"rlpost-turn-{next(REQUESTS)}"
-        assigned = self.core.add_request(
-            request_id, TokensPrompt(prompt_token_ids=context), params, lora_request=self.lora_request
-        )
-        self.keys[request_id] = self.keys[assigned or request_id] = key
-
-    def busy(self) -> bool:
-        return self.core.has_unfinished_requests()
-
-    def step(self) -> list[tuple[int, list[int], list[float]]]:
-        done = []
-        with self.pauser.generating():  # a sync lands between two scheduler steps
-            outputs = self.core.step()
-        for out in outputs:
-            if out.finished:
-                c = out.outputs[0]
-                tokens = list(c.token_ids)
-                done.append((self.keys[out.request_id], tokens, [d[t].logprob for d, t in zip(c.logprobs, tokens)]))
-        return done
+from rlpost.rollout.vllm_worker import base_layer_name, held_parameters, refresh_tied_head
+from rlpost.weightsync.manifest import Manifest, WeightSyncError
+from rlpost.weightsync.sync import SyncStats
 
 
 class VLLMRolloutEngine:
@@ -133,10 +73,16 @@ class VLLMRolloutEngine:
         lora=None,
         pausable: bool = False,
         kv_cache_gb: float = 0.0,
+        tensor_parallel_size: int = 1,
     ):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process
         if device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes half the RAM
+            if tensor_parallel_size > 1:  # vLLM's binding wants a NUMA node per shard
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+                import vllm.envs  # an engine started before in this process froze vLLM's view of the env
+
+                getattr(vllm.envs, "disable_envs_cache", lambda: None)()
         from vllm import LLM
 
         self.pad_id, self.eos_id = pad_id, eos_id
@@ -158,6 +104,14 @@ class VLLMRolloutEngine:
         else:  # no prefill split over steps: vLLM rewinds a seeded sampler's generator for the part
             # it discards, which a CPU generator cannot do ("CPU Generator does not use offset")
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max_model_len * max_num_seqs)
+        self.tp = tensor_parallel_size
+        if tensor_parallel_size > 1:  # the shards are vLLM's worker processes, each in the sync group itself
+            # (inside a Ray placement group vLLM would pick its Ray executor: ask for processes)
+            kwargs.update(
+                tensor_parallel_size=tensor_parallel_size,
+                distributed_executor_backend="mp",
+                worker_extension_cls="rlpost.rollout.vllm_worker.SyncExtension",
+            )
         self.lora, self.model_path = lora, model_path
         self.lora_request = None  # the adapter generation runs with (adapter mode)
         self._adapter_dir: str | None = None
@@ -185,14 +139,15 @@ class VLLMRolloutEngine:
         )
         # each sync reloads the weights layer by layer; vLLM then warns that the rotary embeddings
         # (a cache computed from the config, in no checkpoint) and an output head tied to the
-        # embedding (loaded through it: `_refresh_tied_head`) got none, and keeps their tensors
+        # embedding (loaded through it: `refresh_tied_head`) got none, and keeps their tensors
         quiet = {"RotaryEmbedding: Failed to load weights", "ParallelLMHead: Failed to load weights"}
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
             lambda record: record.getMessage() not in quiet
         )
         # modules vLLM wrapped for LoRA: their base weights load as `<module>.base_layer.<leaf>`
         self._held: dict[str, tuple[torch.Tensor, Layer]] | None = None  # vLLM's parameters, once per sync
-        self._lora_wrapped = {n.split(".base_layer.")[0] for n in self._parameters() if ".base_layer." in n}
+        names = self.llm.collective_rpc("rlpost_parameter_names")[0] if self.tp > 1 else self._parameters()
+        self._lora_wrapped = {n.split(".base_layer.")[0] for n in names if ".base_layer." in n}
 
     # ------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
@@ -301,32 +256,59 @@ class VLLMRolloutEngine:
     def weight_manifest(self) -> Manifest:
         return self.manifest
 
+    def join_sync(self, addresses: list[tuple], device: str, timeout_s: int, transport: str) -> None:
+        """Tensor parallel: each shard joins its sync group, `addresses[shard]` = (host, port, rank, world)."""
+        replies = self.llm.collective_rpc("rlpost_join_sync", args=(addresses, device, timeout_s, transport))
+        errors = [r["error"] for r in replies if "error" in r]
+        if errors:
+            raise WeightSyncError(f"a shard of this vLLM engine could not join its weight-sync group:\n{errors[0]}")
+
+    def receive_sharded(self, version: int, manifest: Manifest | None = None) -> SyncStats:
+        """Tensor parallel: one sync of the whole model, received by every shard in its own
+        process (`rlpost.rollout.vllm_worker`); their stats together (the slowest shard's
+        times, the fewest tensors read back). A shard's failure is raised here, the most
+        specific first (one that names a tensor over one that names another rank)."""
+        self.wake_up(["weights"])
+        manifest = self.manifest if manifest is None else manifest
+        replies = self.llm.collective_rpc("rlpost_receive", args=(version, manifest, self._lora_wrapped))
+        self._held = None
+        self.llm.reset_prefix_cache()
+        failed = [r for r in replies if "error" in r]
+        if failed:
+            first = min(failed, key=lambda r: "failed on rollout rank" in r["error"])
+            raise WeightSyncError(f"shard {first['shard']} of {self.tp}: {first['error']}")
+        return SyncStats(
+            version,
+            replies[0]["bytes"],
+            max(r["seconds"] for r in replies),
+            replies[0]["tensors"],
+            min(r["readback"] for r in replies),
+            max(r["header_s"] for r in replies),
+            max(r["verify_s"] for r in replies),
+        )
+
     def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
+        if self.tp > 1:
+            raise RuntimeError("a tensor-parallel vLLM engine takes weights through its shards' sync groups")
         self.wake_up(["weights"])
         if self._lora_wrapped:
-            named_tensors = ((self._base_layer_name(n), t) for n, t in named_tensors)
+            named_tensors = ((base_layer_name(n, self._lora_wrapped), t) for n, t in named_tensors)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named_tensors})
-        self.llm.collective_rpc(_refresh_tied_head)
+        self.llm.collective_rpc(refresh_tied_head)
         self._held = None
         # cached prefixes hold keys/values of the old weights: never reuse them
         self.llm.reset_prefix_cache()
 
     def loaded_tensor(self, name: str) -> torch.Tensor | None:
+        if self.tp > 1:  # the shards live in vLLM's worker processes: each checks its own part
+            return None
         found = shard_view(self._parameters(), self._by_name, name)
         return None if found is None else found[0]  # one shard: the whole tensor
 
     def _parameters(self) -> dict[str, tuple[torch.Tensor, Layer]]:
         if self._held is None:
-            self._held = self.llm.collective_rpc(_held_parameters)[0]
+            self._held = self.llm.collective_rpc(held_parameters)[0]
         return self._held
-
-    def _base_layer_name(self, hf_name: str) -> str:
-        """`...q_proj.weight` -> `...q_proj.base_layer.weight` where vLLM wrapped the module for
-        LoRA (its loader maps q_proj to qkv_proj itself)."""
-        if vllm_module(hf_name) not in self._lora_wrapped:
-            return hf_name
-        module, _, leaf = hf_name.rpartition(".")
-        return f"{module}.base_layer.{leaf}"
 
     # ------------------------------------------------------------- adapter (model.lora.mode=adapter)
     def adapter_manifest(self) -> Manifest:
@@ -360,6 +342,9 @@ class VLLMRolloutEngine:
         return self._adapter_saved.get(name)
 
     def close(self) -> None:
+        if self.tp > 1 and getattr(self, "llm", None) is not None:  # end the shards' processes now, not at exit
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
         if self._adapter_dir is not None:
             shutil.rmtree(self._adapter_dir, ignore_errors=True)
             self._adapter_dir = None
@@ -389,24 +374,3 @@ class VLLMRolloutEngine:
             self.awake_tags |= wanted
         if self.awake_tags >= {"weights", "kv_cache"}:
             self.asleep = False
-
-
-def _refresh_tied_head(worker) -> None:
-    """Runs inside vLLM's worker, after a reload: an output head that shares the embedding's
-    parameter (Llama's tying; Qwen2's head is the embedding module itself) loads no weights of its
-    own, so vLLM does not process it again, and a kernel that keeps a processed copy of the weight
-    (the CPU backend packs it for its GEMM) would go on with the old embedding. Process it again."""
-    model = worker.model_runner.get_model()
-    head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
-    method = getattr(head, "quant_method", None)
-    if None in (head, embed, method) or head is embed or getattr(head, "weight", None) is not embed.weight:
-        return
-    method.process_weights_after_loading(head)
-
-
-def _held_parameters(worker) -> dict[str, tuple[torch.Tensor, Layer]]:
-    """Runs inside vLLM's worker (in this process): its model's parameters by name, each with the
-    layer that holds it, as the shard rules see it."""
-    model = worker.model_runner.get_model()
-    modules = dict(model.named_modules())
-    return {n: (p, layer_of(modules[n.rpartition(".")[0]])) for n, p in model.named_parameters()}

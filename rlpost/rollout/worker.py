@@ -44,6 +44,7 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
             trust_remote_code=cfg.model.trust_remote_code,
             lora=lora,
             pausable=cfg.algo.async_rollouts,  # a sync lands between two decoding steps
+            tensor_parallel_size=r.tensor_parallel_size,
         )
     if r.backend == "hf":
         from rlpost.rollout.hf import HFRolloutEngine
@@ -89,10 +90,15 @@ class RolloutWorker:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
-    def init_weight_sync(self, host: str, port: int, rank: int, world_size: int, transport: str) -> None:
-        self.sync_group = SyncGroup(
-            host, port, rank, world_size, self.cfg.trainer.device, self.cfg.weight_sync.timeout_s, transport
-        )
+    def init_weight_sync(self, addresses: list[tuple[str, int, int, int]], transport: str) -> None:
+        """Join the sync groups: `addresses[shard]` = (host, port, rank, world size), one per shard of
+        the engine (one unless it is tensor parallel: then each shard joins in its own process)."""
+        device, timeout = self.cfg.trainer.device, self.cfg.weight_sync.timeout_s
+        if len(addresses) > 1:
+            self.engine.join_sync(addresses, device, timeout, transport)
+            return
+        host, port, rank, world_size = addresses[0]
+        self.sync_group = SyncGroup(host, port, rank, world_size, device, timeout, transport)
 
     def memory(self) -> dict[str, float]:
         """GPU memory this actor's device has in use (GiB; the whole device, all processes) and
@@ -125,7 +131,10 @@ class RolloutWorker:
                 f"mode={self.cfg.model.lora.mode})"
             )
             try:  # refuse inside the protocol (an empty manifest), so the sender stops too
-                receive_weights(self.sync_group, [], version, lambda tensors: None, lambda name: None)
+                if self.sync_group is None:  # tensor parallel: each shard refuses
+                    self.engine.receive_sharded(version, [])
+                else:
+                    receive_weights(self.sync_group, [], version, lambda tensors: None, lambda name: None)
             except WeightSyncError:
                 pass
             raise WeightSyncError(problem)
@@ -136,7 +145,10 @@ class RolloutWorker:
             expected, load, loaded = e.weight_manifest(), e.load_weights, e.loaded_tensor
         # (async rollouts: this runs beside a generation, which pauses at its next step meanwhile)
         with stacks_if_stuck(self.cfg.weight_sync.timeout_s / 2), e.pauser.loading():
-            stats = receive_weights(self.sync_group, expected, version, load, loaded)
+            if self.sync_group is None:  # tensor parallel: the shards receive (never an adapter: a rule)
+                stats = e.receive_sharded(version)
+            else:
+                stats = receive_weights(self.sync_group, expected, version, load, loaded)
             e.weight_version = version
         return {
             "weight_sync/recv_s": stats.seconds,

@@ -110,7 +110,14 @@ VIOLATIONS = {
     "cuda_is_there": [["trainer.device=cuda"]],
     "vllm_is_installed": [["rollout.backend=vllm"]],
     "one_parameter_offload": [["trainer.param_offload=true", "trainer.optim.offload=cpu"]],
-    "colocated_actor_per_rank": [["rollout.num_workers=3"]],
+    "colocated_actor_per_rank": [
+        ["rollout.num_workers=3"],
+        ["rollout.backend=vllm", "rollout.tensor_parallel_size=2", "rollout.num_workers=2"],
+    ],
+    "tensor_parallel_engines": [
+        ["rollout.tensor_parallel_size=2"],
+        ["rollout.backend=vllm", "rollout.tensor_parallel_size=2", "model.lora.rank=4", "model.lora.mode=adapter"],
+    ],
     "async_rollouts_need_split": [
         ["algo.async_rollouts=true", "cluster.placement=colocate"],
         ["algo.async_rollouts=true", "cluster.placement=split", "algo.name=dapo"],

@@ -15,18 +15,31 @@ def cfg_with(*overrides):
 
 def test_sync_plan_broadcasts_from_rank0_unless_colocated_on_gpus():
     cfg = cfg_with("rollout.num_workers=3", "cluster.placement=split")
-    assert sync_transport(cfg) == "broadcast" and sync_plan(cfg) == {0: [0, 1, 2]}
+    assert sync_transport(cfg) == "broadcast" and sync_plan(cfg) == {0: [(0, 0), (1, 0), (2, 0)]}
     cfg = cfg_with("rollout.num_workers=2")  # colocate on the CPU: gloo broadcast
-    assert sync_plan(cfg) == {0: [0, 1]}
+    assert sync_plan(cfg) == {0: [(0, 0), (1, 0)]}
     cfg.trainer.device = "cuda"  # colocate on GPUs: each rank feeds the actor on its GPU by IPC
-    assert sync_transport(cfg) == "ipc" and sync_plan(cfg) == {0: [0], 1: [1]}
+    assert sync_transport(cfg) == "ipc" and sync_plan(cfg) == {0: [(0, 0)], 1: [(1, 0)]}
     cfg.trainer.world_size, cfg.rollout.num_workers = 4, 2
-    assert sync_plan(cfg) == {0: [0], 1: [1]}
+    assert sync_plan(cfg) == {0: [(0, 0)], 1: [(1, 0)]}
+
+
+def test_every_shard_of_every_replica_is_a_receiver():
+    """Tensor parallel: rank 0 broadcasts to each shard of each replica (one group, 1 + R x T ranks)."""
+    cfg = cfg_with("rollout.num_workers=2", "cluster.placement=split")
+    cfg.rollout.tensor_parallel_size = 2
+    assert sync_plan(cfg) == {0: [(0, 0), (0, 1), (1, 0), (1, 1)]}
+    cfg.trainer.world_size, cfg.cluster.placement, cfg.trainer.device = 4, "colocate", "cuda"
+    assert sync_plan(cfg) == {0: [(0, 0)], 1: [(0, 1)], 2: [(1, 0)], 3: [(1, 1)]}  # each shard: its GPU's rank
 
 
 def test_colocate_needs_a_trainer_rank_per_rollout_actor():
     with pytest.raises(ConfigError, match="rollout.num_workers=3 must be <= trainer.world_size=2"):
         cfg_with("rollout.num_workers=3")
+    with pytest.raises(
+        ConfigError, match="num_workers=2 x rollout.tensor_parallel_size=2 must be <= trainer.world_size=2"
+    ):
+        cfg_with("rollout.backend=vllm", "rollout.tensor_parallel_size=2", "rollout.num_workers=2")
 
 
 def test_colocated_vllm_must_fit_beside_the_trainer():
@@ -120,3 +133,16 @@ def test_an_actor_and_a_critic_on_one_device_must_fit_together():
     check_colocated_memory(cfg, [actor])  # the actor alone leaves room for vLLM
     with pytest.raises(ConfigError, match="trainer rank 0"):
         check_colocated_memory(cfg, [merge_memory((actor, critic))])  # with its critic it does not
+
+
+def test_bundles_give_a_tensor_parallel_engine_its_gpus_on_one_bundle():
+    from rlpost.controller.cluster import bundle_layout
+
+    cfg = cfg_with("rollout.num_workers=2", "cluster.placement=split")
+    cfg.trainer.device, cfg.rollout.tensor_parallel_size = "cuda", 2
+    bundles, trainers, rollouts, shares = bundle_layout(cfg)
+    assert bundles == [{"CPU": 1, "GPU": 1}] * 2 + [{"CPU": 1, "GPU": 2}] * 2  # a bundle lies on one node
+    assert (trainers, rollouts, shares["rollout"]) == ([0, 1], [2, 3], 1.0)
+    cfg.cluster.placement, cfg.rollout.tensor_parallel_size = "colocate", 1
+    bundles, trainers, rollouts, shares = bundle_layout(cfg, roles=("actor", "rollout", "critic"))
+    assert bundles == [{"CPU": 1, "GPU": 1}] * 2 and rollouts == [0, 1] and shares["rollout"] == 1 / 3

@@ -89,7 +89,7 @@ def _offload_pair(rank, model_dir, ports, keep, out):
         from rlpost.rollout.worker import RolloutWorker
 
         rollout = RolloutWorker(cfg, model_dir, 0, 0, 1)
-        rollout.init_weight_sync("127.0.0.1", ports[1], 1, 2, "ipc")
+        rollout.init_weight_sync([("127.0.0.1", ports[1], 1, 2)], "ipc")
         stats = rollout.receive_weights(1)
         assert stats["weight_sync/readback_tensors"] > 0
         out.put(("rollout", {n: checksum(p.detach().to(torch.float32)) for n, p in rollout.engine.params.items()}))

@@ -196,7 +196,7 @@ def test_a_sync_of_the_wrong_kind_is_refused_on_both_sides(base_dir):
 
     thread = threading.Thread(target=sender)
     thread.start()
-    worker.init_weight_sync("127.0.0.1", port, 1, 2, "broadcast")
+    worker.init_weight_sync([("127.0.0.1", port, 1, 2)], "broadcast")
     with pytest.raises(WeightSyncError, match="a 'merged' sync reached a rollout that takes"):
         worker.receive_weights(0, "merged")
     thread.join(timeout=30)

@@ -102,7 +102,7 @@ def test_episodes_are_batched_continuously_token_in_token_out(tiny, engine):
     template with no loss, and the same episodes again for the same seed, whatever the timing."""
     from rlpost.envs import EpisodeRow, make_env
     from rlpost.rollout.episodes import render_suffix, run_episodes
-    from rlpost.rollout.vllm_engine import VLLMTurns
+    from rlpost.rollout.vllm_requests import VLLMTurns
 
     _, model, tok = tiny
     assert isinstance(engine.turns(SamplingParams()), VLLMTurns)  # (run_episodes takes this path)
