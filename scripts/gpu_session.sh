@@ -38,6 +38,10 @@
 #                                   # a partial rollout (a load part-way); GPU tests; gpu_quickstart learns
 # and async rollouts on two GPUs (2 x H100 or H200 with vLLM):
 #   bash scripts/gpu_session.sh V   # 0.5B split 1 + 1: synchronous vs async rollouts (max_staleness 2)
+# and vLLM tensor parallel (2+ GPUs with vLLM; not yet run):
+#   bash scripts/gpu_session.sh W   # GPU tests (the TP shards synced by IPC); 0.5B world 2 colocated with one
+#                                   # engine of 2 shards against 2 replicas of 1; on 3+ GPUs split 1 + TP 2;
+#                                   # a checkpoint of world 2 resumed on world 1
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -112,6 +116,17 @@ V)
   grpo grpo_split_sync cluster.placement=split algo.max_staleness=0 rollout.enforce_eager=true trainer.total_steps=5
   grpo grpo_split_async cluster.placement=split algo.async_rollouts=true algo.max_staleness=2 \
     rollout.enforce_eager=true trainer.total_steps=5
+  ;;
+W)  # 2+ GPUs: tensor parallel engines, each run with its memory plan against the measured peak
+  step gpu_tests python3 -m pytest -q -p no:cacheprovider tests/gpu
+  multi tp2_colocate $M trainer.world_size=2 rollout.num_workers=1 rollout.tensor_parallel_size=2
+  multi r2_colocate $M trainer.world_size=2 rollout.num_workers=2
+  if [ "$(nvidia-smi -L | wc -l)" -ge 3 ]; then
+    multi tp2_split $M trainer.world_size=1 cluster.placement=split rollout.tensor_parallel_size=2
+  fi
+  STEPS=2 multi saved_w2 $M trainer.world_size=2 rollout.num_workers=2 trainer.save_every=2 trainer.optim.offload=layerwise
+  multi resumed_w1 $M trainer.world_size=1 trainer.total_steps=4 trainer.optim.offload=layerwise \
+    trainer.resume=/tmp/runs/saved_w2/checkpoints/step_2
   ;;
 U)
   step rollout_partial timeout 300 python3 scripts/bench_rollout.py --model $M --partial --out "$OUT/rollout_partial.json"

@@ -192,12 +192,6 @@ def tensor_parallel_engines(cfg):
         return None
     if r.backend != "vllm":
         return f"rollout.tensor_parallel_size={r.tensor_parallel_size} splits a vLLM engine; set rollout.backend=vllm"
-    if cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda":
-        return (
-            f"rollout.tensor_parallel_size={r.tensor_parallel_size} with cluster.placement=colocate on GPUs is not "
-            "built yet (each shard would have to map its own trainer rank's GPU); use cluster.placement=split, or "
-            "rollout.num_workers replicas of tensor_parallel_size=1"
-        )
     if cfg.model.lora.rank > 0 and cfg.model.lora.mode == "adapter":
         return (
             f"rollout.tensor_parallel_size={r.tensor_parallel_size} with model.lora.mode=adapter: the adapter sync "

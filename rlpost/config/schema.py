@@ -206,7 +206,7 @@ class RolloutConfig:
     tensor_parallel_size: int = knob(
         1,
         "vllm: GPUs each replica's engine is split over (vLLM tensor parallel; every shard is "
-        "synced and verified). On GPUs split placement only, for now.",
+        "synced and verified). Colocated, replica i uses the GPUs of trainer ranks i T .. i T + T - 1.",
         ge=1,
     )
     n: int = knob(8, "Samples per prompt (the GRPO group size).", ge=1)

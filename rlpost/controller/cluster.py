@@ -21,7 +21,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlpost.config import TrainConfig
+from rlpost.config import ConfigError, TrainConfig
 from rlpost.data.batch import Batch
 
 # the libraries' own output that a run does not need to show (`logger.verbose=true` keeps it):
@@ -102,9 +102,10 @@ def local_ray_died() -> bool:
 
 def bundle_layout(cfg: TrainConfig, roles=("actor", "rollout")) -> tuple[list[dict], list[int], list[int], dict]:
     """(the placement group's bundles, the trainer ranks' bundles, the rollout actors' bundles, the
-    share of its bundle each role's actor takes). Colocated, rollout actor i shares trainer rank
-    i's bundle; split, each rollout actor has a bundle of its own, with one GPU per shard of its
-    engine (a bundle lies on one node, as a tensor-parallel engine must)."""
+    share of its bundle each role's actor takes). Colocated, rollout actor i shares the bundle of
+    trainer rank i T (its engine's T shards use the GPUs of ranks i T .. i T + T - 1: `engine_devices`);
+    split, each rollout actor has a bundle of its own, with one GPU per shard of its engine (a
+    bundle lies on one node, as a tensor-parallel engine must)."""
     ws, nr = cfg.trainer.world_size, cfg.rollout.num_workers
     gpu = cfg.trainer.device == "cuda"
     bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
@@ -113,12 +114,34 @@ def bundle_layout(cfg: TrainConfig, roles=("actor", "rollout")) -> tuple[list[di
     if cfg.cluster.placement == "colocate":
         share = 1.0 / (on_trainer_bundles + 1)
         shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": share}
-        return [dict(bundle) for _ in range(ws)], list(range(ws)), [i % ws for i in range(nr)], shares
+        rollouts = [(i * cfg.rollout.tensor_parallel_size) % ws for i in range(nr)]  # on its first shard's GPU
+        return [dict(bundle) for _ in range(ws)], list(range(ws)), rollouts, shares
     engine = dict(bundle, GPU=cfg.rollout.tensor_parallel_size) if gpu else dict(bundle)
     share = 1.0 / on_trainer_bundles
     shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": 1.0}
     bundles = [dict(bundle) for _ in range(ws)] + [dict(engine) for _ in range(nr)]
     return bundles, list(range(ws)), list(range(ws, ws + nr)), shares
+
+
+def engine_devices(cfg: TrainConfig, devices: list[str], nodes: list[str]) -> list[str | None]:
+    """Colocated tensor-parallel engines on GPUs: for each rollout actor the CUDA_VISIBLE_DEVICES
+    of its engine's shards, the GPUs of trainer ranks i T .. i T + T - 1 (`devices`: each rank's,
+    as Ray numbers them on its node; `nodes`: each rank's node), which must lie on one node; None
+    where the actor keeps the GPU Ray gave it."""
+    t, nr = cfg.rollout.tensor_parallel_size, cfg.rollout.num_workers
+    if cfg.cluster.placement != "colocate" or cfg.trainer.device != "cuda" or t == 1:
+        return [None] * nr
+    out = []
+    for i in range(nr):
+        ranks = range(i * t, i * t + t)
+        if len({nodes[k] for k in ranks}) > 1:
+            raise ConfigError(
+                f"rollout.tensor_parallel_size={t}: the engine of rollout actor {i} would span trainer ranks "
+                f"{ranks[0]}..{ranks[-1]} on nodes {sorted({nodes[k] for k in ranks})}; an engine's shards must "
+                "share a node: use a tensor_parallel_size that divides the GPUs per node"
+            )
+        out.append(",".join(devices[k] for k in ranks))
+    return out
 
 
 @dataclass
@@ -148,6 +171,13 @@ class Placement:
             ),
             "runtime_env": {"env_vars": actor_env(cfg)},
         }
+
+    def engine_devices(self, cfg: TrainConfig, trainers: "WorkerGroup") -> list[str | None]:
+        """Each rollout actor's CUDA_VISIBLE_DEVICES (`engine_devices`), None for Ray's own."""
+        if cfg.cluster.placement != "colocate" or cfg.trainer.device != "cuda" or cfg.rollout.tensor_parallel_size == 1:
+            return [None] * cfg.rollout.num_workers
+        nodes = [self.address_of_bundle(b)[0] for b in self.trainer_bundles]
+        return engine_devices(cfg, trainers.call("cuda_device"), nodes)
 
     def address_of_bundle(self, bundle: int) -> tuple[str, int]:
         """(node ip, free port) on the node that holds `bundle`."""

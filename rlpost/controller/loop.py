@@ -22,7 +22,13 @@ from rlpost.algos.filters import BATCH_FILTERS
 from rlpost.algos.kl_control import KLController
 from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
 from rlpost.controller import checkpoint
-from rlpost.controller.cluster import Placement, WorkerGroup, local_ray_died, quiet_libraries, start_ray
+from rlpost.controller.cluster import (
+    Placement,
+    WorkerGroup,
+    local_ray_died,
+    quiet_libraries,
+    start_ray,
+)
 from rlpost.controller.plan import check_plan, gpu_plan, shape_of
 from rlpost.controller.rollouts import Rollouts
 from rlpost.controller.setup import load_data, make_run_dir, resolve_critic_path, resolve_reward_model_path
@@ -122,13 +128,14 @@ class Controller:
             if Path(self.model_path, "config.json").is_file():  # the plan, for this GPU (`rlpost plan`)
                 check_plan(cfg, gpu_plan(cfg, shape_of(cfg, self.model_path), reports[0][0]["total"]), self.log)
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        devices = p.engine_devices(cfg, self.trainers)  # colocated tensor parallel: the shards' GPUs
         self.rollouts = WorkerGroup(
             RolloutWorker,
             cfg,
             p,
             p.rollout_bundles,
             "rollout",
-            lambda r: (cfg, self.model_path, r, pad, eos),
+            lambda r: (cfg, self.model_path, r, pad, eos, devices[r]),
             self.log,
             control=("receive_weights",) if cfg.algo.async_rollouts else (),  # a sync beside the generation
         )

@@ -172,7 +172,7 @@ def gpu_plan(cfg: TrainConfig, shape: ModelShape, gpu_bytes: float) -> dict:
         gpus = {"colocated": max(trainer["peak"], trainer["resident"] + awake)}
     else:
         gpus = {"trainer": trainer["peak"], "rollout": awake}
-    return {"trainer": trainer, "rollout_awake": awake, "gpus": gpus, "gpu_bytes": gpu_bytes}
+    return {"trainer": trainer, "rollout_awake": awake, "gpus": gpus, "gpu_bytes": gpu_bytes, "shape": shape}
 
 
 # the knob that shrinks each part, for the error that refuses a plan
@@ -191,6 +191,13 @@ def check_plan(cfg: TrainConfig, plan: dict, log=print) -> None:
     """Refuse a run whose plan cannot fit its GPUs whatever its data, naming the knob that frees
     the most; warn when only the worst case of the activations (micro-batches filled to
     `micro_batch_tokens`, every row at full length) does not fit."""
+    t, shape = cfg.rollout.tensor_parallel_size, plan["shape"]
+    if shape.heads % t or (shape.kv_heads % t and t % shape.kv_heads):
+        raise ConfigError(
+            f"rollout.tensor_parallel_size={t}: vLLM splits the model's {shape.heads} attention heads "
+            f"({shape.kv_heads} key/value heads) evenly over the shards; choose a size that divides "
+            f"{shape.heads} (and divides or is a multiple of {shape.kv_heads})"
+        )
     room = plan["gpu_bytes"] - CONTEXT_GIB * GIB * (2 if cfg.cluster.placement == "colocate" else 1)
     t = plan["trainer"]
     fixed = t["peak"] - t["activations"] - t["logits"]

@@ -4,6 +4,8 @@ A plain class; the controller wraps it in a Ray actor, tests call it directly.""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from rlpost.config import TrainConfig, colocated_on_cuda
@@ -66,7 +68,11 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
 
 
 class RolloutWorker:
-    def __init__(self, cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_id: int):
+    def __init__(self, cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_id: int, devices=None):
+        """`devices`: the GPUs of a colocated tensor-parallel engine (its trainer ranks'), which
+        replace the one Ray gave this actor before anything touches CUDA."""
+        if devices:
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices
         torch.set_num_threads(cfg.cluster.num_threads)
         self.cfg, self.rank, self.model_path = cfg, rank, model_path
         self.engine = make_engine(cfg, model_path, rank, pad_id, eos_id)

@@ -15,6 +15,7 @@ runs collectives must be called on all ranks of the trainer group at once.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -291,6 +292,10 @@ class ActorWorker:
     # ------------------------------------------------------------------------ colocate memory
     def memory_report(self) -> dict[str, float]:
         return self.engine.memory_report()
+
+    def cuda_device(self) -> str:
+        """This rank's GPU as its node numbers it (what Ray put in the actor's CUDA_VISIBLE_DEVICES)."""
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "")
 
     def release_memory(self) -> None:
         self.engine.release_memory()

@@ -93,6 +93,14 @@ class SyncGroup:
         # where control tensors live: the device for NCCL, else the host
         self.control = self.device if nccl else torch.device("cpu")
         self.barrier()  # every member is connected before the first sync
+        if transport == "ipc":  # a receiver maps the sender's memory as its own device's: same GPU?
+            mine = str(torch.cuda.get_device_properties(self.device).uuid)
+            theirs = self.broadcast_object(mine if rank == 0 else None)
+            if theirs != mine:
+                raise ValueError(
+                    f"weight sync over CUDA IPC: rank {rank} is on GPU {mine}, the sender on GPU {theirs}; "
+                    "colocated ranks must share one GPU (CUDA_VISIBLE_DEVICES of the rollout and trainer actors)"
+                )
 
     # --------------------------------------------------------------------------- buckets
     def send_bucket(self, flat: torch.Tensor):

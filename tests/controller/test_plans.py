@@ -146,3 +146,15 @@ def test_bundles_give_a_tensor_parallel_engine_its_gpus_on_one_bundle():
     cfg.cluster.placement, cfg.rollout.tensor_parallel_size = "colocate", 1
     bundles, trainers, rollouts, shares = bundle_layout(cfg, roles=("actor", "rollout", "critic"))
     assert bundles == [{"CPU": 1, "GPU": 1}] * 2 and rollouts == [0, 1] and shares["rollout"] == 1 / 3
+
+
+def test_a_colocated_tensor_parallel_engine_runs_on_its_trainer_ranks_gpus():
+    from rlpost.controller.cluster import engine_devices
+
+    cfg = cfg_with("rollout.num_workers=2")
+    cfg.trainer.world_size, cfg.trainer.device, cfg.rollout.tensor_parallel_size = 4, "cuda", 2
+    assert engine_devices(cfg, ["3", "1", "0", "2"], ["a"] * 4) == ["3,1", "0,2"]  # as Ray numbers the GPUs
+    with pytest.raises(ConfigError, match=r"rollout actor 1 would span trainer ranks 2..3 on nodes \['a', 'b'\]"):
+        engine_devices(cfg, ["0", "1", "0", "0"], ["a", "a", "a", "b"])
+    cfg.rollout.tensor_parallel_size = 1  # one GPU each: the one Ray gave the actor
+    assert engine_devices(cfg, ["0"] * 4, ["a"] * 4) == [None, None]
