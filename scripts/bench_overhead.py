@@ -349,7 +349,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from rlpost.config import load_config
     from rlpost.controller.cluster import start_ray
-    from rlpost.models.loading import resolve_model_path
+    from rlpost.tiny.build import resolve_model_path
 
     cfg = load_config(SETTING)
     model_path = resolve_model_path(cfg.model, cfg.data)

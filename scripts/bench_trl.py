@@ -72,9 +72,10 @@ def run_trl(steps: int, lr: float, seed: int, out: str) -> None:
     from rlpost.config import load_config
     from rlpost.controller.setup import data_sources
     from rlpost.data.dataset import read_rows
-    from rlpost.models.loading import evaluate_start, load_tokenizer, resolve_model_path
+    from rlpost.models.loading import load_tokenizer
     from rlpost.rewards import RewardInput
     from rlpost.rewards.builtin import arithmetic
+    from rlpost.tiny.build import evaluate_start, resolve_model_path
 
     torch.set_num_threads(1)
     cfg = load_config([*RLPOST, f"trainer.optim.lr={lr}"])

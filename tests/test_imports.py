@@ -37,9 +37,10 @@ MAY_IMPORT = {
     "rewards": {"data"},
     "metrics": {"data"},
     "weightsync": {"data"},
-    # envs, rollout: only inside the build of the multiply task's tiny model (calculator episodes,
-    # measured through the hf engine), imported there
-    "models": {"data", "rewards", "metrics", "envs", "rollout"},
+    "models": {"rewards"},  # a reward model scores through rewards.model
+    # the tiny-model world: building, warming up and measuring the models rlpost makes itself (the
+    # multiply task's calculator episodes are measured through the hf rollout engine)
+    "tiny": {"data", "rewards", "metrics", "envs", "models", "rollout"},
     "envs": {"data", "rewards"},  # data.userfile: an environment from a user's file; rewards.executor: tool calls
     "config": {"algos", "data", "envs", "metrics"},  # allowed choices come from the registries (data: tasks)
     "rollout": {"config", "data", "envs", "models", "weightsync"},
@@ -53,6 +54,7 @@ MAY_IMPORT = {
         "models",
         "rewards",
         "rollout",
+        "tiny",
         "trainer",
         "weightsync",
     },

@@ -154,8 +154,9 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
     checkpoint's `adapter/` is merged into the base model (`model.path` of the run, the tiny
     model resolved as the trainer does); without, the full weights come from the sharded
     checkpoint (`trainer/`). `dtype`: the run's `model.dtype` unless given."""
-    from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer, resolve_model_path
+    from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer
     from rlpost.models.lora import export_merged
+    from rlpost.tiny.build import resolve_model_path
 
     run_dir, out_dir = Path(run_dir).expanduser(), Path(out_dir).expanduser()
     cfg = run_config(run_dir)

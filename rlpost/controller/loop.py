@@ -53,10 +53,11 @@ from rlpost.data.batch import Batch
 from rlpost.data.microbatch import shard_batch
 from rlpost.metrics.summary import write_report
 from rlpost.metrics.trackers import SampleLog, Trackers, trim_logs
-from rlpost.models.loading import load_tokenizer, resolve_model_path, start_eval
+from rlpost.models.loading import load_tokenizer
 from rlpost.models.reward_model import RewardModelWorker
 from rlpost.rewards.executor import RewardPool
 from rlpost.rollout.worker import RolloutWorker
+from rlpost.tiny.build import resolve_model_path, start_eval
 from rlpost.trainer.actor import ActorWorker
 from rlpost.trainer.critic import CriticWorker
 

@@ -94,8 +94,8 @@ def resolve_reward_model_path(cfg: TrainConfig, policy_path: str, log=print) -> 
     if path == "tiny":
         import torch
 
-        from rlpost.models.loading import ensure_tiny_model
-        from rlpost.models.tiny_reward import ensure_tiny_reward_model
+        from rlpost.tiny.build import ensure_tiny_model
+        from rlpost.tiny.reward import ensure_tiny_reward_model
 
         device = "cuda" if cfg.trainer.device == "cuda" and torch.cuda.is_available() else "cpu"
         policy = policy_path if cfg.model.path == "tiny" else str(ensure_tiny_model(cfg.model, cfg.data, device, log))

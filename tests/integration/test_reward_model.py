@@ -11,9 +11,9 @@ import torch
 from rlpost.config import load_config
 from rlpost.controller.run import train
 from rlpost.data.tasks import arithmetic_answer
-from rlpost.models.loading import resolve_model_path
 from rlpost.rewards import RewardInput
 from rlpost.rewards.builtin import arithmetic
+from rlpost.tiny.build import resolve_model_path
 
 pytestmark = pytest.mark.integration
 

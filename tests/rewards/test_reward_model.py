@@ -128,8 +128,9 @@ def test_tiny_reward_model_tells_right_from_wrong_on_held_out_problems(built_mod
     from transformers import AutoModelForSequenceClassification
 
     from rlpost.data.tasks import arithmetic_split, units_carry
-    from rlpost.models.loading import load_tokenizer, resolve_model_path
-    from rlpost.models.tiny_reward import BUILD, ensure_tiny_reward_model
+    from rlpost.models.loading import load_tokenizer
+    from rlpost.tiny.build import resolve_model_path
+    from rlpost.tiny.reward import BUILD, ensure_tiny_reward_model
 
     cfg = load_config(["+recipe=grpo_rm", f"model.cache_dir={built_models}"])
     build = {**BUILD, "steps": 2000, "problems": 1500, "samples": 2}

@@ -57,9 +57,9 @@ def edited_answer(row: dict, rng: random.Random) -> str:
 def labelled_answers(policy, tokenizer, rows: list[dict], samples: int, max_tokens: int, seed: int) -> list:
     """(prompt, answer, right?) triples: `samples` of the policy's own answers to each row and as
     many edited wrong ones, each labelled by the task's rule."""
-    from rlpost.models.tiny import sample_answers
     from rlpost.rewards.base import RewardInput
     from rlpost.rewards.builtin import arithmetic
+    from rlpost.tiny.warmup import sample_answers
 
     rng = random.Random(seed)
     drawn = sample_answers(policy, tokenizer, [r["prompt"] for r in rows], samples, max_tokens, greedy=False, seed=seed)
@@ -142,7 +142,8 @@ def build_tiny_reward_model(
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from rlpost.data.tasks import arithmetic_split
-    from rlpost.models.loading import load_tokenizer, save_built
+    from rlpost.models.loading import load_tokenizer
+    from rlpost.tiny.build import save_built
 
     b, start = build, time.time()
     torch.manual_seed(b["seed"])

@@ -11,17 +11,10 @@ from rlpost.data.batch import Batch
 from rlpost.data.padding import right_pad
 from rlpost.data.tasks import multiply_split, operands
 from rlpost.envs import EpisodeRow, make_env
-from rlpost.models.tiny import (
-    TOOL_CHARS,
-    answer_example,
-    build_char_tokenizer,
-    by_length,
-    calculator_trace,
-    sft_batch,
-    tiny_qwen2_config,
-)
+from rlpost.models.tiny import TOOL_CHARS, build_char_tokenizer, tiny_qwen2_config
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.episodes import run_episodes
+from rlpost.tiny.warmup import answer_example, by_length, calculator_trace, sft_batch
 
 TOK = build_char_tokenizer(extra_chars=TOOL_CHARS)
 
@@ -91,7 +84,7 @@ def test_a_warm_up_step_in_length_groups_is_the_step_of_one_padded_batch():
 
     from transformers import Qwen2ForCausalLM
 
-    from rlpost.models.tiny import warm_up
+    from rlpost.tiny.warmup import warm_up
 
     torch.manual_seed(0)
     cfg = tiny_qwen2_config(len(TOK), 32, 2, 2, 1, 64, 160, TOK.pad_token_id, TOK.eos_token_id)

@@ -1,0 +1,1 @@
+"""The tiny-model world: building, warming up and measuring the models rlpost makes itself."""
