@@ -3,44 +3,26 @@
 YAML files under `configs/` and `recipes/` only set values; this module says which keys exist, their
 types, defaults and the values each allows (a closed set or a range, declared with the key and
 checked by `rlpost.config.rules.validate`), and what they mean. `docs/configuration.md` is generated
-from it (`rlpost doctor --config-docs`).
+from it (`rlpost doctor --config-docs`). The algorithm's section is `algo.py`; the sections around
+training (weight sync, reward, environment, logger, cluster, run) are `sections.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from rlpost.algos.algorithms import ALGORITHMS
-from rlpost.algos.losses import KL_ESTIMATORS, LOSS_AGG_MODES
+from rlpost.config.algo import AlgoConfig
+from rlpost.config.knobs import knob, section
+from rlpost.config.sections import (
+    ClusterConfig,
+    EnvConfig,
+    LoggerConfig,
+    RewardConfig,
+    RunConfig,
+    WeightSyncConfig,
+)
 from rlpost.data.tasks import TASKS
-
-
-def knob(
-    default: Any,
-    help: str,
-    choices: tuple | None = None,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-):
-    """A config field with its one-line documentation, and the values it allows: a closed set
-    (`choices`) or a range (`ge`/`gt` below, `le`/`lt` above). `validate` checks both."""
-    meta: dict[str, Any] = {"help": help}
-    if choices is not None:
-        meta["choices"] = choices
-    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
-    if bounds:
-        meta["range"] = bounds
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def section(cls, help: str):
-    return field(default_factory=cls, metadata={"help": help})
 
 
 # ----------------------------------------------------------------------------------------- model
@@ -236,116 +218,6 @@ class RolloutConfig:
     max_num_seqs: int = knob(256, "vllm: most sequences decoded at once.", ge=1)
 
 
-# ------------------------------------------------------------------------------------------ algo
-@dataclass
-class AlgoConfig:
-    name: str = knob(
-        "grpo",
-        "The algorithm (rlpost.algos.algorithms; docs/algorithms.md): its advantage estimator, "
-        "policy loss, KL placement, batch filter and roles.",
-        tuple(ALGORITHMS),
-    )
-    norm_adv_by_std: bool = knob(
-        True, "Divide group advantages by the group std; false gives Dr.GRPO (Liu et al. 2025)."
-    )
-    gamma: float = knob(1.0, "Discount of per-token returns (REINFORCE++, GAE).", ge=0, le=1)
-    lam: float = knob(1.0, "GAE's lambda (Schulman et al. 2016): 1 = Monte-Carlo returns minus values.", ge=0, le=1)
-    kl_target: float = knob(
-        0.0,
-        "Adaptive KL coefficient (Ziegler et al. 2019) for a KL in the reward: the coefficient "
-        "moves so that the batch's KL approaches this target; 0 = `kl_coef` fixed.",
-        ge=0,
-    )
-    kl_horizon: int = knob(10000, "Adaptive KL: the horizon (in samples) of the coefficient's correction.", ge=1)
-    clip_ratio_low: float = knob(0.2, "PPO clip: ratios below 1 - this are clipped (Schulman et al. 2017).", ge=0, lt=1)
-    clip_ratio_high: float = knob(0.2, "PPO clip: ratios above 1 + this are clipped (DAPO raises it).", ge=0)
-    clip_ratio_c: float = knob(3.0, "Dual-clip bound for negative advantages (Ye et al. 2020); > 1.", gt=1)
-    loss_agg_mode: str = knob(
-        "token-mean",
-        "How per-token losses become one number: `token-mean` over all tokens "
-        "of the mini-batch (DAPO), `seq-mean-token-mean` per sequence then over sequences (GRPO), "
-        "`seq-mean-token-sum-norm` token sums divided by `rollout.max_response_length`, then over "
-        "sequences (Dr.GRPO, Liu et al. 2025).",
-        LOSS_AGG_MODES,
-    )
-    kl_coef: float = knob(
-        0.0,
-        "Weight of the KL loss against the frozen reference policy; 0 builds "
-        "no reference model. With LoRA the reference is the base model (the policy "
-        "with its adapters disabled): no second model.",
-        ge=0,
-    )
-    kl_estimator: str = knob("k3", "KL estimator (Schulman 2020): k1, k2 or k3.", KL_ESTIMATORS)
-    entropy_coef: float = knob(0.0, "Weight of the entropy bonus (subtracted from the loss).", ge=0)
-    ppo_epochs: int = knob(1, "Passes over each batch.", ge=1)
-    ppo_mini_batch_size: int = knob(0, "Prompts per optimizer step (0 = the whole batch, one step).", ge=0)
-    old_logprobs: str = knob(
-        "auto",
-        "Where the old log-probs (the PPO ratio's denominator) come from. `auto`: with one "
-        "optimizer step per batch (`ppo_epochs` 1, one mini-batch) from the update's own forward, "
-        "detached (the same values: the batch is scored by the trainer's current weights either "
-        "way), else from a forward pass over the batch before the update. `separate`: always that "
-        "separate pass.",
-        ("auto", "separate"),
-    )
-    max_staleness: int = knob(
-        1,
-        "Split placement: how many weight versions a batch's generator may lag "
-        "the trainer. 1 = one-step-off-policy (batch k+1 is generated while step k "
-        "trains); 0 = synchronous. Colocate placement is always synchronous.",
-        ge=0,
-    )
-    async_rollouts: bool = knob(
-        False,
-        "Split placement: the rollout actors generate without pause (fully asynchronous). Each "
-        "rollout call's groups reach the controller as it finishes; a step trains the first "
-        "`data.train_batch_size` groups at hand; a weight sync lands between two decoding steps "
-        "of the generations under way, which go on with the new weights (partial rollouts, "
-        "each token's weight version recorded). At most (`max_staleness` + 1) batches of "
-        "prompts are out at once; a group whose first token lags the trainer by more than "
-        "`max_staleness` versions is handled by `stale_groups`. `max_staleness=0` trains exactly "
-        "what the synchronous loop trains.",
-    )
-    stale_groups: str = knob(
-        "regenerate",
-        "Async rollouts: a group older than `max_staleness` versions is generated again with the "
-        "current weights (`regenerate`: every prompt still trains once) or skipped for this epoch "
-        "(`drop`); counted in `async/regenerated_groups`, `async/dropped_groups`.",
-        ("regenerate", "drop"),
-    )
-    rollout_is: str = knob(
-        "token",
-        "Importance correction of the rollout/trainer mismatch (each sample's own rollout log-probs, "
-        "token by token: under async rollouts, those of the weights that sampled it). Truncated "
-        "(TIS): each token's loss is weighted by min(pi_old / pi_rollout, rollout_is_threshold) "
-        "per `token`, or by the sequence's product per `sequence`. Masked: a token whose ratio "
-        "lies outside [1 / threshold, threshold] leaves the loss (`token_mask`, IcePop), or the "
-        "whole sequence when its product does (`sequence_mask`, MIS); `none` = off.",
-        ("none", "token", "sequence", "token_mask", "sequence_mask"),
-    )
-    rollout_is_threshold: float = knob(
-        2.0, "Cap of the truncated importance weights; the masks' band is [1 / this, this].", ge=1
-    )
-    max_filter_rounds: int = knob(
-        3,
-        "Batch filters (DAPO's dynamic sampling): at most this many extra generation rounds per "
-        "step to fill the batch with groups that pass; past it the batch is filled with groups "
-        "that did not (counted in `filter/filled_groups`).",
-        ge=0,
-    )
-    overlong_buffer: int = knob(
-        0,
-        "DAPO's soft overlong punishment (Yu et al. 2025): over the last this many tokens before "
-        "`rollout.max_response_length` the reward falls linearly by up to "
-        "`overlong_penalty`; 0 = off.",
-        ge=0,
-    )
-    overlong_penalty: float = knob(1.0, "Largest soft overlong penalty (DAPO).", ge=0)
-    overlong_filter: bool = knob(
-        False, "DAPO's overlong filtering: truncated responses (no EOS at the length limit) get no loss."
-    )
-
-
 # --------------------------------------------------------------------------------------- trainer
 @dataclass
 class OptimConfig:
@@ -441,137 +313,6 @@ class CriticConfig:
         0, "Steps at the start that train only the critic (the policy waits for useful values).", ge=0
     )
     optim: OptimConfig = section(OptimConfig, "The critic's optimizer (its own lr, schedule and offload).")
-
-
-# ---------------------------------------------------------------------------- weight sync, reward
-@dataclass
-class WeightSyncConfig:
-    bucket_mb: int = knob(
-        256,
-        "Size of the flat buffers weights travel in (the sender packs one while "
-        "the previous one is on the wire and keeps two staging buffers of this "
-        "size between syncs; a receiver holds about two while receiving).",
-        ge=1,
-    )
-    verify: bool = knob(True, "Receivers check a checksum of every tensor they loaded.")
-    timeout_s: int = knob(
-        600,
-        "Timeout of the weight-sync process group. An actor whose sync still runs "
-        "after half of it prints the stack of each of its threads to stderr.",
-        ge=1,
-    )
-
-
-@dataclass
-class RewardModelConfig:
-    path: str = knob(
-        "",
-        "Reward model: a folder or hub id; `tiny` builds (once) a classifier of right vs wrong answers to the "
-        "offline addition task from the tiny policy. Empty = no reward model (no `reward_model` role).",
-    )
-    kind: str = knob(
-        "classifier",
-        "`classifier`: a sequence-classification model, the score its logit (2 labels: label 1 minus label 0); "
-        "`causal_lm`: a causal LM scored by `score_fn`.",
-        ("classifier", "causal_lm"),
-    )
-    score_fn: str = knob(
-        "", "`file.py:name` for `kind=causal_lm`: `name(model, tokenizer, prompts, responses)` -> one score each."
-    )
-    weight: float = knob(1.0, "Weight of the model's score in the training reward.")
-    sigmoid: bool = knob(False, "Map a classifier's logit to (0, 1) with a sigmoid.")
-    batch_size: int = knob(64, "Samples per reward-model forward pass.", ge=1)
-    max_length: int = knob(2048, "Longest prompt + response (reward model tokens) scored; longer is truncated.", ge=1)
-
-
-@dataclass
-class RewardConfig:
-    fn: str = knob("auto", "`auto` (by each row's data_source), a registered name, or `file.py:function`.")
-    kwargs: dict = knob({}, "Keyword arguments for an explicitly named `fn` (e.g. gsm8k `method: flexible`).")
-    rule_weight: float = knob(
-        1.0, "Weight of the rule score (`fn`) in the training reward; validation scores by the rule alone."
-    )
-    num_workers: int = knob(2, "Processes that run a user `fn` in parallel (built-ins score in the controller).", ge=1)
-    timeout_s: float = knob(30.0, "Time one sample's `fn` may take; past it the sample is a timeout.", gt=0)
-    memory_mb: int = knob(4096, "Address-space cap of each reward process, MiB (0 = none).", ge=0)
-    error_score: float = knob(
-        0.0, "Score of a sample whose `fn` raised, timed out, crashed or returned a non-finite or non-number."
-    )
-    max_error_fraction: float = knob(
-        0.5, "Stop the run when more than this fraction of a training batch fails to score ...", ge=0, le=1
-    )
-    max_error_steps: int = knob(3, "... for this many consecutive batches (the first error and its traceback).", ge=1)
-    model: RewardModelConfig = section(RewardModelConfig, "A reward model served by its own worker group.")
-
-
-# ------------------------------------------------------------------------------------------- env
-@dataclass
-class EnvConfig:
-    name: str = knob(
-        "",
-        "Multi-turn episodes with this environment: `calculator`, `python`, `retry`, or "
-        "`file.py:factory` (docs/environments.md); empty: single-turn. Its tokens get no loss; "
-        "`rollout.max_response_length` is the budget of the whole episode (the model's and the environment's tokens).",
-    )
-    max_turns: int = knob(4, "Most turns of the model in one episode.", ge=1)
-    timeout_s: float = knob(300.0, "Wall-clock time of one episode; past it no further turn starts (counted).", gt=0)
-    tool_parser: str = knob(
-        "hermes",
-        "How tool calls are read from the model's text (`hermes`: `<tool_call>` JSON; an env file may register more).",
-    )
-    tool_timeout_s: float = knob(10.0, "Time one tool call may take; past it the model reads an error.", gt=0)
-    workers: int = knob(
-        16,
-        "Environment steps run at once in each rollout actor (threads), and worker processes for their tool calls.",
-        ge=1,
-    )
-    tool_memory_mb: int = knob(4096, "Address-space cap of each tool worker process, MiB (0 = none).", ge=0)
-
-
-# -------------------------------------------------------------------------------- logger, cluster
-@dataclass
-class LoggerConfig:
-    backends: list = knob(["console", "jsonl"], "Trackers: console, jsonl, tensorboard, wandb.")
-    project: str = knob("rlpost", "Project name for wandb.")
-    wandb_mode: str = knob("offline", "wandb mode; `offline` needs no network.", ("offline", "online", "disabled"))
-    progress_bar: bool = knob(True, "Show a progress bar with step, reward, accuracy, step time and ETA.")
-    verbose: bool = knob(
-        False,
-        "Show the libraries' own output too (Ray's start-up notices, model-loading progress bars, "
-        "vLLM's info lines); off: rlpost's lines and the warnings and errors of every process.",
-    )
-    plot: bool = knob(True, "At the end of a run, draw its curves into `curves.png` (needs matplotlib).")
-    samples_per_step: int = knob(
-        4,
-        "Samples (prompt, response, reward) of each step written to `samples.jsonl` in the run folder (0 = none).",
-        ge=0,
-    )
-
-
-@dataclass
-class ClusterConfig:
-    address: str = knob("", "Ray cluster address (`auto` or host:port); empty starts a local Ray.")
-    placement: str = knob(
-        "colocate",
-        "`colocate`: rollout shares the trainer's devices and takes turns; `split`: disjoint devices.",
-        ("colocate", "split"),
-    )
-    num_threads: int = knob(1, "torch/OMP threads per actor (more threads on busy cores run slower).", ge=1)
-    stall_warn_s: float = knob(
-        300.0, "Each time a call to the actors (generate, update, sync...) runs this long, say what still runs.", gt=0
-    )
-    stall_timeout_s: float = knob(
-        3600.0,
-        "Longest wait on one call to the actors, and the trainer ranks' collective timeout: past it the run "
-        "stops, naming the role, rank and call it waited on.",
-        gt=0,
-    )
-
-
-@dataclass
-class RunConfig:
-    dir: str = knob("", "Run folder (config, metrics, checkpoints); empty: runs/<date>_<time>.")
-    seed: int = knob(0, "Seed of data order, sampling and initialisation.", ge=0)
 
 
 @dataclass

@@ -22,13 +22,7 @@ from rlpost.algos.filters import BATCH_FILTERS
 from rlpost.algos.kl_control import KLController
 from rlpost.config import TrainConfig, colocated_on_cuda, config_dict
 from rlpost.controller import checkpoint
-from rlpost.controller.cluster import (
-    Placement,
-    WorkerGroup,
-    local_ray_died,
-    quiet_libraries,
-    start_ray,
-)
+from rlpost.controller.cluster import Placement, WorkerGroup, local_ray_died, quiet_libraries, start_ray
 from rlpost.controller.plan import check_plan, gpu_plan, shape_of
 from rlpost.controller.rollouts import Rollouts
 from rlpost.controller.setup import load_data, make_run_dir, resolve_critic_path, resolve_reward_model_path

@@ -14,8 +14,7 @@ scheduler steps (the `Pauser`); vLLM's async scheduling, which keeps the next ba
 two steps, is off. Otherwise `LLM.generate` runs whole, a sync waits for it (on an H100, 0.5B,
 stepping cost 0.85x of its tokens/s and async scheduling off 0.71x: `benchmarks/rollout_partial_h100.json`).
 
-Colocate placement on a GPU: vLLM sleeps (`sleep`, its weights and KV cache leave the GPU) while
-the trainer computes and wakes for the weight sync and generation (`wake_up`).
+Colocated on a GPU, vLLM sleeps while the trainer computes and wakes for the sync and generation.
 
 Tensor parallel (`tensor_parallel_size` > 1): vLLM's multiprocessing executor runs one worker
 process per shard; each joins the weight-sync group itself and receives every tensor, keeping and
@@ -55,6 +54,65 @@ from rlpost.weightsync.manifest import Manifest, WeightSyncError
 from rlpost.weightsync.sync import SyncStats
 
 
+def prepare_environment(device: str, tensor_parallel_size: int) -> None:
+    """What vLLM reads from the environment, set before it starts, and its log lines that a run
+    does not need."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process
+    if device == "cpu":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes half the RAM
+        if tensor_parallel_size > 1:  # vLLM's binding wants a NUMA node per shard
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            import vllm.envs  # an engine started before in this process froze vLLM's view of the env
+
+            getattr(vllm.envs, "disable_envs_cache", lambda: None)()
+    # skip_tokenizer_init (rlpost tokenizes): vLLM 0.27 still warms up a chat template and logs
+    # its failure with a traceback at every start
+    logging.getLogger("vllm.renderers.base").addFilter(
+        lambda record: record.getMessage() != "Chat template warmup failed"
+    )
+    # each sync reloads the weights layer by layer; vLLM then warns that the rotary embeddings (a
+    # cache computed from the config, in no checkpoint) and an output head tied to the embedding
+    # (loaded through it: `refresh_tied_head`) got none, and keeps their tensors
+    quiet = {"RotaryEmbedding: Failed to load weights", "ParallelLMHead: Failed to load weights"}
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
+        lambda record: record.getMessage() not in quiet
+    )
+
+
+def engine_kwargs(
+    device: str,
+    gpu_memory_utilization: float,
+    sleep_mode: bool,
+    kv_cache_gb: float,
+    pausable: bool,
+    batched_tokens: int,
+    tensor_parallel_size: int,
+    lora,
+) -> dict:
+    """vLLM's engine arguments that depend on the device and rlpost's settings."""
+    # on the CPU backend gpu_memory_utilization is the share of host memory vLLM may reserve
+    kwargs: dict = {"gpu_memory_utilization": gpu_memory_utilization}
+    if device == "cuda":
+        kwargs["enable_sleep_mode"] = sleep_mode
+        if kv_cache_gb:  # no memory profiling: another process on the GPU may free memory meanwhile
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
+        if pausable:  # async scheduling keeps a batch in flight between two steps: a sync
+            kwargs["async_scheduling"] = False  # landing there would race it (the CPU has none)
+    else:  # no prefill split over steps: vLLM rewinds a seeded sampler's generator for the part
+        # it discards, which a CPU generator cannot do ("CPU Generator does not use offset")
+        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=batched_tokens)
+    if tensor_parallel_size > 1:  # the shards are vLLM's worker processes, each in the sync group itself
+        # (inside a Ray placement group vLLM would pick its Ray executor: ask for processes)
+        kwargs.update(
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="mp",
+            worker_extension_cls="rlpost.rollout.vllm_worker.SyncExtension",
+        )
+    if lora is not None:
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora.rank), max_loras=1)
+    return kwargs
+
+
 class VLLMRolloutEngine:
     def __init__(
         self,
@@ -75,14 +133,7 @@ class VLLMRolloutEngine:
         kv_cache_gb: float = 0.0,
         tensor_parallel_size: int = 1,
     ):
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process
-        if device == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes half the RAM
-            if tensor_parallel_size > 1:  # vLLM's binding wants a NUMA node per shard
-                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-                import vllm.envs  # an engine started before in this process froze vLLM's view of the env
-
-                getattr(vllm.envs, "disable_envs_cache", lambda: None)()
+        prepare_environment(device, tensor_parallel_size)
         from vllm import LLM
 
         self.pad_id, self.eos_id = pad_id, eos_id
@@ -93,25 +144,7 @@ class VLLMRolloutEngine:
         self.pausable = pausable
         self.manifest = expected_manifest(model_path, dtype, trust_remote_code)
         self._by_name = {s.name: s for s in self.manifest}
-        # on the CPU backend gpu_memory_utilization is the share of host memory vLLM may reserve
-        kwargs = {"gpu_memory_utilization": gpu_memory_utilization}
-        if device == "cuda":
-            kwargs["enable_sleep_mode"] = sleep_mode
-            if kv_cache_gb:  # no memory profiling: another process on the GPU may free memory meanwhile
-                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
-            if pausable:  # async scheduling keeps a batch in flight between two steps: a sync
-                kwargs["async_scheduling"] = False  # landing there would race it (the CPU has none)
-        else:  # no prefill split over steps: vLLM rewinds a seeded sampler's generator for the part
-            # it discards, which a CPU generator cannot do ("CPU Generator does not use offset")
-            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max_model_len * max_num_seqs)
         self.tp = tensor_parallel_size
-        if tensor_parallel_size > 1:  # the shards are vLLM's worker processes, each in the sync group itself
-            # (inside a Ray placement group vLLM would pick its Ray executor: ask for processes)
-            kwargs.update(
-                tensor_parallel_size=tensor_parallel_size,
-                distributed_executor_backend="mp",
-                worker_extension_cls="rlpost.rollout.vllm_worker.SyncExtension",
-            )
         self.lora, self.model_path = lora, model_path
         self.lora_request = None  # the adapter generation runs with (adapter mode)
         self._adapter_dir: str | None = None
@@ -119,12 +152,10 @@ class VLLMRolloutEngine:
         self._adapters_loaded = 0
         if lora is not None:
             self._adapter_manifest = expected_adapter_manifest(model_path, lora, trust_remote_code)
-            kwargs.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora.rank), max_loras=1)
-        # skip_tokenizer_init (rlpost tokenizes): vLLM 0.27 still warms up a chat template and
-        # logs its failure with a traceback at every start
-        logging.getLogger("vllm.renderers.base").addFilter(
-            lambda record: record.getMessage() != "Chat template warmup failed"
-        )
+        kwargs = engine_kwargs(
+            device, gpu_memory_utilization, sleep_mode, kv_cache_gb, pausable, max_model_len * max_num_seqs,
+            tensor_parallel_size, lora,
+        )  # fmt: skip
         self.llm = LLM(
             model=model_path,
             dtype=dtype,
@@ -136,13 +167,6 @@ class VLLMRolloutEngine:
             max_num_seqs=max_num_seqs,
             trust_remote_code=trust_remote_code,
             **kwargs,
-        )
-        # each sync reloads the weights layer by layer; vLLM then warns that the rotary embeddings
-        # (a cache computed from the config, in no checkpoint) and an output head tied to the
-        # embedding (loaded through it: `refresh_tied_head`) got none, and keeps their tensors
-        quiet = {"RotaryEmbedding: Failed to load weights", "ParallelLMHead: Failed to load weights"}
-        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(
-            lambda record: record.getMessage() not in quiet
         )
         # modules vLLM wrapped for LoRA: their base weights load as `<module>.base_layer.<leaf>`
         self._held: dict[str, tuple[torch.Tensor, Layer]] | None = None  # vLLM's parameters, once per sync

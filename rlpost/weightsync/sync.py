@@ -18,9 +18,6 @@ a sync that is accepted costs no round trip more than the data.
 
 from __future__ import annotations
 
-import operator
-import pickle
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -32,16 +29,11 @@ from rlpost.weightsync.manifest import (
     ReadBack,
     WeightSyncError,
     bucket_checksums,
-    checksums,
-    layout,
-    pack,
-    padded,
-    plan_buckets,
-    staged,
     unpack,
 )
+from rlpost.weightsync.plan import SyncPlan, received_plan, send_plan
 from rlpost.weightsync.transport import SyncGroup
-from rlpost.weightsync.verdict import HEAD, compare_manifests, differs
+from rlpost.weightsync.verdict import HEAD, differs
 
 
 @dataclass
@@ -53,112 +45,6 @@ class SyncStats:
     readback: int = 0  # tensors verified by reading them back from the engine (the rest: as received)
     header_s: float = 0.0  # of `seconds`: the header (and on a receiver its check), before any tensor
     verify_s: float = 0.0  # of `seconds`: after the last tensor was queued: read-back and verdict
-
-
-@dataclass
-class _Plan:
-    """What a manifest and a bucket size decide, worked out once and reused by every sync that
-    sends the same manifest (the per-sync work is then the data, not Python over 300 tensors)."""
-
-    manifest: Manifest
-    buckets: list[list[int]]
-    wire: bytes  # (manifest, buckets) pickled: what the header carries
-    dtypes: list[torch.dtype] = field(default_factory=list)
-    numels: list[list[int]] = field(default_factory=list)
-    sizes: list[int] = field(default_factory=list)  # elements of each bucket on the wire
-    places: list[list[tuple]] = field(default_factory=list)  # `layout` of each bucket
-    accepted: tuple = ()  # the receiver's manifest this plan was found to match
-    reader: tuple = ()  # (positions, ReadBack) of the last read-back
-    lock: threading.Lock = field(default_factory=threading.Lock)  # receivers in threads share the plan
-    staging: dict = field(default_factory=dict)  # sender: device -> per bucket (flat, views, pads)
-
-    def __post_init__(self):
-        for bucket in self.buckets:
-            specs = [self.manifest[i] for i in bucket]
-            dtype = getattr(torch, specs[0].dtype)
-            shapes = [s.shape for s in specs]
-            numels = [torch.Size(s).numel() for s in shapes]
-            self.dtypes.append(dtype)
-            self.numels.append(numels)
-            self.sizes.append(sum(padded(n, dtype.itemsize) for n in numels))
-            self.places.append(layout(shapes, dtype.itemsize))
-
-    def read_back(self, tensors: list[torch.Tensor], positions: list[int]) -> torch.Tensor:
-        """The checksums of what an engine holds for the manifest's tensors at `positions`, as a
-        vector on their device: with a `ReadBack` kept for the next sync where they are on one
-        device (as engines hold them), else with `checksums`."""
-        with self.lock:  # one staging buffer: one read-back at a time (queued in order on a GPU)
-            if self.reader and self.reader[0] == positions and self.reader[1].matches(tensors):
-                return self.reader[1](tensors)
-            if len({t.device for t in tensors}) == 1:
-                self.reader = (positions, ReadBack(tensors))
-                return self.reader[1](tensors)
-        return torch.tensor(checksums(tensors), dtype=torch.int64)
-
-    def pack(self, b: int, parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """Bucket `b` as one flat tensor on `device`, laid out as `manifest.pack` lays it out. A
-        bucket of one tensor that fills whole rows goes through `pack` (as it is where it can);
-        the others are copied (one `_foreach_copy_`) into one of two staging buffers kept with
-        the plan: bucket b into buffer b % 2, whose previous bucket's broadcast the sender has
-        waited for (stream order)."""
-        if self._lone(b):
-            return pack(parts, device)
-        if device not in self.staging:
-            nbytes = max(
-                (self.sizes[i] * self.dtypes[i].itemsize for i in range(len(self.buckets)) if not self._lone(i)),
-                default=0,
-            )
-            buffers = [torch.zeros(nbytes, dtype=torch.uint8, device=device) for _ in range(2)]
-            self.staging[device] = [
-                None
-                if self._lone(i)
-                else staged(buffers[i % 2], [self.manifest[j].shape for j in bucket], self.dtypes[i])
-                for i, bucket in enumerate(self.buckets)
-            ]
-        flat, views, pads = self.staging[device][b]
-        with torch.no_grad():
-            if pads is not None:
-                flat.index_fill_(0, pads, 0)
-            torch._foreach_copy_(views, parts)
-        return flat
-
-    def _lone(self, b: int) -> bool:
-        """Bucket `b` is one tensor that fills whole rows: it needs no staging."""
-        return len(self.buckets[b]) == 1 and self.numels[b][0] == self.sizes[b]
-
-    def check(self, expected: Manifest) -> str | None:
-        """compare_manifests(expected, sent), remembered once it passed for these very specs."""
-        if len(self.accepted) == len(expected) and all(map(operator.is_, self.accepted, expected)):
-            return None
-        problem = compare_manifests(expected, self.manifest)
-        if problem is None:
-            self.accepted = tuple(expected)
-        return problem
-
-
-_SENT: dict[tuple[int, int], tuple[tuple, _Plan]] = {}  # (id(manifest), bucket bytes) -> (its specs, plan)
-_RECEIVED: dict[bytes, _Plan] = {}  # a header's plan bytes -> plan
-
-
-def _send_plan(manifest: Manifest, bucket_bytes: int) -> _Plan:
-    key = (id(manifest), bucket_bytes)
-    snapshot, plan = _SENT.get(key, ((), None))
-    if plan is None or len(snapshot) != len(manifest) or not all(map(operator.is_, snapshot, manifest)):
-        if len(_SENT) > 16:
-            _SENT.clear()
-        buckets = plan_buckets(manifest, bucket_bytes)
-        plan = _Plan(list(manifest), buckets, pickle.dumps((list(manifest), buckets)))
-        _SENT[key] = (tuple(manifest), plan)
-    return plan
-
-
-def _received_plan(wire: bytes) -> _Plan:
-    plan = _RECEIVED.get(wire)
-    if plan is None:
-        if len(_RECEIVED) > 16:
-            _RECEIVED.clear()
-        plan = _RECEIVED[wire] = _Plan(*pickle.loads(wire), wire)
-    return plan
 
 
 _LOWEST = -(2**63)  # neutral in a MAX all-reduce
@@ -206,7 +92,7 @@ def send_weights(
     sent from its own memory while the next ones are packed: it must not be written before this
     returns (the trainer's exports are fresh tensors)."""
     start = time.perf_counter()
-    plan = _send_plan(manifest, bucket_bytes)
+    plan = send_plan(manifest, bucket_bytes)
     group.broadcast_object({"version": version, "plan": plan.wire, "verify": verify})
     header_s = time.perf_counter() - start
     sums: list[torch.Tensor] = []
@@ -234,6 +120,13 @@ def send_weights(
     n = len(manifest) if verify else 0
     mine = torch.cat(sums) if sums else None
     values = _verdict(group, 0, 0, mine, mine, n)
+    _raise_on_sender(version, values, n, manifest)
+    end = time.perf_counter()
+    return SyncStats(version, sent, end - start, len(manifest), header_s=header_s, verify_s=end - sent_at)
+
+
+def _raise_on_sender(version: int, values: list[int], n: int, manifest: Manifest) -> None:
+    """The sender's error after the verdict: the rank or tensor at fault (its own error says more)."""
     if values[0]:
         raise WeightSyncError(
             f"weight sync v{version}: rollout rank {values[0]} refused the header "
@@ -256,8 +149,6 @@ def send_weights(
             f"{manifest[wrong].name!r} with a checksum that differs from the sent one "
             "(that rank's error names every such tensor)"
         )
-    end = time.perf_counter()
-    return SyncStats(version, sent, end - start, len(manifest), header_s=header_s, verify_s=end - sent_at)
 
 
 def receive_weights(
@@ -277,37 +168,15 @@ def receive_weights(
     tensor-parallel shard; then `loaded` returns the slice), None where it holds all of it."""
     start = time.perf_counter()
     header = group.broadcast_object()
-    plan = _received_plan(header["plan"])
+    plan = received_plan(header["plan"])
     problem = plan.check(expected)
     if problem is None and header["version"] != version:
         problem = f"sender is at version {header['version']}, this receiver expected {version}"
     header_s = time.perf_counter() - start
     manifest = plan.manifest
     verify = header["verify"] and not problem
-    received_sums: list[torch.Tensor] = []  # one vector per bucket, read back once at the end
-    received = 0
-    parts = _parts(manifest, part) if verify else {}
-    part_sums: list[torch.Tensor] = []  # of the received slices a shard holds, bucket by bucket
-
-    def stream() -> Iterator[tuple[str, torch.Tensor]]:
-        nonlocal received
-        n = len(plan.buckets)
-        nxt = group.recv_bucket(plan.sizes[0], plan.dtypes[0]) if n else None
-        for b in range(n):
-            flat, pending = nxt
-            pending.wait()  # then post the next one: it arrives while this one loads
-            nxt = group.recv_bucket(plan.sizes[b + 1], plan.dtypes[b + 1]) if b + 1 < n else None
-            received += sum(plan.numels[b]) * flat.element_size()
-            if verify:
-                received_sums.append(bucket_checksums(flat, plan.numels[b]))
-            views = unpack(flat, plan.places[b])
-            if parts:  # before the engine sees them
-                mine = [v.narrow(*parts[i]) for i, v in zip(plan.buckets[b], views) if i in parts]
-                part_sums.extend([ReadBack(mine)(mine)] if mine else [])
-            for i, view in zip(plan.buckets[b], views):
-                yield manifest[i].name, view
-
-    tensors = stream()
+    got = _Receipt(group, plan, verify, _parts(manifest, part) if verify else {})
+    tensors = got.stream()
     if not problem:  # a refusing receiver loads nothing, but takes part in every transfer
         load(tensors)
     left = sum(1 for _ in tensors)  # drain what an engine left, so the sender does not stall
@@ -316,28 +185,69 @@ def receive_weights(
         if left and not problem
         else None
     )
-    readback = 0
     loaded_at = time.perf_counter()
-    mine = None
-    parts_back, part_bad, wrong_parts = 0, None, list
-    if verify:
-        parts_back, part_bad, wrong_parts = _check_parts(manifest, parts, part_sums, loaded)
-        held = [None if i in parts else loaded(s.name) for i, s in enumerate(manifest)]
-        back = [i for i, h in enumerate(held) if h is not None]
-        readback = len(back) + parts_back
-        if len(back) == len(manifest):  # what the engine holds
-            mine = plan.read_back(held, back)
-        else:  # as received, in manifest order (buckets hold consecutive tensors), then what it holds
-            mine = torch.cat(received_sums) if received_sums else torch.zeros(0, dtype=torch.int64)
-            if back:
-                values = plan.read_back([held[i] for i in back], back).to(mine.device)
-                mine[torch.tensor(back, device=mine.device)] = values
+    readback, mine, part_bad, wrong_parts = got.checked(loaded) if verify else (0, None, None, list)
     n = len(manifest) if header["verify"] else 0
     values = _verdict(group, group.rank if problem else 0, group.rank if skipped else 0, None, mine, n, part_bad)
     if problem:
         raise WeightSyncError(f"weight sync v{version} refused: {problem}")
     if skipped:
         raise WeightSyncError(skipped)
+    _raise_on_receiver(version, values, n, manifest, mine, part_bad, wrong_parts)
+    end = time.perf_counter()
+    return SyncStats(version, got.received, end - start, len(manifest), readback, header_s, end - loaded_at)
+
+
+@dataclass
+class _Receipt:
+    """One receiver's side of a sync: the buckets as they arrive, the checksums of what arrived
+    (one vector per bucket, read back once at the end) and of the slices a shard keeps."""
+
+    group: SyncGroup
+    plan: SyncPlan
+    verify: bool
+    parts: dict  # manifest position -> (dim, start, length) of the slice the engine keeps
+    received: int = 0
+    sums: list = field(default_factory=list)
+    part_sums: list = field(default_factory=list)
+
+    def stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        plan, n = self.plan, len(self.plan.buckets)
+        nxt = self.group.recv_bucket(plan.sizes[0], plan.dtypes[0]) if n else None
+        for b in range(n):
+            flat, pending = nxt
+            pending.wait()  # then post the next one: it arrives while this one loads
+            nxt = self.group.recv_bucket(plan.sizes[b + 1], plan.dtypes[b + 1]) if b + 1 < n else None
+            self.received += sum(plan.numels[b]) * flat.element_size()
+            if self.verify:
+                self.sums.append(bucket_checksums(flat, plan.numels[b]))
+            views = unpack(flat, plan.places[b])
+            if self.parts:  # before the engine sees them
+                mine = [v.narrow(*self.parts[i]) for i, v in zip(plan.buckets[b], views) if i in self.parts]
+                self.part_sums.extend([ReadBack(mine)(mine)] if mine else [])
+            for i, view in zip(plan.buckets[b], views):
+                yield plan.manifest[i].name, view
+
+    def checked(self, loaded) -> tuple:
+        """(tensors read back, this rank's checksums of what it loaded, a device flag: a slice it
+        keeps differs from what it received, a function naming those slices)."""
+        manifest, parts = self.plan.manifest, self.parts
+        parts_back, part_bad, wrong_parts = _check_parts(manifest, parts, self.part_sums, loaded)
+        held = [None if i in parts else loaded(s.name) for i, s in enumerate(manifest)]
+        back = [i for i, h in enumerate(held) if h is not None]
+        if len(back) == len(manifest):  # what the engine holds
+            return len(back), self.plan.read_back(held, back), part_bad, wrong_parts
+        # as received, in manifest order (buckets hold consecutive tensors), then what it holds
+        mine = torch.cat(self.sums) if self.sums else torch.zeros(0, dtype=torch.int64)
+        if back:
+            values = self.plan.read_back([held[i] for i in back], back).to(mine.device)
+            mine[torch.tensor(back, device=mine.device)] = values
+        return len(back) + parts_back, mine, part_bad, wrong_parts
+
+
+def _raise_on_receiver(version, values, n, manifest, mine, part_bad, wrong_parts) -> None:
+    """A receiver's error after the verdict: its own fault named first (a slice it keeps, a tensor
+    it loaded), else the rank at fault."""
     if part_bad is not None and part_bad.item():  # after the verdict's read: no wait of its own
         wrong = wrong_parts()
         raise WeightSyncError(
@@ -359,8 +269,6 @@ def receive_weights(
             f"{values[0] or values[1] or values[2] or 'another'} (its error says why); this rank "
             f"loaded every tensor{' intact' if mine is not None else ''}"
         )
-    end = time.perf_counter()
-    return SyncStats(version, received, end - start, len(manifest), readback, header_s, end - loaded_at)
 
 
 def _parts(manifest: Manifest, part) -> dict[int, tuple[int, int, int]]:

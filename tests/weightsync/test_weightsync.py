@@ -145,9 +145,9 @@ def test_staging_buffers_reused_by_other_layouts_keep_their_padding_zero():
     A dirty pad would change the sent checksum but not the engine's: verification would fail."""
     g = torch.Generator().manual_seed(2)
     named = [(f"t{i}", torch.randn(n, generator=g)) for i, n in enumerate([64, 300, 150, 100, 300, 16])]
-    from rlpost.weightsync.sync import _send_plan
+    from rlpost.weightsync.plan import send_plan
 
-    assert _send_plan(manifest_of(named), 2048).buckets == [[0], [1, 2], [3, 4], [5]]
+    assert send_plan(manifest_of(named), 2048).buckets == [[0], [1, 2], [3, 4], [5]]
     engine = Engine(named)
     for version in (3, 4):
         named = [(n, t + 1) for n, t in named]

@@ -1,0 +1,28 @@
+"""The house's size goals, kept by a test so they cannot slip unseen: no file under rlpost/ over
+400 lines, no function or method over 60. (Who may import whom: tests/test_imports.py.)"""
+
+import ast
+from pathlib import Path
+
+RLPOST = Path(__file__).resolve().parent.parent / "rlpost"
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def test_no_file_is_over_400_lines():
+    long = {
+        str(p.relative_to(RLPOST)): n
+        for p in sorted(RLPOST.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES
+    }
+    assert not long, f"files over {MAX_FILE_LINES} lines (split them by what they do): {long}"
+
+
+def test_no_function_is_over_60_lines():
+    long = {}
+    for p in sorted(RLPOST.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long[f"{p.relative_to(RLPOST)}:{node.lineno} {node.name}"] = n
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (name their phases as functions): {long}"
