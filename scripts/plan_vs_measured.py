@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The memory plan (`rlpost plan`) of a run against what the run measured: the trainer's peak per
 GPU in the update (`perf/update_peak_gb`, the allocator's peak, max over ranks) and the GPU memory
-in use once the vLLM engines started (`rollout/gpu_used_gb`). Give the run folder and the same
+in use once the vLLM engines started (`rollout/gpu_used_gb`); and the plan again at the largest
+micro-batch the run computed (`perf/microbatch_tokens`), since the plan itself sizes micro-batches
+by full-length rows. Give the run folder and the same
 overrides the run had; run on the machine that ran it (the GPU's size comes from torch), or
 elsewhere with GPU_GIB=<its size> on a copy of the run folder.
 
@@ -10,6 +12,7 @@ elsewhere with GPU_GIB=<its size> on a copy of the run folder.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -38,6 +41,14 @@ def main() -> None:
     measured = max(r["perf/update_peak_gb"] for r in steps) if steps else None
     start = next((r for r in rows if r["step"] == 0), {})
     predicted = plan["trainer"]["peak"] / GIB
+    # the plan again at the largest micro-batch the run computed (`perf/microbatch_tokens`): the
+    # plan's own sizing is the worst case of full-length rows
+    tokens = max((r.get("perf/microbatch_tokens", 0) for r in steps), default=0)
+    at_measured = None
+    if tokens:
+        sized = copy.deepcopy(cfg)
+        sized.trainer.max_tokens_per_microbatch = int(tokens)
+        at_measured = gpu_plan(sized, shape_of(sized), gpu_bytes)["trainer"]["peak"] / GIB
     out = {
         "run_dir": str(run_dir),
         "overrides": overrides,
@@ -49,6 +60,9 @@ def main() -> None:
         "measured_update_peak_gib_per_step": [r["perf/update_peak_gb"] for r in steps],
         "measured_update_peak_gib": measured,
         "plan_over_measured": predicted / measured if measured else None,
+        "measured_microbatch_tokens": tokens,
+        "plan_at_measured_tokens_gib": at_measured,
+        "plan_at_measured_tokens_over_measured": at_measured / measured if measured and at_measured else None,
         "measured_gpu_used_gib_at_start": start.get("rollout/gpu_used_gb"),
     }
     print(json.dumps(out, indent=1))

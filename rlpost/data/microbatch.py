@@ -130,3 +130,11 @@ def split_shard(shard) -> list[list]:
         in_mini = minis == m
         out.append([shard.select(in_mini & (micros == k)) for k in range(int(micros[in_mini].max()) + 1)])
     return out
+
+
+def padded_tokens(mb) -> int:
+    """Tokens a padded layout computes for micro-batch `mb`: rows x (longest prompt + longest
+    response), what the memory plan sizes a micro-batch by (`rlpost.controller.plan`)."""
+    if not len(mb):
+        return 0
+    return len(mb) * int(mb["prompt_mask"].sum(-1).max() + mb["response_mask"].sum(-1).max())

@@ -26,7 +26,7 @@ from rlpost.algos.algorithms import get_algorithm
 from rlpost.algos.policy_loss import LossInputs, get_policy_loss
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
-from rlpost.data.microbatch import split_shard
+from rlpost.data.microbatch import padded_tokens, split_shard
 from rlpost.models.lora import ADAPTER_DTYPE, adapter_named_parameters, base_named_parameters, save_adapter
 from rlpost.trainer.engine import FSDPEngine
 from rlpost.trainer.fsdp import full_tensor
@@ -132,6 +132,7 @@ class ActorWorker:
                     for mb in mini:
                         ref = self._ref_logprobs(mb) if fused and with_ref else None
                         logp, ratio_dev = self._micro_step(mb, denom, stats, ref)
+                        stats.max("perf/microbatch_tokens", float(padded_tokens(mb)))  # for the plan's check
                         if first:
                             stats.max("actor/first_ratio_dev", ratio_dev)
                         if fused:  # kept on the device until the end: no copy per micro-batch

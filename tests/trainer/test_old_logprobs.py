@@ -137,7 +137,7 @@ def test_two_mini_batches_first_ratio_lr_and_timing(tmp_path, multi_turn):
     import time
 
     from rlpost.controller.step import step_plan
-    from rlpost.data.microbatch import shard_batch
+    from rlpost.data.microbatch import shard_batch, split_shard
     from rlpost.trainer.actor import ActorWorker
 
     model, _ = save_tiny_model(tmp_path / "model")
@@ -159,6 +159,9 @@ def test_two_mini_batches_first_ratio_lr_and_timing(tmp_path, multi_turn):
         assert metrics["actor/ppo_ratio_max"] > 1 + 1e-4 or metrics["actor/ppo_ratio_min"] < 1 - 1e-4
         assert metrics["actor/lr"] == worker.engine.scheduler.get_last_lr()[0] > 0
         assert 0 < metrics["timing_s/update_worker"] <= wall
+        micro = [mb for mini in split_shard(shard) for mb in mini]
+        widest = max(len(mb) * int(mb["prompt_mask"].sum(-1).max() + mb["response_mask"].sum(-1).max()) for mb in micro)
+        assert metrics["perf/microbatch_tokens"] == widest  # what the memory plan sizes a micro-batch by
     finally:
         worker.shutdown()
 
