@@ -31,11 +31,13 @@ PER_STEP = {
 def machine(stage: Path) -> dict:
     lines = (stage / "machine.txt").read_text().splitlines()
     gpus = [line for line in lines if "," in line and "MiB" in line]
+    named, cores = (f"{len(gpus)} x {gpus[0].split(',')[0]}" if gpus else "no GPU"), int(lines[2 + len(gpus) + 1])
     return {
         "commit": lines[0].removeprefix("commit "),
+        "machine": f"{named}, {cores} CPU cores",
         "date": lines[2],
-        "gpus": f"{len(gpus)} x {gpus[0].split(',')[0]}" if gpus else "none",
-        "cpu_cores": int(lines[2 + len(gpus) + 1]),
+        "gpus": named,
+        "cpu_cores": cores,
         "software": lines[-1],
     }
 
