@@ -182,6 +182,36 @@ def check_sampling(engine, model, tok, params, prompts=PROMPTS, atol: float = 1e
 WORLDS = [1, pytest.param(2, marks=pytest.mark.multiprocess)]
 
 
+def run_threads(*fns) -> list:
+    """Each function in a thread of its own (a rank of a gloo group in this process); their
+    results in order, an exception returned as the result rather than raised."""
+    results = [None] * len(fns)
+
+    def wrap(i, fn):
+        try:
+            results[i] = fn()
+        except Exception as e:  # noqa: BLE001
+            results[i] = e
+
+    threads = [threading.Thread(target=wrap, args=(i, fn)) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def vllm_cpu_engine(path: str, tok, **settings):
+    """A `VLLMRolloutEngine` on vLLM's CPU build for a tiny model (float32, eager, seed 0, 64
+    positions), with `settings` over these defaults."""
+    from rlpost.rollout.vllm_engine import VLLMRolloutEngine
+
+    defaults = dict(seed=0, max_model_len=64, gpu_memory_utilization=0.5, enforce_eager=True, max_num_seqs=64)
+    return VLLMRolloutEngine(
+        path, "float32", "cpu", tok.pad_token_id, tok.eos_token_id, **(defaults | {"sleep_mode": False} | settings)
+    )
+
+
 def run_ranks(fn, world: int, *args) -> None:
     """`fn(rank, world, *args)` on every rank: world size 1 in this process (unless it holds a
     process group already: an in-process vLLM engine starts one), more as spawned processes.

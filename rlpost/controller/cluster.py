@@ -123,13 +123,18 @@ def bundle_layout(cfg: TrainConfig, roles=("actor", "rollout")) -> tuple[list[di
     return bundles, list(range(ws)), list(range(ws, ws + nr)), shares
 
 
+def pins_engine_gpus(cfg: TrainConfig) -> bool:
+    """Colocated tensor-parallel engines on GPUs: each runs on its trainer ranks' GPUs, not Ray's."""
+    return cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda" and cfg.rollout.tensor_parallel_size > 1
+
+
 def engine_devices(cfg: TrainConfig, devices: list[str], nodes: list[str]) -> list[str | None]:
     """Colocated tensor-parallel engines on GPUs: for each rollout actor the CUDA_VISIBLE_DEVICES
     of its engine's shards, the GPUs of trainer ranks i T .. i T + T - 1 (`devices`: each rank's,
     as Ray numbers them on its node; `nodes`: each rank's node), which must lie on one node; None
     where the actor keeps the GPU Ray gave it."""
     t, nr = cfg.rollout.tensor_parallel_size, cfg.rollout.num_workers
-    if cfg.cluster.placement != "colocate" or cfg.trainer.device != "cuda" or t == 1:
+    if not pins_engine_gpus(cfg):
         return [None] * nr
     out = []
     for i in range(nr):
@@ -174,7 +179,7 @@ class Placement:
 
     def engine_devices(self, cfg: TrainConfig, trainers: "WorkerGroup") -> list[str | None]:
         """Each rollout actor's CUDA_VISIBLE_DEVICES (`engine_devices`), None for Ray's own."""
-        if cfg.cluster.placement != "colocate" or cfg.trainer.device != "cuda" or cfg.rollout.tensor_parallel_size == 1:
+        if not pins_engine_gpus(cfg):  # (no call to the trainers)
             return [None] * cfg.rollout.num_workers
         nodes = [self.address_of_bundle(b)[0] for b in self.trainer_bundles]
         return engine_devices(cfg, trainers.call("cuda_device"), nodes)

@@ -39,11 +39,6 @@ def held_parameters(worker) -> dict:
     return {n: (p, layer_of(modules[n.rpartition(".")[0]])) for n, p in model.named_parameters()}
 
 
-def parameter_names(worker) -> list[str]:
-    """The worker's parameters' names (what the engine asks of a shard in another process)."""
-    return [n for n, _ in worker.model_runner.get_model().named_parameters()]
-
-
 def tp_rank() -> int:
     from vllm.distributed import get_tensor_model_parallel_rank
 
@@ -65,7 +60,8 @@ class SyncExtension:
             return {"error": traceback.format_exc(limit=4)}
 
     def rlpost_parameter_names(self) -> list[str]:
-        return parameter_names(self)
+        """The shard's parameters' names (what the engine asks of a worker in another process)."""
+        return [n for n, _ in self.model_runner.get_model().named_parameters()]
 
     def rlpost_receive(self, version: int, manifest: list, lora_wrapped: set) -> dict:
         """One sync of the whole model into this shard: its stats, or {"error": message}."""

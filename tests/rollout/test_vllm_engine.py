@@ -21,6 +21,7 @@ from tests.helpers import (  # noqa: E402
     save_tiny_model,
     sync_from_thread,
     sync_when,
+    vllm_cpu_engine,
 )
 
 
@@ -35,23 +36,8 @@ def tiny(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    from rlpost.rollout.vllm_engine import VLLMRolloutEngine
-
     path, _, tok = tiny
-    engine = VLLMRolloutEngine(
-        path,
-        "float32",
-        "cpu",
-        tok.pad_token_id,
-        tok.eos_token_id,
-        seed=0,
-        max_model_len=64,
-        gpu_memory_utilization=0.5,
-        enforce_eager=True,
-        max_num_seqs=64,
-        sleep_mode=False,
-        pausable=True,
-    )
+    engine = vllm_cpu_engine(path, tok, pausable=True)
     yield engine
     del engine.llm  # one engine at a time in this process: the next family's starts after
     gc.collect()

@@ -22,6 +22,7 @@ from tests.helpers import (  # noqa: E402
     reference_logprobs,
     save_tiny_model,
     sync_from_thread,
+    vllm_cpu_engine,
 )
 
 LORA = LoraConfig(rank=4, alpha=8.0)  # all-linear
@@ -37,23 +38,8 @@ def tiny(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    from rlpost.rollout.vllm_engine import VLLMRolloutEngine
-
     path, tok = tiny
-    engine = VLLMRolloutEngine(
-        path,
-        "float32",
-        "cpu",
-        tok.pad_token_id,
-        tok.eos_token_id,
-        seed=0,
-        max_model_len=64,
-        gpu_memory_utilization=0.5,
-        enforce_eager=True,
-        max_num_seqs=64,
-        sleep_mode=False,
-        lora=LORA,
-    )
+    engine = vllm_cpu_engine(path, tok, lora=LORA)
     yield engine
     engine.close()
     del engine.llm  # one engine at a time in this process: the next family's starts after

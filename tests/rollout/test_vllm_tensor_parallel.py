@@ -16,7 +16,7 @@ from rlpost.rollout.base import SamplingParams  # noqa: E402
 from rlpost.weightsync.manifest import WeightSyncError, manifest_of  # noqa: E402
 from rlpost.weightsync.sync import send_weights  # noqa: E402
 from rlpost.weightsync.transport import SyncGroup, free_port  # noqa: E402
-from tests.helpers import PROMPTS, reference_logprobs, save_tiny_model  # noqa: E402
+from tests.helpers import PROMPTS, reference_logprobs, save_tiny_model, vllm_cpu_engine  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -30,23 +30,8 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    from rlpost.rollout.vllm_engine import VLLMRolloutEngine
-
     path, _, tok = tiny
-    engine = VLLMRolloutEngine(
-        path,
-        "float32",
-        "cpu",
-        tok.pad_token_id,
-        tok.eos_token_id,
-        seed=0,
-        max_model_len=64,
-        gpu_memory_utilization=0.3,
-        enforce_eager=True,
-        max_num_seqs=16,
-        sleep_mode=False,
-        tensor_parallel_size=2,
-    )
+    engine = vllm_cpu_engine(path, tok, gpu_memory_utilization=0.3, max_num_seqs=16, tensor_parallel_size=2)
     yield engine
     engine.close()  # the shards' processes end here, not at the interpreter's exit
     gc.collect()

@@ -3,13 +3,12 @@ engine receives every tensor whole and keeps its slice (`part`); the sync checks
 received against the sender, and the slice it holds against that slice of what it received, so a
 shard that keeps a wrong slice or a corrupt one fails the sync on every rank, named."""
 
-import threading
-
 import torch
 
 from rlpost.weightsync.manifest import WeightSyncError, manifest_of
 from rlpost.weightsync.sync import receive_weights, send_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
+from tests.helpers import run_threads
 
 
 def weights():
@@ -60,13 +59,6 @@ class Shard:
 
 def sync(named, shards, version=2):
     port, world = free_port(), 1 + len(shards)
-    results = [None] * world
-
-    def run(i, fn):
-        try:
-            results[i] = fn()
-        except Exception as e:  # noqa: BLE001
-            results[i] = e
 
     def sender():
         group = SyncGroup("127.0.0.1", port, 0, world, "cpu", 30)
@@ -76,13 +68,7 @@ def sync(named, shards, version=2):
         group = SyncGroup("127.0.0.1", port, rank, world, "cpu", 30)
         return receive_weights(group, shard.manifest, version, shard.load, shard.loaded, shard.part)
 
-    fns = [sender] + [lambda r=r, s=s: receiver(r, s) for r, s in enumerate(shards, start=1)]
-    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
+    return run_threads(sender, *[lambda r=r, s=s: receiver(r, s) for r, s in enumerate(shards, start=1)])
 
 
 def test_each_shard_keeps_its_slice_and_every_slice_is_read_back():

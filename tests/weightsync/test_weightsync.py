@@ -1,7 +1,5 @@
 """Weight sync over a real gloo group: sender and receivers run in threads of this process."""
 
-import threading
-
 import pytest
 import torch
 
@@ -15,24 +13,7 @@ from rlpost.weightsync.manifest import (
 from rlpost.weightsync.sync import receive_weights, send_weights
 from rlpost.weightsync.transport import SyncGroup, ephemeral_ports, free_port
 from rlpost.weightsync.verdict import compare_manifests
-
-
-def run_ranks(*fns):
-    """Run one function per rank in threads; return results, re-raise nothing (errors returned)."""
-    results = [None] * len(fns)
-
-    def wrap(i, fn):
-        try:
-            results[i] = fn()
-        except Exception as e:  # noqa: BLE001
-            results[i] = e
-
-    threads = [threading.Thread(target=wrap, args=(i, fn)) for i, fn in enumerate(fns)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
+from tests.helpers import run_threads
 
 
 class Engine:
@@ -86,7 +67,7 @@ def sync(named, engines, version=3, sender_version=None, bucket_bytes=64, verify
 
         return fn
 
-    return run_ranks(sender, *[receiver(i + 1, e) for i, e in enumerate(engines)])
+    return run_threads(sender, *[receiver(i + 1, e) for i, e in enumerate(engines)])
 
 
 def test_sync_delivers_every_tensor_bitwise_to_every_receiver():
@@ -316,7 +297,7 @@ def test_control_messages_of_any_size():
         group = SyncGroup("127.0.0.1", port, r, 2, "cpu", 30)
         return [group.broadcast_object(small if r == 0 else None), group.broadcast_object(large if r == 0 else None)]
 
-    assert run_ranks(lambda: rank(0), lambda: rank(1)) == [[small, large]] * 2
+    assert run_threads(lambda: rank(0), lambda: rank(1)) == [[small, large]] * 2
 
 
 def test_a_stuck_block_prints_every_thread_stack_and_a_quick_one_prints_nothing():
