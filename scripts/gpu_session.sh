@@ -41,7 +41,8 @@
 # and vLLM tensor parallel (2+ GPUs with vLLM; not yet run):
 #   bash scripts/gpu_session.sh W   # GPU tests (the TP shards synced by IPC); 0.5B world 2 colocated with one
 #                                   # engine of 2 shards against 2 replicas of 1; on 3+ GPUs split 1 + TP 2;
-#                                   # a checkpoint of world 2 resumed on world 1
+#                                   # LoRA update cost (bench_lora_update.py); a checkpoint of world 2 resumed
+#                                   # on world 1 (W1 and W2 are its two halves, one device call each)
 # Results go to $OUT (default /tmp/out). Each step runs even if an earlier one failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -76,7 +77,7 @@ multi() {  # multi NAME MODEL overrides...: a short GRPO run over both GPUs, wit
     rollout.max_response_length=256 trainer.micro_batch_size=256 trainer.max_tokens_per_microbatch=8192
     trainer.total_steps=${STEPS:-4} trainer.val_every=0 trainer.optim.lr=1e-6 algo.kl_coef=0.001
     reward.fn=/tmp/digit_share.py:score "$@")
-  step "$name" python3 -m rlpost.cli train "${args[@]}" logger.progress_bar=false run.dir=/tmp/runs/$name
+  step "$name" timeout 300 python3 -m rlpost.cli train "${args[@]}" logger.progress_bar=false run.dir=/tmp/runs/$name
   python3 scripts/summarize_run.py /tmp/runs/$name --skip 1 > "$OUT/$name.json"
   cp /tmp/runs/$name/metrics.jsonl "$OUT/$name.metrics.jsonl"
   python3 scripts/plan_vs_measured.py /tmp/runs/$name "${args[@]}" > "$OUT/$name.plan.json" 2> "$OUT/$name.plan.err"
@@ -117,13 +118,17 @@ V)
   grpo grpo_split_async cluster.placement=split algo.async_rollouts=true algo.max_staleness=2 \
     rollout.enforce_eager=true trainer.total_steps=5
   ;;
-W)  # 2+ GPUs: tensor parallel engines, each run with its memory plan against the measured peak
-  step gpu_tests python3 -m pytest -q -p no:cacheprovider tests/gpu
-  multi tp2_colocate $M trainer.world_size=2 rollout.num_workers=1 rollout.tensor_parallel_size=2
+W|W1)  # 2+ GPUs: tensor parallel engines, each run with its memory plan against the measured peak
+  step gpu_tests timeout 300 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/gpu}
+  multi tp2_colocate $M trainer.world_size=2 rollout.num_workers=1 rollout.tensor_parallel_size=2 ${TP_EXTRA:-}
   multi r2_colocate $M trainer.world_size=2 rollout.num_workers=2
   if [ "$(nvidia-smi -L | wc -l)" -ge 3 ]; then
     multi tp2_split $M trainer.world_size=1 cluster.placement=split rollout.tensor_parallel_size=2
   fi
+  step lora_update timeout 150 python3 scripts/bench_lora_update.py --cache /tmp/rlcache --out "$OUT/lora_update.json"
+  [ "$1" = W ] || exit 0
+  ;&
+W2)  # a checkpoint of world 2 (layerwise optimizer) resumed on world 1
   STEPS=2 multi saved_w2 $M trainer.world_size=2 rollout.num_workers=2 trainer.save_every=2 trainer.optim.offload=layerwise
   multi resumed_w1 $M trainer.world_size=1 trainer.total_steps=4 trainer.optim.offload=layerwise \
     trainer.resume=/tmp/runs/saved_w2/checkpoints/step_2

@@ -2,7 +2,7 @@
 it, each shard by CUDA IPC from the sender on its own GPU: every shard's slices are read back and
 checked (on a GPU nothing is repacked, so all of them), generation follows the new weights, and a
 shard paired with the sender of another GPU is refused by name before any memory is mapped. (Split
-placement, NCCL from a sender on a GPU of its own, needs 3 GPUs: `benchmarks/scale/gpu.sh`.)"""
+placement, NCCL from a sender on a GPU of its own, needs 3 GPUs: `scripts/gpu_session.sh W`.)"""
 
 import threading
 
@@ -41,9 +41,10 @@ def senders(ports, devices, transport):
     groups = [None] * len(ports)
 
     def make(i):
+        torch.cuda.set_device(devices[i])
         groups[i] = SyncGroup("127.0.0.1", ports[i], 0, 2 if transport == "ipc" else 3, devices[i], 60, transport)
 
-    threads = [threading.Thread(target=make, args=(i,)) for i in range(len(ports))]
+    threads = [threading.Thread(target=make, args=(i,), daemon=True) for i in range(len(ports))]
     for t in threads:
         t.start()
     return groups, threads
@@ -57,12 +58,13 @@ def push(groups, named, version):
 
     def send(group):
         try:
+            torch.cuda.set_device(group.device)  # a thread starts on GPU 0; a trainer rank's process is on its own
             tensors = iter([t.to(group.device) for _, t in named])
             send_weights(group, manifest_of(named), tensors, version, 1 << 20)
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
-    threads = [threading.Thread(target=send, args=(g,)) for g in groups]
+    threads = [threading.Thread(target=send, args=(g,), daemon=True) for g in groups]
     for t in threads:
         t.start()
     return threads, errors
@@ -84,10 +86,12 @@ def test_colocated_shards_are_synced_by_ipc_on_their_own_gpus(engine):
     }
     e.sleep()  # as between a colocated run's phases
     sending, errors = push(groups, list(new.items()), 1)
-    stats = e.receive_sharded(1)
-    for t in sending:
-        t.join()
-    assert not errors, errors
+    try:
+        stats = e.receive_sharded(1)
+    finally:
+        for t in sending:
+            t.join(timeout=120)
+        assert not errors, errors  # a sender's failure is the cause of a receiver's timeout
     assert stats.readback == len(new)  # every slice of every shard read back and checked
     model.load_state_dict(new, strict=False)
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
