@@ -41,7 +41,7 @@ CONFIG = [
     ),
     (
         "algo.name=nope",
-        "algo.name='nope' is not allowed; choose one of ['grpo', 'ppo', 'rloo', 'reinforce_pp', "
+        "algo.name='nope' is not a registered algorithm; choose one of ['grpo', 'ppo', 'rloo', 'reinforce_pp', "
         "'reinforce_pp_baseline', 'dapo', 'gspo', 'cispo']",
     ),
     (

@@ -33,31 +33,14 @@ from typing import Callable
 import torch
 
 from rlpost.data.batch import Batch
+from rlpost.registry import Registry
 
 AdvantageFn = Callable[[Batch, object], torch.Tensor]
-ADVANTAGES: dict[str, AdvantageFn] = {}
-TOKEN_REWARDS: set[str] = set()  # estimators that read per-token rewards (`token_rewards` [N, R])
-
-
-def register_advantage(name: str, token_rewards: bool = False):
-    """`token_rewards`: the estimator reads `batch["token_rewards"]` (the sequence reward on its
-    last loss token, and a KL penalty in the reward), which the controller then provides."""
-
-    def wrap(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGES:
-            raise ValueError(f"advantage estimator {name!r} is registered twice")
-        ADVANTAGES[name] = fn
-        if token_rewards:
-            TOKEN_REWARDS.add(name)
-        return fn
-
-    return wrap
-
-
-def get_advantage(name: str) -> AdvantageFn:
-    if name not in ADVANTAGES:
-        raise KeyError(f"algo.advantage={name!r} is not registered; choose one of {sorted(ADVANTAGES)}")
-    return ADVANTAGES[name]
+# registered with `token_rewards=True`: the estimator reads `batch["token_rewards"]` [N, R] (the
+# sequence reward on its last loss token, and a KL penalty in the reward), which the controller
+# then provides
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator", key="Algorithm.advantage")
+TOKEN_REWARDS: set[str] = ADVANTAGES.flagged("token_rewards")  # the estimators that read per-token rewards
 
 
 def _group_stats(rewards: torch.Tensor, group_ids: torch.Tensor):
@@ -134,29 +117,29 @@ def normalize_over_tokens(values: torch.Tensor, mask: torch.Tensor, eps: float =
     return torch.where(m, out, torch.zeros_like(out)).float()
 
 
-@register_advantage("grpo")
+@ADVANTAGES.register("grpo")
 def grpo(batch: Batch, algo) -> torch.Tensor:
     return grpo_advantage(batch["rewards"], batch["group_ids"], norm_by_std=algo.norm_adv_by_std)
 
 
-@register_advantage("rloo")
+@ADVANTAGES.register("rloo")
 def rloo(batch: Batch, algo) -> torch.Tensor:
     return rloo_advantage(batch["rewards"], batch["group_ids"], norm_by_std=algo.norm_adv_by_std)
 
 
-@register_advantage("reinforce_pp", token_rewards=True)
+@ADVANTAGES.register("reinforce_pp", token_rewards=True)
 def reinforce_pp(batch: Batch, algo) -> torch.Tensor:
     returns = discounted_returns(batch["token_rewards"], batch["loss_mask"], algo.gamma)
     return normalize_over_tokens(returns, batch["loss_mask"])
 
 
-@register_advantage("gae", token_rewards=True)
+@ADVANTAGES.register("gae", token_rewards=True)
 def gae(batch: Batch, algo) -> tuple[torch.Tensor, torch.Tensor]:
     adv, returns = gae_advantage(batch["token_rewards"], batch["values"], batch["loss_mask"], algo.gamma, algo.lam)
     return normalize_over_tokens(adv, batch["loss_mask"]), returns.float()
 
 
-@register_advantage("reinforce_pp_baseline")
+@ADVANTAGES.register("reinforce_pp_baseline")
 def reinforce_pp_baseline(batch: Batch, algo) -> torch.Tensor:
     adv = grpo_advantage(batch["rewards"], batch["group_ids"], norm_by_std=False)
     return normalize_over_tokens(adv[:, None].expand_as(batch["loss_mask"]), batch["loss_mask"])

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlpost.algos.advantages import TOKEN_REWARDS
+from rlpost.registry import Registry
 
 KL_PLACEMENTS = ("loss", "reward")
 ROLES = ("actor", "rollout", "reference", "critic", "reward_model")
@@ -36,12 +37,11 @@ class Algorithm:
     roles: tuple[str, ...] = ()  # roles it always needs beyond actor and rollout
 
 
-ALGORITHMS: dict[str, Algorithm] = {}
+ALGORITHMS: Registry[Algorithm] = Registry("algorithm", key="algo.name")
 
 
 def register_algorithm(algo: Algorithm) -> Algorithm:
-    if algo.name in ALGORITHMS:
-        raise ValueError(f"algorithm {algo.name!r} is registered twice")
+    """Check the declaration, then register it under its name."""
     if algo.kl not in KL_PLACEMENTS:
         raise ValueError(f"algorithm {algo.name!r}: kl={algo.kl!r}; choose one of {KL_PLACEMENTS}")
     if algo.kl == "reward" and algo.advantage not in TOKEN_REWARDS:
@@ -52,14 +52,7 @@ def register_algorithm(algo: Algorithm) -> Algorithm:
     unknown = set(algo.roles) - set(ROLES)
     if unknown:
         raise ValueError(f"algorithm {algo.name!r} names unknown roles {sorted(unknown)}; roles are {ROLES}")
-    ALGORITHMS[algo.name] = algo
-    return algo
-
-
-def get_algorithm(name: str) -> Algorithm:
-    if name not in ALGORITHMS:
-        raise KeyError(f"algo.name={name!r} is not registered; choose one of {sorted(ALGORITHMS)}")
-    return ALGORITHMS[name]
+    return ALGORITHMS.register(algo.name, algo)
 
 
 def needed_roles(algo: Algorithm, kl_coef: float, reward_model: bool) -> tuple[str, ...]:

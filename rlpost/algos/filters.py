@@ -18,18 +18,11 @@ from typing import Callable
 
 import torch
 
+from rlpost.registry import Registry
+
 BatchFilter = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-BATCH_FILTERS: dict[str, BatchFilter | None] = {"none": None}
-
-
-def register_batch_filter(name: str):
-    def wrap(fn: BatchFilter) -> BatchFilter:
-        if name in BATCH_FILTERS:
-            raise ValueError(f"batch filter {name!r} is registered twice")
-        BATCH_FILTERS[name] = fn
-        return fn
-
-    return wrap
+BATCH_FILTERS: Registry[BatchFilter | None] = Registry("batch filter", key="Algorithm.batch_filter")
+BATCH_FILTERS.register("none", None)  # every group trains
 
 
 def varied_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -42,7 +35,7 @@ def varied_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tenso
     return (high > low)[inverse]
 
 
-register_batch_filter("dynamic_sampling")(varied_groups)
+BATCH_FILTERS.register("dynamic_sampling", varied_groups)
 
 
 def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, penalty: float) -> torch.Tensor:

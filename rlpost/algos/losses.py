@@ -31,8 +31,11 @@ import math
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from rlpost.registry import Registry
+
+# the aggregations (`algo.loss_agg_mode`) and KL estimators (`algo.kl_estimator`), registered below
+LOSS_AGG_MODES = Registry("loss aggregation", key="algo.loss_agg_mode")
+KL_ESTIMATORS = Registry("KL estimator", key="algo.kl_estimator")
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -42,27 +45,44 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def aggregate(
     loss: torch.Tensor, mask: torch.Tensor, mode: str, denominator: float | None = None, norm_length: int = 0
 ) -> torch.Tensor:
-    """Reduce a per-token `[B, R]` loss to a scalar.
+    """Reduce a per-token `[B, R]` loss to a scalar by the aggregation `mode` (`LOSS_AGG_MODES`).
 
     `denominator`: the number of tokens (token-mean) or sequences (seq-mean-token-mean) to divide
     by; by default those of this batch. Passing the global count makes micro-batches and ranks add
     up to the exact full-batch mean. A tensor stays on its device (no host sync).
     """
     mask = mask.to(loss.dtype)
-    if mode == "token-mean":
-        denom = mask.sum() if denominator is None else denominator
-        return masked_sum(loss, mask) / _at_least_one(denom, loss)
-    if mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
-        if mode == "seq-mean-token-mean":
-            per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-        elif norm_length >= 1:
-            per_seq = (loss * mask).sum(-1) / norm_length
-        else:
-            raise ValueError(f"loss aggregation {mode} needs norm_length >= 1 (the generation budget)")
-        has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
-        denom = has_tokens.sum() if denominator is None else denominator
-        return (per_seq * has_tokens).sum() / _at_least_one(denom, loss)
-    raise ValueError(f"algo.loss_agg_mode={mode!r}; choose one of {LOSS_AGG_MODES}")
+    return LOSS_AGG_MODES.get(mode)(loss, mask, denominator, norm_length)
+
+
+def token_mean(loss: torch.Tensor, mask: torch.Tensor, denominator, norm_length: int) -> torch.Tensor:
+    denom = mask.sum() if denominator is None else denominator
+    return masked_sum(loss, mask) / _at_least_one(denom, loss)
+
+
+def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, denominator, norm_length: int) -> torch.Tensor:
+    per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return _over_sequences(per_seq, loss, mask, denominator)
+
+
+def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, denominator, norm_length: int) -> torch.Tensor:
+    if norm_length < 1:
+        raise ValueError("loss aggregation seq-mean-token-sum-norm needs norm_length >= 1 (the generation budget)")
+    per_seq = (loss * mask).sum(-1) / norm_length
+    return _over_sequences(per_seq, loss, mask, denominator)
+
+
+def _over_sequences(per_seq: torch.Tensor, loss: torch.Tensor, mask: torch.Tensor, denominator) -> torch.Tensor:
+    """The mean of `per_seq` [B] over the sequences with at least one token (or `denominator`)."""
+    has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
+    denom = has_tokens.sum() if denominator is None else denominator
+    return (per_seq * has_tokens).sum() / _at_least_one(denom, loss)
+
+
+# registered by a call, not a decorator: mutation testing (scripts/mutation.py) skips decorated functions
+LOSS_AGG_MODES.register("token-mean", token_mean)
+LOSS_AGG_MODES.register("seq-mean-token-mean", seq_mean_token_mean)
+LOSS_AGG_MODES.register("seq-mean-token-sum-norm", seq_mean_token_sum_norm)
 
 
 def _at_least_one(count, like: torch.Tensor):
@@ -135,16 +155,26 @@ def clipped_value_loss(
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token estimate of KL(policy || reference) `[B, R]`."""
-    d = logp - ref_logp
-    if estimator == "k1":
-        return d
-    if estimator == "k2":
-        return 0.5 * d.square()
-    if estimator == "k3":
-        # clamp as in common practice: exp of a large negative d would overflow the estimate
-        return torch.exp(-d.clamp(min=-20.0, max=20.0)) - 1.0 + d
-    raise ValueError(f"algo.kl_estimator={estimator!r}; choose one of {KL_ESTIMATORS}")
+    """Per-token estimate of KL(policy || reference) `[B, R]` by `estimator` (`KL_ESTIMATORS`)."""
+    return KL_ESTIMATORS.get(estimator)(logp - ref_logp)
+
+
+def kl_k1(d: torch.Tensor) -> torch.Tensor:
+    return d
+
+
+def kl_k2(d: torch.Tensor) -> torch.Tensor:
+    return 0.5 * d.square()
+
+
+def kl_k3(d: torch.Tensor) -> torch.Tensor:
+    # clamp as in common practice: exp of a large negative d would overflow the estimate
+    return torch.exp(-d.clamp(min=-20.0, max=20.0)) - 1.0 + d
+
+
+KL_ESTIMATORS.register("k1", kl_k1)
+KL_ESTIMATORS.register("k2", kl_k2)
+KL_ESTIMATORS.register("k3", kl_k3)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

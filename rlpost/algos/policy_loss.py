@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 
 from rlpost.algos.losses import aggregate, kl_penalty, ppo_clip_loss, sequence_log_ratio, truncated_is_weights
+from rlpost.registry import Registry
 
 
 @dataclass
@@ -58,23 +59,7 @@ class LossOutputs:
 
 
 PolicyLoss = Callable[[LossInputs, object], LossOutputs]
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
-
-
-def register_policy_loss(name: str):
-    def wrap(fn: PolicyLoss) -> PolicyLoss:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is registered twice")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return wrap
-
-
-def get_policy_loss(name: str) -> PolicyLoss:
-    if name not in POLICY_LOSSES:
-        raise KeyError(f"algo.policy_loss={name!r} is not registered; choose one of {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", key="Algorithm.policy_loss")
 
 
 def _masked(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,6 +139,6 @@ def cispo_loss(x: LossInputs, algo) -> LossOutputs:
 
 
 # registered by a call, not a decorator: mutation testing (scripts/mutation.py) skips decorated functions
-register_policy_loss("ppo")(ppo_loss)
-register_policy_loss("gspo")(gspo_loss)
-register_policy_loss("cispo")(cispo_loss)
+POLICY_LOSSES.register("ppo", ppo_loss)
+POLICY_LOSSES.register("gspo", gspo_loss)
+POLICY_LOSSES.register("cispo", cispo_loss)

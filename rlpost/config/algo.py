@@ -16,7 +16,7 @@ class AlgoConfig:
         "grpo",
         "The algorithm (rlpost.algos.algorithms; docs/algorithms.md): its advantage estimator, "
         "policy loss, KL placement, batch filter and roles.",
-        tuple(ALGORITHMS),
+        ALGORITHMS,
     )
     norm_adv_by_std: bool = knob(
         True, "Divide group advantages by the group std; false gives Dr.GRPO (Liu et al. 2025)."

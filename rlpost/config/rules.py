@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Callable
 
 from rlpost.config.schema import ConfigError, TrainConfig, iter_fields, mini_batch_size
+from rlpost.registry import Registry
 
 
 def _get(cfg, key: str):
@@ -87,7 +88,7 @@ def rows_to_train_on(cfg):
 def tiny_model_task(cfg):
     from rlpost.data.tasks import TASKS
 
-    task = TASKS.get(cfg.data.task)
+    task = TASKS.get(cfg.data.task) if cfg.data.task else None
     if cfg.model.path == "tiny" and task is not None and not task.tiny:
         tiny = [name for name, t in TASKS.items() if t.tiny]
         return (
@@ -107,12 +108,9 @@ def environment_exists(cfg):
         path = Path(name.rpartition(":")[0]).expanduser()
         return None if path.is_file() else f"env.name={name!r}: no file {path}"
     if name not in ENVS:
-        return f"env.name={name!r} is not allowed; choose one of {sorted(ENVS)} or give file.py:factory"
+        return ENVS.unknown(name)
     if cfg.env.tool_parser not in PARSERS:
-        return (
-            f"env.tool_parser={cfg.env.tool_parser!r} is not allowed with env.name={name!r}; "
-            f"choose one of {sorted(PARSERS)}"
-        )
+        return f"with env.name={name!r}: {PARSERS.unknown(cfg.env.tool_parser)}"
 
 
 @rule("trainer.resume")
@@ -197,17 +195,24 @@ def tensor_parallel_engines(cfg):
             f"rollout.tensor_parallel_size={r.tensor_parallel_size} with model.lora.mode=adapter: the adapter sync "
             "writes a peft folder in one process; use model.lora.mode=merge"
         )
+    colocated_gpus = cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda"
+    if colocated_gpus and not r.enforce_eager:  # seen on 2 x H200: benchmarks/multi_gpu/tp_h200x2.json
+        return (
+            f"rollout.tensor_parallel_size={r.tensor_parallel_size} colocated on GPUs: vLLM's compiled model failed "
+            "its first forward in cuBLAS (cublasCreate) beside the trainer ranks, and ran eager; set "
+            "rollout.enforce_eager=true (or cluster.placement=split)"
+        )
 
 
 @rule("algo.async_rollouts")
 def async_rollouts_need_split(cfg):
-    from rlpost.algos.algorithms import get_algorithm
+    from rlpost.algos.algorithms import ALGORITHMS
 
     if not cfg.algo.async_rollouts:
         return None
     if cfg.cluster.placement != "split":
         return "algo.async_rollouts=true needs cluster.placement=split (the rollouts generate while the trainer trains)"
-    if get_algorithm(cfg.algo.name).batch_filter != "none":
+    if ALGORITHMS.get(cfg.algo.name).batch_filter != "none":
         return (
             f"algo.async_rollouts=true with algo.name={cfg.algo.name}: its batch filter (dynamic sampling) "
             "works on whole generated batches; use algo.async_rollouts=false"
@@ -232,7 +237,7 @@ def known_trackers(cfg):
 
     unknown = [b for b in cfg.logger.backends if b not in TRACKERS]
     if unknown:
-        return f"logger.backends contains {unknown[0]!r}; allowed: {', '.join(TRACKERS)}"
+        return TRACKERS.unknown(unknown[0])
 
 
 @rule("model.lora.target_modules")
@@ -302,6 +307,8 @@ def check_values(cfg: TrainConfig, prefix: str = "") -> None:
             continue
         value = _get(cfg, key)
         choices = f.metadata.get("choices")
+        if isinstance(choices, Registry) and value not in choices:  # its message suggests the closest name
+            raise ConfigError(choices.unknown(value))
         if choices is not None and value not in choices:
             raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}")
         broken = _out_of_range(value, f.metadata["range"]) if "range" in f.metadata else None

@@ -153,7 +153,7 @@ class DataConfig:
         "`rlpost/data/tasks.py`): "
         + "; ".join(f"`{name}` ({task.help})" for name, task in TASKS.items())
         + ". Empty: read `train_files`/`val_files`.",
-        ("", *TASKS),
+        ("", *TASKS.names()),
     )
     train_files: list = knob(
         [],

@@ -25,11 +25,11 @@ def train(cfg: TrainConfig, log=print) -> Path:
             controller = Controller(cfg, log=log, restarts=restarts, stop=stop, started=started)
             try:
                 if stop.signal is not None:  # arrived while the workers started
-                    controller._stop_on(stop.signal)
+                    controller.stop_on(stop.signal)
                 return controller.run(stop)
             except Exception as e:
                 if stop.signal is not None and is_ray_error(e):  # the signal took the workers too
-                    controller._stop_on(stop.signal, workers_gone=True)
+                    controller.stop_on(stop.signal, workers_gone=True)
                 dead = controller.dead_actors() if is_ray_error(e) else []
                 if not dead or restarts >= cfg.trainer.max_restarts:
                     raise

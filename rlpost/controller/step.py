@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import torch
 
-from rlpost.algos.advantages import TOKEN_REWARDS, get_advantage
-from rlpost.algos.algorithms import get_algorithm
+from rlpost.algos.advantages import ADVANTAGES, TOKEN_REWARDS
+from rlpost.algos.algorithms import ALGORITHMS
 from rlpost.algos.filters import overlong_penalty, truncated
 from rlpost.algos.losses import kl_penalty
 from rlpost.config import TrainConfig, mini_batch_size
@@ -44,7 +44,7 @@ def step_plan(batch: Batch, cfg: TrainConfig):
 
 def kl_in_reward(cfg: TrainConfig) -> bool:
     """The algorithm puts a KL penalty into the per-token rewards (not into the loss)."""
-    return cfg.algo.kl_coef > 0 and get_algorithm(cfg.algo.name).kl == "reward"
+    return cfg.algo.kl_coef > 0 and ALGORITHMS.get(cfg.algo.name).kl == "reward"
 
 
 def old_logprobs_in_update(cfg: TrainConfig) -> bool:
@@ -126,12 +126,12 @@ def advantages(batch: Batch, cfg: TrainConfig, kl_coef: float | None = None):
     """The advantages of the algorithm's estimator for a batch with `rewards` and `group_ids`
     (and the log-probs, when the KL is in the reward; the critic's `values`): [N] or [N, R], or
     (advantages, returns) from an estimator with a critic."""
-    name = get_algorithm(cfg.algo.name).advantage
+    name = ALGORITHMS.get(cfg.algo.name).advantage
     if name not in TOKEN_REWARDS:
-        return get_advantage(name)(batch, cfg.algo)
+        return ADVANTAGES.get(name)(batch, cfg.algo)
     view = Batch(dict(batch.tensors))  # the per-token rewards are the estimator's input only
     view["token_rewards"] = token_rewards(batch, cfg, kl_coef)
-    return get_advantage(name)(view, cfg.algo)
+    return ADVANTAGES.get(name)(view, cfg.algo)
 
 
 def sampling_params(cfg: TrainConfig, seed: int, n: int | None = None, greedy: bool = False) -> SamplingParams:
@@ -223,6 +223,22 @@ def check_rollout_serves_adapter(batch: Batch, staleness: int, separation: float
             "engine does not apply; verl #7014, #7495)"
         )
     out["lora/adapter_check"] = 1.0
+    return out
+
+
+def put_advantages(batch: Batch, cfg: TrainConfig, kl) -> dict[str, float]:
+    """The algorithm's advantages (and with a critic its returns) into `batch`; with the KL in
+    the reward, the batch's KL per sequence and the coefficient, and the KL controller `kl`
+    adapts to it."""
+    adv = advantages(batch, cfg, kl.coef)
+    if isinstance(adv, tuple):  # an estimator with a critic: the returns are its targets
+        adv, batch["returns"] = adv
+    batch["advantages"] = adv
+    if not kl_in_reward(cfg):
+        return {}
+    value = reward_kl(batch, cfg).sum(-1).mean().item()
+    out = {"kl/reward_kl": value, "kl/coef": kl.coef}
+    kl.update(value, len(batch))
     return out
 
 

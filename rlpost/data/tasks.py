@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rlpost.registry import Registry
+
 ARITHMETIC = "arithmetic"
 ARITHMETIC_FORMAT = 2  # bump when the rows change: cached copies are keyed by it
 MULTIPLY = "multiply"
@@ -87,7 +89,7 @@ def task_split(task: str, digits: int, num_val: int) -> tuple[list[dict], list[d
 
 
 def task_format(task: str) -> int:
-    return TASKS[task].format
+    return TASKS.get(task).format
 
 
 # ------------------------------------------------------------------------------------ registry
@@ -105,24 +107,22 @@ class Task:
     tiny: bool = False  # the tiny model (`model.path=tiny`) can be warmed up on it
 
 
-TASKS: dict[str, Task] = {}
+TASKS: Registry[Task] = Registry("offline task", key="data.task")
 
 
 def register_task(task: Task) -> Task:
-    if task.name in TASKS:
-        raise ValueError(f"offline task {task.name!r} is registered twice")
-    TASKS[task.name] = task
-    return task
+    """`TASKS.register` under the task's own name."""
+    return TASKS.register(task.name, task)
 
 
 def task_rows(data) -> tuple[list[dict], list[dict]]:
     """(train rows, validation rows) of the offline task `data.task`, from the `data` config section."""
-    return TASKS[data.task].rows(data)
+    return TASKS.get(data.task).rows(data)
 
 
 def task_cache_name(data) -> str:
     """The folder name of `data.task`'s cached rows (under `model.cache_dir`/data)."""
-    return TASKS[data.task].cache_name(data)
+    return TASKS.get(data.task).cache_name(data)
 
 
 def digits_key(data, name: str, fmt: int) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from rlpost.data.userfile import load_from_file
+from rlpost.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -51,32 +52,21 @@ class EpisodeRow:
     data_source: str
 
 
-ENVS: dict[str, Callable[[EpisodeRow, object], Environment]] = {}
-
-
-def register_env(name: str):
-    """Decorator: a factory `(row, options) -> Environment` becomes `env.name=<name>`; `options` is
-    the run's `env` config section (`tool_parser`, `tool_timeout_s`, ...)."""
-
-    def wrap(factory):
-        ENVS[name] = factory
-        return factory
-
-    return wrap
+# `@ENVS.register(name)` over a factory `(row, options) -> Environment` makes it `env.name=<name>`;
+# `options` is the run's `env` config section (`tool_parser`, `tool_timeout_s`, ...). A user's file
+# is run again by each `file.py:factory` that names it, and by tool workers: its registrations
+# replace the earlier ones.
+ENVS: Registry[Callable[[EpisodeRow, object], Environment]] = Registry(
+    "environment", key="env.name", others="file.py:factory", replace=True
+)
 
 
 def env_factory(name: str) -> Callable[[EpisodeRow, object], Environment]:
     """A registered environment, or `path/to/file.py:factory` (the file may register tool parsers
     too: it is imported before the environment is made)."""
-    if name in ENVS:
-        return ENVS[name]
-    if ":" not in name:
-        raise KeyError(
-            f"env.name={name!r} is not a registered environment; choose one of {sorted(ENVS)} or give file.py:factory"
-        )
-    factory = load_from_file(name, "env.name")
-    ENVS[name] = factory
-    return factory
+    if name in ENVS or ":" not in name:
+        return ENVS.get(name)
+    return ENVS.register(name, load_from_file(name, "env.name"))
 
 
 def make_env(name: str, row: EpisodeRow, options) -> Environment:

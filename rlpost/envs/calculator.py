@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import operator
 
-from rlpost.envs.base import EpisodeRow, register_env
+from rlpost.envs.base import ENVS, EpisodeRow
 from rlpost.envs.tools import ToolEnv, tool
 
 OPS = {
@@ -61,7 +61,7 @@ def calculator(expression: str) -> str:
     return str(result)
 
 
-@register_env("calculator")
+@ENVS.register("calculator")
 def calculator_env(row: EpisodeRow, options) -> ToolEnv:
     """The model may call `calculator` before it answers; a turn without a call is the answer."""
     return ToolEnv([calculator], options)

@@ -4,7 +4,7 @@ answer as usual. A small environment with no tools, for any task with exact answ
 
 from __future__ import annotations
 
-from rlpost.envs.base import EnvStep, EpisodeRow, Turn, register_env
+from rlpost.envs.base import ENVS, EnvStep, EpisodeRow, Turn
 
 TRY_AGAIN = "No, try again."
 
@@ -21,6 +21,6 @@ class RetryEnv:
         return EnvStep(messages=[{"role": "user", "content": TRY_AGAIN}])
 
 
-@register_env("retry")
+@ENVS.register("retry")
 def retry_env(row: EpisodeRow, options) -> RetryEnv:
     return RetryEnv(row.ground_truth)

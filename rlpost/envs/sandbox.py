@@ -19,7 +19,7 @@ import sysconfig
 import tempfile
 from dataclasses import dataclass
 
-from rlpost.envs.base import EpisodeRow, register_env
+from rlpost.envs.base import ENVS, EpisodeRow
 from rlpost.envs.tools import ToolEnv, tool
 
 # Runs first in the child: `sys.argv[1]` is the working folder, the code comes on stdin.
@@ -121,7 +121,7 @@ def python_tool(code: str) -> str:
     return out
 
 
-@register_env("python")
+@ENVS.register("python")
 def python_env(row: EpisodeRow, options) -> ToolEnv:
     """The model may run Python (sandboxed) before it answers; a turn without a call is the answer."""
     return ToolEnv([python_tool], options)

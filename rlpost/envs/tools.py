@@ -5,7 +5,7 @@ A tool's schema follows the OpenAI / Hugging Face chat-template `tools` conventi
 (`{"type": "function", "function": {"name", "description", "parameters"}}`), built from the
 function's signature and docstring by `tool`. Parsers are registered by the format of the
 model's chat template: `hermes` (Qwen2.5, Hermes: `<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>`) to start; `register_parser` adds others.
+</tool_call>`) to start; `PARSERS.register` adds others.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from rlpost.data.userfile import run_file
 from rlpost.envs.base import EnvStep, Turn
+from rlpost.registry import Registry
 from rlpost.rewards.executor import WorkerPool
 
 JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
@@ -74,21 +75,15 @@ class Parsed:
     errors: list[str]  # one message per call that could not be read
 
 
-PARSERS: dict[str, Callable[[str], Parsed]] = {}
-
-
-def register_parser(name: str):
-    def wrap(fn):
-        PARSERS[name] = fn
-        return fn
-
-    return wrap
+# `@PARSERS.register(name)` over a function `(text) -> Parsed` makes it `env.tool_parser=<name>`
+# (replacing a parser of that name: a user's file that registers one may run more than once)
+PARSERS: Registry[Callable[[str], Parsed]] = Registry("tool parser", key="env.tool_parser", replace=True)
 
 
 HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
-@register_parser("hermes")
+@PARSERS.register("hermes")
 def parse_hermes(text: str) -> Parsed:
     """`<tool_call>{"name": "f", "arguments": {...}}</tool_call>`, as many as the turn holds
     (arguments may also come as a JSON string of an object, as some models write them)."""
@@ -181,9 +176,7 @@ class ToolEnv:
     `error: ...`, which the model reads."""
 
     def __init__(self, tools: list[Tool], options):
-        if options.tool_parser not in PARSERS:
-            raise KeyError(f"env.tool_parser={options.tool_parser!r} is unknown; choose one of {sorted(PARSERS)}")
-        self.tools, self.parse, self.timeout_s = tools, PARSERS[options.tool_parser], options.tool_timeout_s
+        self.tools, self.parse, self.timeout_s = tools, PARSERS.get(options.tool_parser), options.tool_timeout_s
         self.by_name = {t.name: t for t in tools}
         self.pool = tool_pool(tools, options.workers, options.tool_memory_mb)
 

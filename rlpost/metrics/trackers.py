@@ -1,16 +1,20 @@
 """Where metrics go: console, `metrics.jsonl`, tensorboard, wandb (offline by default).
 
 Every tracker takes `log(metrics, step)` with a flat dict of floats and `close()`.
-`metrics.jsonl` gets one JSON object per step, with the step under `"step"`.
+`metrics.jsonl` gets one JSON object per step, with the step under `"step"`. `TRACKERS` holds a
+factory per name of `logger.backends`, from the run's `TrackerRun` to the tracker.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-TRACKERS = ("console", "jsonl", "tensorboard", "wandb")  # the values of logger.backends
+from rlpost.registry import Registry
+
 CONSOLE_KEYS = (
     "reward/mean",
     "val/accuracy",
@@ -123,6 +127,24 @@ class WandbTracker:
         self.run.finish()
 
 
+@dataclass(frozen=True)
+class TrackerRun:
+    """What a tracker is made from: the run's folder and the `logger` settings."""
+
+    run_dir: Path
+    project: str
+    wandb_mode: str
+    config: dict
+    write: Callable[[str], None]
+
+
+TRACKERS: Registry[Callable[[TrackerRun], object]] = Registry("tracker", key="logger.backends")
+TRACKERS.register("console", lambda run: ConsoleTracker(run.write))
+TRACKERS.register("jsonl", lambda run: JsonlTracker(run.run_dir))
+TRACKERS.register("tensorboard", lambda run: TensorboardTracker(run.run_dir))
+TRACKERS.register("wandb", lambda run: WandbTracker(run.run_dir, run.project, run.wandb_mode, run.config))
+
+
 class Trackers:
     def __init__(
         self,
@@ -133,18 +155,8 @@ class Trackers:
         config: dict | None = None,
         write=print,
     ):
-        self.trackers = []
-        for name in backends:
-            if name == "console":
-                self.trackers.append(ConsoleTracker(write))
-            elif name == "jsonl":
-                self.trackers.append(JsonlTracker(run_dir))
-            elif name == "tensorboard":
-                self.trackers.append(TensorboardTracker(run_dir))
-            elif name == "wandb":
-                self.trackers.append(WandbTracker(run_dir, project, wandb_mode, config or {}))
-            else:
-                raise ValueError(f"logger.backends: unknown tracker {name!r}")
+        run = TrackerRun(run_dir, project, wandb_mode, config or {}, write)
+        self.trackers = [TRACKERS.get(name)(run) for name in backends]
 
     def log(self, metrics: dict, step: int) -> None:
         for t in self.trackers:

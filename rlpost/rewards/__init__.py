@@ -10,12 +10,6 @@ raises, returns something that is not a finite number, times out or crashes its 
 """
 
 from rlpost.rewards import builtin, library  # noqa: F401  (register the built-in and the libraries' scorers)
-from rlpost.rewards.base import (
-    REWARDS,
-    RewardFn,
-    RewardInput,
-    get_reward_fn,
-    register_reward,
-)
+from rlpost.rewards.base import REWARDS, RewardFn, RewardInput, get_reward_fn
 
-__all__ = ["REWARDS", "RewardFn", "RewardInput", "get_reward_fn", "register_reward"]
+__all__ = ["REWARDS", "RewardFn", "RewardInput", "get_reward_fn"]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from rlpost.data.userfile import load_from_file
+from rlpost.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -22,25 +23,12 @@ class RewardFn(Protocol):
     def __call__(self, sample: RewardInput) -> float: ...
 
 
-REWARDS: dict[str, RewardFn] = {}
-TRUSTED: set[str] = set()  # registered scorers that run in the controller's process, not the pool
-
-
-def register_reward(name: str, trusted: bool = False):
-    """Decorator: make a scorer available as `reward.fn=name` and for `data_source: name` rows.
-    `trusted=True` is for reviewed code whose time is linear in the response and which cannot
-    crash the process (rlpost's own string and regular-expression scorers): it is scored in the
-    controller's process, where a call costs what it costs; everything else runs in the pool."""
-
-    def wrap(fn: RewardFn) -> RewardFn:
-        if name in REWARDS:
-            raise ValueError(f"reward function {name!r} is registered twice")
-        REWARDS[name] = fn
-        if trusted:
-            TRUSTED.add(name)
-        return fn
-
-    return wrap
+# `@REWARDS.register(name)` makes a scorer available as `reward.fn=name` and for `data_source: name`
+# rows. `trusted=True` is for reviewed code whose time is linear in the response and which cannot
+# crash the process (rlpost's own string and regular-expression scorers): it is scored in the
+# controller's process, where a call costs what it costs; everything else runs in the pool.
+REWARDS: Registry[RewardFn] = Registry("reward", key="reward.fn", others="'auto', 'path/to/file.py:function'")
+TRUSTED: set[str] = REWARDS.flagged("trusted")  # registered scorers that run in the controller's process
 
 
 def load_user_fn(spec: str) -> RewardFn:
@@ -54,9 +42,4 @@ def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:
         return None
     if ".py:" in spec:
         return load_user_fn(spec)
-    if spec not in REWARDS:
-        raise KeyError(
-            f"reward.fn={spec!r} is not a registered reward; choose one of "
-            f"{sorted(REWARDS)}, 'auto', or 'path/to/file.py:function'"
-        )
-    return REWARDS[spec]
+    return REWARDS.get(spec)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from rlpost.rewards.base import RewardInput, register_reward
+from rlpost.rewards.base import REWARDS, RewardInput
 
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _RUN = re.compile(r"-?[0-9.,]+")  # a run of number characters; no backtracking, so linear time
@@ -38,7 +38,7 @@ def _normalise_number(text: str) -> str:
     return text.replace(",", "").replace("$", "").strip().rstrip(".")
 
 
-@register_reward("arithmetic", trusted=True)
+@REWARDS.register("arithmetic", trusted=True)
 def arithmetic(sample: RewardInput) -> float:
     return 1.0 if sample.response.strip() == sample.ground_truth.strip() else 0.0
 
@@ -57,7 +57,7 @@ def extract_gsm8k_answer(response: str, method: str = "strict") -> str | None:
     return _normalise_number(found[-1]) if found else None
 
 
-@register_reward("gsm8k", trusted=True)
+@REWARDS.register("gsm8k", trusted=True)
 def gsm8k(sample: RewardInput, method: str = "strict") -> float:
     answer = extract_gsm8k_answer(sample.response, method)
     return 1.0 if answer is not None and answer == _normalise_number(sample.ground_truth) else 0.0
@@ -81,7 +81,7 @@ def same_number(answer: str | None, ground_truth: str) -> float:
     return 1.0 if value is not None and value == truth else 0.0
 
 
-@register_reward("last_number", trusted=True)
+@REWARDS.register("last_number", trusted=True)
 def last_number(sample: RewardInput) -> float:
     return same_number(extract_gsm8k_answer(sample.response, "flexible"), sample.ground_truth)
 
@@ -101,7 +101,7 @@ def extract_answer_line(response: str) -> str | None:
     return None
 
 
-@register_reward("answer_line", trusted=True)
+@REWARDS.register("answer_line", trusted=True)
 def answer_line(sample: RewardInput) -> float:
     return same_number(extract_answer_line(sample.response), sample.ground_truth)
 
@@ -112,7 +112,7 @@ def numbers_in(text: str) -> list[Decimal]:
     return [v for v in values if v is not None]
 
 
-@register_reward("running_total", trusted=True)
+@REWARDS.register("running_total", trusted=True)
 def running_total(sample: RewardInput) -> float:
     sums = _SUM.findall(sample.prompt)
     if not sums:

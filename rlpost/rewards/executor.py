@@ -14,7 +14,7 @@ at fault is found and its neighbours still count; `call` runs one item on the ne
 from any number of threads (a tool call).
 
 `RewardPool.score(samples)` scores the samples of trusted scorers (rlpost's own, see
-`register_reward`) in this process and sends the others to a `WorkerPool`; a failed sample scores
+`REWARDS.register`) in this process and sends the others to a `WorkerPool`; a failed sample scores
 `reward.error_score` and is counted by kind, and the first error keeps its traceback.
 """
 
@@ -153,9 +153,9 @@ def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:
     fn = get_reward_fn(spec)
 
     def score(sample: RewardInput) -> float:
-        scorer = fn if fn is not None else REWARDS.get(sample.data_source)
-        if scorer is None:
+        if fn is None and sample.data_source not in REWARDS:
             raise KeyError(f"no reward function registered for data_source {sample.data_source!r}; set reward.fn")
+        scorer = fn if fn is not None else REWARDS.get(sample.data_source)
         return checked(scorer(sample, **(kwargs if fn is not None else {})))
 
     return score
@@ -283,7 +283,7 @@ class WorkerPool:
 
 class RewardPool:
     """Scores with `reward.fn` = `spec` (and `kwargs`) in a `WorkerPool` of `workers`
-    processes. Samples whose scorer is trusted (`register_reward(..., trusted=True)`: rlpost's own)
+    processes. Samples whose scorer is trusted (`REWARDS.register(..., trusted=True)`: rlpost's own)
     are scored in this process instead; the processes start when the first other sample comes."""
 
     def __init__(

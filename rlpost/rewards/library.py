@@ -24,7 +24,7 @@ import importlib
 import json
 import logging
 
-from rlpost.rewards.base import RewardInput, register_reward
+from rlpost.rewards.base import REWARDS, RewardInput
 
 PACKAGES = {"reasoning_gym": "reasoning-gym>=0.1.25", "math_verify": "math-verify>=0.9"}
 
@@ -56,7 +56,7 @@ def gym_answer(response: str) -> str:
     return lines[-1] if lines else ""
 
 
-@register_reward("reasoning_gym")
+@REWARDS.register("reasoning_gym")
 def reasoning_gym_score(sample: RewardInput) -> float:
     entry = json.loads(sample.ground_truth)
     return float(gym_scorer(entry["dataset"])(gym_answer(sample.response), entry))
@@ -77,7 +77,7 @@ def _math_verify():
     return module
 
 
-@register_reward("math_verify")
+@REWARDS.register("math_verify")
 def math_verify_score(sample: RewardInput) -> float:
     mv = _math_verify()
     gold = mv.parse(gold_text(sample.ground_truth), parsing_timeout=None)

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlpost.algos.algorithms import get_algorithm
-from rlpost.algos.policy_loss import LossInputs, get_policy_loss
+from rlpost.algos.algorithms import ALGORITHMS
+from rlpost.algos.policy_loss import POLICY_LOSSES, LossInputs
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import padded_tokens, split_shard
@@ -60,8 +60,8 @@ class ActorWorker:
         self.model, self.device, self.lora = e.model, e.device, e.lora
         self.optimizer = e.optimizer
         self.ref_model = e.frozen_copy() if cfg.algo.kl_coef > 0 and self.lora is None else None
-        algorithm = get_algorithm(cfg.algo.name)
-        self.loss_fn = get_policy_loss(algorithm.policy_loss)
+        algorithm = ALGORITHMS.get(cfg.algo.name)
+        self.loss_fn = POLICY_LOSSES.get(algorithm.policy_loss)
         self.kl_in_loss = cfg.algo.kl_coef if algorithm.kl == "loss" else 0.0  # else it is in the reward
         self.layout = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation, cfg.trainer.device)
         self.sync_group: SyncGroup | None = None

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlpost.algos.advantages import ADVANTAGES, get_advantage, grpo_advantage, register_advantage, rloo_advantage
+from rlpost.algos.advantages import ADVANTAGES, grpo_advantage, rloo_advantage
 from tests.helpers import examples
 
 
@@ -41,7 +41,7 @@ def test_rloo_leave_one_out():
 def test_registry_names_choices():
     assert {"grpo", "rloo"} <= set(ADVANTAGES)
     with pytest.raises(KeyError, match="choose one of"):
-        get_advantage("nope")
+        ADVANTAGES.get("nope")
 
 
 @settings(max_examples=examples(100), deadline=None)
@@ -132,21 +132,20 @@ def test_registering_a_name_twice_is_refused():
     """A second estimator under an existing name raises, naming it, and leaves the first in place."""
     first = ADVANTAGES["grpo"]
     with pytest.raises(ValueError, match=r"^advantage estimator 'grpo' is registered twice$"):
-        register_advantage("grpo")(lambda batch, algo: batch["rewards"])
+        ADVANTAGES.register("grpo")(lambda batch, algo: batch["rewards"])
     assert ADVANTAGES["grpo"] is first
 
 
 def test_a_registered_estimator_is_the_one_its_name_returns(monkeypatch):
-    from rlpost.algos.advantages import get_advantage
+    from rlpost.algos.advantages import ADVANTAGES
 
-    monkeypatch.setitem(ADVANTAGES, "_probe", None)  # restored afterwards
-    del ADVANTAGES["_probe"]
+    monkeypatch.setattr(ADVANTAGES, "_values", dict(ADVANTAGES._values))  # registrations undone afterwards
 
     def mine(batch, algo):
         return batch["rewards"] * 2
 
-    assert register_advantage("_probe")(mine) is mine
-    assert get_advantage("_probe") is mine
+    assert ADVANTAGES.register("_probe")(mine) is mine
+    assert ADVANTAGES.get("_probe") is mine
 
 
 def test_normalize_over_tokens_edges():

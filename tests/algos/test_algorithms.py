@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlpost.algos.advantages import ADVANTAGES, TOKEN_REWARDS, discounted_returns, normalize_over_tokens
-from rlpost.algos.algorithms import ALGORITHMS, Algorithm, get_algorithm, needed_roles, register_algorithm
+from rlpost.algos.algorithms import ALGORITHMS, Algorithm, needed_roles, register_algorithm
 from rlpost.algos.filters import BATCH_FILTERS, overlong_penalty, truncated, varied_groups
 from rlpost.algos.policy_loss import POLICY_LOSSES
 from rlpost.data.batch import Batch
@@ -19,20 +19,20 @@ from tests.helpers import examples
 # ------------------------------------------------------------------------------ declarations
 def test_every_declaration_names_registered_parts():
     assert {"grpo", "ppo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dapo", "gspo", "cispo"} <= set(ALGORITHMS)
-    for algo in ALGORITHMS.values():
+    for _, algo in ALGORITHMS.items():
         assert algo.advantage in ADVANTAGES and algo.policy_loss in POLICY_LOSSES, algo.name
         assert algo.batch_filter in BATCH_FILTERS, algo.name
         assert algo.kl == "loss" or algo.advantage in TOKEN_REWARDS, algo.name
-    assert get_algorithm("gspo").policy_loss == "gspo" and get_algorithm("cispo").policy_loss == "cispo"
-    assert get_algorithm("dapo").batch_filter == "dynamic_sampling"
-    assert get_algorithm("reinforce_pp").kl == "reward" and get_algorithm("reinforce_pp_baseline").kl == "loss"
-    assert get_algorithm("ppo").roles == ("critic",) and get_algorithm("ppo").advantage == "gae"
+    assert ALGORITHMS.get("gspo").policy_loss == "gspo" and ALGORITHMS.get("cispo").policy_loss == "cispo"
+    assert ALGORITHMS.get("dapo").batch_filter == "dynamic_sampling"
+    assert ALGORITHMS.get("reinforce_pp").kl == "reward" and ALGORITHMS.get("reinforce_pp_baseline").kl == "loss"
+    assert ALGORITHMS.get("ppo").roles == ("critic",) and ALGORITHMS.get("ppo").advantage == "gae"
     with pytest.raises(KeyError, match="algo.name='nope'.*grpo"):
-        get_algorithm("nope")
+        ALGORITHMS.get("nope")
 
 
 def test_a_role_the_algorithm_does_not_need_is_not_started():
-    grpo = get_algorithm("grpo")
+    grpo = ALGORITHMS.get("grpo")
     assert needed_roles(grpo, kl_coef=0.0, reward_model=False) == ("actor", "rollout")
     assert needed_roles(grpo, kl_coef=0.1, reward_model=False) == ("actor", "rollout", "reference")
     assert needed_roles(grpo, kl_coef=0.0, reward_model=True) == ("actor", "rollout", "reward_model")
@@ -50,10 +50,10 @@ def test_a_role_the_algorithm_does_not_need_is_not_started():
     ],
 )
 def test_bad_declarations_are_refused(algo, error):
-    before = dict(ALGORITHMS)
+    before = ALGORITHMS.items()
     with pytest.raises(ValueError, match=error):
         register_algorithm(algo)
-    assert ALGORITHMS == before
+    assert ALGORITHMS.items() == before
 
 
 # ------------------------------------------------------------------------------- REINFORCE++
@@ -219,19 +219,16 @@ def test_adaptive_kl_controller_follows_ziegler():
 
 
 def test_a_batch_filter_is_registered_once_under_its_name(monkeypatch):
-    from rlpost.algos.filters import register_batch_filter
-
     first = BATCH_FILTERS["dynamic_sampling"]
     with pytest.raises(ValueError, match=r"^batch filter 'dynamic_sampling' is registered twice$"):
-        register_batch_filter("dynamic_sampling")(lambda r, g: None)
+        BATCH_FILTERS.register("dynamic_sampling", lambda r, g: None)
     assert BATCH_FILTERS["dynamic_sampling"] is first
-    monkeypatch.setitem(BATCH_FILTERS, "_probe", None)  # restored afterwards
-    del BATCH_FILTERS["_probe"]
+    monkeypatch.setattr(BATCH_FILTERS, "_values", dict(BATCH_FILTERS._values))  # registrations undone afterwards
 
     def mine(rewards, groups):
         return None
 
-    assert register_batch_filter("_probe")(mine) is mine and BATCH_FILTERS["_probe"] is mine
+    assert BATCH_FILTERS.register("_probe", mine) is mine and BATCH_FILTERS["_probe"] is mine
 
 
 def test_filters_on_empty_and_smallest_inputs():

@@ -140,21 +140,20 @@ def test_micro_batches_on_every_rank_add_up_to_the_mini_batch_loss(mode):
 
 
 def test_a_policy_loss_is_registered_once_under_its_name(monkeypatch):
-    from rlpost.algos.policy_loss import POLICY_LOSSES, get_policy_loss, register_policy_loss
+    from rlpost.algos.policy_loss import POLICY_LOSSES
 
     first = POLICY_LOSSES["ppo"]
     with pytest.raises(ValueError, match=r"^policy loss 'ppo' is registered twice$"):
-        register_policy_loss("ppo")(lambda x, algo: None)
+        POLICY_LOSSES.register("ppo", lambda x, algo: None)
     assert POLICY_LOSSES["ppo"] is first
-    monkeypatch.setitem(POLICY_LOSSES, "_probe", None)  # restored afterwards
-    del POLICY_LOSSES["_probe"]
+    monkeypatch.setattr(POLICY_LOSSES, "_values", dict(POLICY_LOSSES._values))  # registrations undone afterwards
 
     def mine(x, algo):
         return None
 
-    assert register_policy_loss("_probe")(mine) is mine and get_policy_loss("_probe") is mine
+    assert POLICY_LOSSES.register("_probe", mine) is mine and POLICY_LOSSES.get("_probe") is mine
     with pytest.raises(KeyError, match="_nope"):
-        get_policy_loss("_nope")
+        POLICY_LOSSES.get("_nope")
 
 
 def test_ppo_loss_metrics_hand_computed():

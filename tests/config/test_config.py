@@ -24,12 +24,12 @@ def test_recipe_and_overrides_compose():
         (["trainer.world_size=abc"], "trainer.world_size"),
         (["+recipe=nope"], "options for recipe: ["),
         (["model=nope"], "options for model: ['hf', 'tiny']"),
-        (["algo.loss_agg_mode=sum"], "algo.loss_agg_mode='sum' is not allowed"),
+        (["algo.loss_agg_mode=sum"], "algo.loss_agg_mode='sum' is not a registered loss aggregation"),
         (["trainer.world_size=3"], "trainer.world_size=3 must divide"),
         (["rollout.n=0"], "rollout.n=0 must be >= 1"),
         (["trainer.optim.lr=-1"], "trainer.optim.lr=-1.0 must be >= 0"),
         (["algo.ppo_mini_batch_size=5"], "algo.ppo_mini_batch_size=5 must divide data.train_batch_size"),
-        (["logger.backends=[console,foo]"], "logger.backends contains 'foo'"),
+        (["logger.backends=[console,foo]"], "logger.backends='foo' is not a registered tracker"),
         (["trainer.resume=/nonexistent/ckpt"], "trainer.resume='/nonexistent/ckpt'"),
     ],
 )
@@ -117,6 +117,7 @@ VIOLATIONS = {
     "tensor_parallel_engines": [
         ["rollout.tensor_parallel_size=2"],
         ["rollout.backend=vllm", "rollout.tensor_parallel_size=2", "model.lora.rank=4", "model.lora.mode=adapter"],
+        ["rollout.backend=vllm", "rollout.tensor_parallel_size=2", "trainer.world_size=2", "trainer.device=cuda"],
     ],
     "async_rollouts_need_split": [
         ["algo.async_rollouts=true", "cluster.placement=colocate"],
@@ -161,7 +162,8 @@ def test_every_rule_has_a_violation_in_this_file():
 def test_each_rule_fires_on_its_violation_and_names_its_key(rule, monkeypatch):
     import torch
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # CUDA absent, vllm present,
+    gpu_rules = {"tensor_parallel_engines"}  # rules whose violations need a GPU config to show
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: rule.name in gpu_rules)  # CUDA absent, vllm present,
     monkeypatch.setattr(rules, "installed", lambda module: rule.name != "vllm_is_installed")  # unless checked
     base = compose(["+recipe=quickstart"])
     assert rule.check(base) is None
@@ -212,5 +214,6 @@ CHOSEN = [k for k, f in iter_fields() if "choices" in f.metadata]
 
 @pytest.mark.parametrize("key", CHOSEN)
 def test_every_closed_set_refuses_a_value_outside_it(key):
-    with pytest.raises(ConfigError, match=f"^{key}='nope' is not allowed; choose one of"):
+    # a registry's names (algo.name, ...) are refused by the registry's message, naming its kind
+    with pytest.raises(ConfigError, match=f"^{key}='nope' is not (allowed|a registered [^;]+); choose one of"):
         load_config(["+recipe=quickstart", f"{key}=nope"])

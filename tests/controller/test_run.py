@@ -37,7 +37,7 @@ class FakeController:
             raise checkpoint_error_from_a_dead_actor()
         return "done"
 
-    def _stop_on(self, signum, workers_gone=False):
+    def stop_on(self, signum, workers_gone=False):
         FakeController.calls.append(("stop", signum, workers_gone))
         raise Stopped(signum)
 

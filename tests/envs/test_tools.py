@@ -178,7 +178,7 @@ def test_a_tool_defined_inside_a_function_is_refused_with_its_name():
 
 
 def test_an_unknown_parser_or_environment_names_the_key():
-    with pytest.raises(KeyError, match="env.tool_parser='xml' is unknown"):
+    with pytest.raises(KeyError, match="env.tool_parser='xml' is not a registered tool parser"):
         ToolEnv([calculator], options(tool_parser="xml"))
     with pytest.raises(KeyError, match="env.name='nope' is not a registered environment"):
         make_env("nope", EpisodeRow("p", "1", "s"), None)
@@ -228,7 +228,7 @@ def test_retry_says_try_again_until_the_answer_is_right():
 
 USER_ENV = '''
 import re
-from rlpost.envs import ToolCall, ToolEnv, register_parser, tool
+from rlpost.envs import PARSERS, ToolCall, ToolEnv, tool
 from rlpost.envs.tools import Parsed
 
 @tool
@@ -236,7 +236,7 @@ def double(x: int) -> int:
     """Twice x."""
     return 2 * x
 
-@register_parser("bracket")
+@PARSERS.register("bracket")
 def bracket(text):
     return Parsed([ToolCall(n, {"x": int(a)}) for n, a in re.findall(r"\\[(\\w+) (\\d+)\\]", text)], [])
 

@@ -106,7 +106,7 @@ RAISES = object()
         (1, 1.0, None),  # an int is a number: taken as 1.0
     ],
 )
-def test_a_trusted_scorer_is_checked_sample_by_sample_when_the_batch_check_fails(value, score, kind):
+def test_a_trusted_scorer_is_checked_sample_by_sample_when_the_batch_check_fails(value, score, kind, monkeypatch):
     """Trusted scores are checked as a batch (floats, finite sum); a value that is not a finite
     float, or an exception, sends the batch through the per-sample check, which keeps the good
     scores, takes an int, and names a bad sample."""
@@ -119,8 +119,8 @@ def test_a_trusted_scorer_is_checked_sample_by_sample_when_the_batch_check_fails
             raise ValueError("a bug in a trusted scorer")
         return value
 
-    REWARDS["shaky"] = shaky
-    TRUSTED.add("shaky")
+    monkeypatch.setattr(REWARDS, "_values", dict(REWARDS._values))  # registrations undone afterwards
+    REWARDS.register("shaky", shaky, trusted=True)
     p = pool("shaky")
     try:
         assert p.score([sample("7"), sample("8")]).scores == [1.0, 0.0]
@@ -135,7 +135,6 @@ def test_a_trusted_scorer_is_checked_sample_by_sample_when_the_batch_check_fails
     finally:
         p.close()
         TRUSTED.discard("shaky")
-        del REWARDS["shaky"]
 
 
 def test_every_kind_of_failure_is_scored_counted_and_contained(user_file):

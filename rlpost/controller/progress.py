@@ -1,0 +1,78 @@
+"""The run loop around the step: the start's metrics (the start model's accuracy and headroom),
+then steps until `trainer.total_steps` or a signal, each followed on schedule by validation and a
+checkpoint, logged to the trackers and shown on the progress bar."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rlpost.config import config_dict
+from rlpost.controller.signals import StopSignals
+from rlpost.controller.step import sampling_params
+from rlpost.metrics.trackers import Trackers
+from rlpost.tiny.build import start_eval
+
+
+def start_metrics(c) -> dict[str, float]:
+    """The engines' memory; at step 0 the start model's held-out greedy accuracy and pass@k (a
+    built tiny model's from its own evaluation, a real model's measured here)."""
+    cfg = c.cfg
+    out = {k: v for m in c.workers.rollouts.call("memory") for k, v in m.items()}
+    if c.step == 0:
+        start = start_eval(c.model_path).items()
+        out.update({f"start/{k}": float(v) for k, v in start if k == "greedy_accuracy" or k.startswith("pass@")})
+        if cfg.trainer.val_every:
+            out.update(c.validate())
+        k = cfg.trainer.start_pass_k
+        if k and "start/pass@1" not in out:
+            params = sampling_params(cfg, cfg.run.seed, n=k, greedy=False)
+            out.update(c.workers.batches.pass_at_k(c.val_rows, params))
+    return out
+
+
+def run_steps(c, stop: StopSignals | None = None) -> Path:
+    """Train controller `c` from its step to the last; a signal stops it after the step under way."""
+    from tqdm import tqdm
+
+    cfg = c.cfg
+    bar = tqdm(total=cfg.trainer.total_steps, initial=c.step, desc=c.algorithm.name, dynamic_ncols=True,
+               disable=not cfg.logger.progress_bar)  # fmt: skip
+    trackers = Trackers(cfg.logger.backends, c.run_dir, cfg.logger.project, cfg.logger.wandb_mode,
+                        config=config_dict(cfg), write=tqdm.write)  # fmt: skip
+    stop = stop or StopSignals()
+    try:
+        first = start_metrics(c)
+        if first:
+            trackers.log(first, c.step)
+        val_acc = first.get("val/accuracy")  # the bar shows the newest
+        while c.step < cfg.trainer.total_steps and stop.signal is None:
+            metrics = timed_step(c)
+            trackers.log(metrics, c.step)
+            val_acc = metrics.get("val/accuracy", val_acc)
+            shown = {"val_acc": f"{val_acc:.3f}"} if val_acc is not None else {}
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **shown, step_s=f"{metrics['timing_s/step']:.2f}")
+            bar.update(1)
+        if stop.signal is not None and c.step < cfg.trainer.total_steps:
+            c.stop_on(stop.signal)
+    finally:
+        stop.restore()
+        bar.close()
+        trackers.close()
+    c.report()
+    return c.run_dir
+
+
+def timed_step(c) -> dict[str, float]:
+    """One step of `c` with its time and tokens/s, then validation and a checkpoint when due."""
+    cfg, start = c.cfg, time.perf_counter()
+    metrics = c.train_step()
+    c.step += 1
+    metrics["timing_s/step"] = time.perf_counter() - start
+    metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / metrics["timing_s/step"]
+    last = c.step == cfg.trainer.total_steps
+    if cfg.trainer.val_every and (c.step % cfg.trainer.val_every == 0 or last):
+        metrics.update(c.validate())
+    if cfg.trainer.save_every and (c.step % cfg.trainer.save_every == 0 or last):
+        c.save()
+    return metrics

@@ -1,0 +1,109 @@
+"""A run's actors from start to end: the placement group, the worker groups of every role (trainer,
+critic, reward model, rollout), the reward pool, batch production and the weight sync between
+them. `Workers.start` brings them up in the order memory needs (trainers first, so that the plan
+and the colocated memory check see what they hold before vLLM takes its share); `shutdown` ends
+whatever was started, also after a start that failed part-way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlpost.config import TrainConfig, colocated_on_cuda
+from rlpost.controller.cluster import Placement, WorkerGroup, local_ray_died, start_ray
+from rlpost.controller.plan import check_plan, gpu_plan, shape_of
+from rlpost.controller.rollouts import Rollouts
+from rlpost.controller.setup import resolve_critic_path, resolve_reward_model_path
+from rlpost.controller.weights import WeightSync, check_colocated_memory, merge_memory
+from rlpost.models.reward_model import RewardModelWorker
+from rlpost.rewards.executor import RewardPool
+from rlpost.rollout.worker import RolloutWorker
+from rlpost.trainer.actor import ActorWorker
+from rlpost.trainer.critic import CriticWorker
+
+
+@dataclass
+class Workers:
+    placement: Placement | None = None
+    trainers: WorkerGroup | None = None
+    critics: WorkerGroup | None = None
+    reward_models: WorkerGroup | None = None
+    rollouts: WorkerGroup | None = None
+    reward_pool: RewardPool | None = None
+    batches: Rollouts | None = None
+    weights: WeightSync | None = None
+
+    def start(self, cfg: TrainConfig, roles, model_path: str, tokenizer, loader, stop, log) -> None:
+        """Every actor of `roles`, in place (a failure leaves what started for `shutdown`)."""
+        start_ray(cfg)
+        if stop is not None:  # over Ray's own SIGTERM handler, which aborts the process
+            stop.install()
+        self.placement = p = Placement.create(cfg, roles)
+        ws, master = cfg.trainer.world_size, p.address_of_bundle(p.trainer_bundles[0])
+        args = lambda r: (cfg, model_path, r, ws, *master)  # noqa: E731
+        self.trainers = WorkerGroup(ActorWorker, cfg, p, p.trainer_bundles, "trainer", args, log)
+        if "critic" in roles:  # its own process group, on the trainer's bundles
+            critic_path = resolve_critic_path(cfg, model_path)
+            args = lambda r: (cfg, critic_path, r, ws, *master)  # noqa: E731
+            self.critics = WorkerGroup(CriticWorker, cfg, p, p.trainer_bundles, "critic", args, log)
+        if "reward_model" in roles:  # one per trainer rank, on its device
+            rm_path = resolve_reward_model_path(cfg, model_path, log)
+            args = lambda r: (cfg, rm_path, r)  # noqa: E731
+            self.reward_models = WorkerGroup(RewardModelWorker, cfg, p, p.trainer_bundles, "reward_model", args, log)
+        if cfg.trainer.device == "cuda":  # the rollout engines start only once the trainers hold their memory
+            self._check_memory(cfg, model_path, log)
+        pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+        devices = p.engine_devices(cfg, self.trainers)  # colocated tensor parallel: the shards' GPUs
+        self.rollouts = WorkerGroup(
+            RolloutWorker,
+            cfg,
+            p,
+            p.rollout_bundles,
+            "rollout",
+            lambda r: (cfg, model_path, r, pad, eos, devices[r]),
+            log,
+            control=("receive_weights",) if cfg.algo.async_rollouts else (),  # a sync beside the generation
+        )
+        r = cfg.reward
+        self.reward_pool = RewardPool(r.fn, r.kwargs, r.num_workers, r.timeout_s, r.memory_mb, r.error_score)
+        self.batches = Rollouts(cfg, self.rollouts, loader, pad, tokenizer, self.reward_pool, log, self.reward_models)
+        self.weights = WeightSync(cfg, p, self.trainers, self.rollouts, log)
+
+    def _check_memory(self, cfg: TrainConfig, model_path: str, log) -> None:
+        """What the trainer-side actors hold, against the colocated engines' share and the plan."""
+        groups = [*self.trained(), *([self.reward_models] if self.reward_models else [])]
+        reports = [group.call("memory_report") for group in groups]
+        if colocated_on_cuda(cfg):
+            check_colocated_memory(cfg, [merge_memory(per_rank) for per_rank in zip(*reports)])
+        if Path(model_path, "config.json").is_file():  # the plan, for this GPU (`rlpost plan`)
+            check_plan(cfg, gpu_plan(cfg, shape_of(cfg, model_path), reports[0][0]["total"]), log)
+
+    def trained(self) -> list[WorkerGroup]:
+        """The worker groups whose weights train (and are checkpointed)."""
+        return [g for g in (self.trainers, self.critics) if g is not None]
+
+    def groups(self) -> list[WorkerGroup]:
+        return [g for g in (self.trainers, self.critics, self.reward_models, self.rollouts) if g is not None]
+
+    def dead_actors(self, timeout_s: float = 10.0) -> list[str]:
+        """The names of the actors that no longer answer (died, or their node did)."""
+        import ray
+
+        dead = []
+        for group in self.groups():
+            for rank, worker in enumerate(group.workers):
+                try:
+                    ray.get(worker.__ray_ready__.remote(), timeout=timeout_s)
+                except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                    dead.append(f"{group.role} {rank}")
+        return dead
+
+    def shutdown(self) -> None:
+        if local_ray_died():  # the signal reached Ray's processes too: its actors are gone with them
+            return
+        if self.reward_pool is not None:
+            self.reward_pool.close()
+        for group in self.groups():
+            group.kill()
+        if self.placement is not None:
+            self.placement.remove()
