@@ -18,7 +18,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlpost.weightsync import cuda_checksums  # noqa: E402
-from rlpost.weightsync.manifest import ReadBack, _row_sums, bucket_checksums, checksums, layout, pack, unpack  # noqa: E402
+from rlpost.weightsync.checksums import ReadBack, _row_sums, bucket_checksums, checksums  # noqa: E402
+from rlpost.weightsync.packing import layout, pack, unpack  # noqa: E402
 
 dev = torch.device("cuda")
 h, i, kv = 896, 4864, 128

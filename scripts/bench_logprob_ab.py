@@ -29,7 +29,7 @@ def gpu_logprob_ab(model_dir: str, reps: int) -> dict:
     from rlpost.controller.step import step_plan
     from rlpost.data.batch import Batch
     from rlpost.data.microbatch import shard_batch
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
     from rlpost.weightsync.transport import free_port
 
     overrides = [

@@ -172,9 +172,9 @@ class InProcess:
     functions it calls; the wrappers are in place only while this runner steps."""
 
     def __init__(self, cfg, model_path: str, batch):
-        import rlpost.trainer.actor as actor_mod
+        import rlpost.roles.actor as actor_mod
         import rlpost.trainer.stats as stats_mod
-        from rlpost.trainer.actor import ActorWorker
+        from rlpost.roles.actor import ActorWorker
         from rlpost.weightsync.transport import free_port
 
         self.cfg, self.batch, self.phases = cfg, batch, Phases()
@@ -225,8 +225,8 @@ class ThroughRay:
         from rlpost.config import load_config
         from rlpost.controller.cluster import Placement, WorkerGroup
         from rlpost.controller.weights import WeightSync
+        from rlpost.roles.actor import ActorWorker
         from rlpost.rollout.worker import RolloutWorker
-        from rlpost.trainer.actor import ActorWorker
 
         self.batch, self.version = batch, 0
         self.cfg = cfg = load_config(SETTING + [f"trainer.world_size={world}"])
@@ -317,7 +317,7 @@ def niceness_ab(cfg, model_path: str, batch, steps: int, warmup: int) -> dict:
     @ray.remote(num_cpus=0)
     class Trainer:
         def __init__(self, nice: int):
-            from rlpost.trainer.actor import ActorWorker
+            from rlpost.roles.actor import ActorWorker
             from rlpost.weightsync.transport import free_port
 
             os.setpriority(os.PRIO_PROCESS, 0, nice)

@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlpost.rollout.vllm_weights import expected_manifest  # noqa: E402
-from rlpost.weightsync.manifest import plan_buckets  # noqa: E402
+from rlpost.weightsync.buckets import plan_buckets  # noqa: E402
 from rlpost.weightsync.sync import receive_weights, send_weights  # noqa: E402
 from rlpost.weightsync.transport import SyncGroup, free_port  # noqa: E402
 

@@ -1,11 +1,13 @@
 """The house's size goals, kept by a test so they cannot slip unseen: no file under rlpost/ over
-400 lines, no function or method over 60. (Who may import whom: tests/test_imports.py.)"""
+400 lines, the step loop (controller/loop.py) under 250 and its class under 200, no function or
+method over 60. (Who may import whom: tests/test_imports.py.)"""
 
 import ast
 from pathlib import Path
 
 RLPOST = Path(__file__).resolve().parent.parent / "rlpost"
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
+LOOP, MAX_LOOP_LINES, MAX_LOOP_CLASS_LINES = RLPOST / "controller" / "loop.py", 250, 200
 
 
 def test_no_file_is_over_400_lines():
@@ -26,3 +28,11 @@ def test_no_function_is_over_60_lines():
                 if n > MAX_FUNCTION_LINES:
                     long[f"{p.relative_to(RLPOST)}:{node.lineno} {node.name}"] = n
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (name their phases as functions): {long}"
+
+
+def test_the_step_loop_stays_short():
+    """A reader who opens the step sees the step: lifecycle, run loop and probes live elsewhere."""
+    text = LOOP.read_text()
+    assert len(text.splitlines()) < MAX_LOOP_LINES, f"{LOOP.name} has {len(text.splitlines())} lines"
+    classes = {n.name: n.end_lineno - n.lineno + 1 for n in ast.parse(text).body if isinstance(n, ast.ClassDef)}
+    assert all(n < MAX_LOOP_CLASS_LINES for n in classes.values()), classes

@@ -37,14 +37,15 @@ MAY_IMPORT = {
     "rewards": {"data"},
     "metrics": {"data"},
     "weightsync": {"data"},
-    "models": {"rewards"},  # a reward model scores through rewards.model
+    "models": set(),  # loading: what a model is made of; the roles that run one are in roles
     # the tiny-model world: building, warming up and measuring the models rlpost makes itself (the
     # multiply task's calculator episodes are measured through the hf rollout engine)
     "tiny": {"data", "rewards", "metrics", "envs", "models", "rollout"},
     "envs": {"data", "rewards"},  # data.userfile: an environment from a user's file; rewards.executor: tool calls
     "config": {"algos", "data", "envs", "metrics"},  # allowed choices come from the registries (data: tasks)
     "rollout": {"config", "data", "envs", "models", "weightsync"},
-    "trainer": {"algos", "config", "data", "models", "weightsync"},
+    "trainer": {"algos", "config", "data", "models"},  # the FSDP2 engine and log-probs (algos: the entropy)
+    "roles": {"algos", "config", "data", "models", "rewards", "trainer", "weightsync"},
     "controller": {
         "algos",
         "config",
@@ -53,6 +54,7 @@ MAY_IMPORT = {
         "metrics",
         "models",
         "rewards",
+        "roles",
         "rollout",
         "tiny",
         "trainer",

@@ -1,4 +1,4 @@
-"""Weight sync wiring: who sends to whom, the sync groups, and one verified sync per kind.
+"""Weight sync wiring: who sends to whom, the sync groups, one verified sync per kind, and its metrics.
 
 Over NCCL/gloo trainer rank 0 broadcasts to every rollout actor; with CUDA IPC (colocate on GPUs)
 each rank feeds the actors on its own GPU (every rank holds the full tensors after FSDP's
@@ -14,6 +14,7 @@ import time
 from rlpost.config import ConfigError, TrainConfig, colocated_on_cuda
 from rlpost.controller.cluster import Placement, WorkerGroup
 from rlpost.weightsync.kinds import sync_kinds
+from rlpost.weightsync.sync import SyncStats
 
 
 def sync_transport(cfg: TrainConfig) -> str:
@@ -88,43 +89,56 @@ class WeightSync:
     def sync(self, version: int) -> dict[str, float]:
         """Bring every rollout to the trainer's policy at `version`: one verified sync per kind
         (`sync_kinds`: the plain or merged weights; in adapter mode the base once, then the
-        adapter only). Metrics: bytes in all and per kind, `weight_sync/adapter_only`, the time the
-        receivers spent checking checksums after the data (`weight_sync/recv_verify_s`)."""
+        adapter only), and its metrics (`sync_metrics`)."""
         start = time.perf_counter()
         kinds = sync_kinds(self.cfg, first=not self.primed)
-        out: dict[str, float] = {"weight_sync/bytes": 0.0, "weight_sync/send_s": 0.0, "weight_sync/recv_s": 0.0}
-        readback = []
+        sent: list[SyncStats] = []
+        received: list[list[SyncStats]] = []
         for kind in kinds:
             recv = self.rollouts.call_async("receive_weights", version, kind)
-            sent = self.trainers.call_async("push_weights", version, kind=kind)
+            send = self.trainers.call_async("push_weights", version, kind=kind)
             # a receiver's error names the tensor: it is raised first
-            stats = self.trainers.get(recv + sent, first=recv, others=self.rollouts)
-            recv_stats = stats[: len(recv)]
-            send_stats = next(s for s in stats[len(recv) :] if s)
-            out["weight_sync/bytes"] += send_stats.pop("weight_sync/bytes")
-            out[f"weight_sync/{kind}_bytes"] = float(recv_stats[0]["weight_sync/recv_bytes"])
-            out["weight_sync/send_s"] += send_stats.pop("weight_sync/send_s")
-            out["weight_sync/recv_s"] += max(s["weight_sync/recv_s"] for s in recv_stats)
-            out["weight_sync/recv_verify_s"] = out.get("weight_sync/recv_verify_s", 0.0) + max(
-                s["weight_sync/recv_verify_s"] for s in recv_stats
-            )
-            readback += [s["weight_sync/readback_tensors"] for s in recv_stats]
-            for key, value in send_stats.items():  # e.g. perf/sync_peak_gb
-                out[key] = max(out.get(key, value), value)
-            versions = [int(s["weight_sync/engine_version"]) for s in recv_stats]
+            stats = self.trainers.get(recv + send, first=recv, others=self.rollouts)
+            received.append(stats[: len(recv)])
+            sent.append(next(s for s in stats[len(recv) :] if s is not None))  # ranks that send
+            versions = [s.version for s in received[-1]]
             if versions != [version] * len(versions):  # every rollout took this sync
                 raise RuntimeError(f"rollout weight versions {versions} after the {kind} sync v{version}")
         if self.cfg.model.lora.rank > 0 and kinds != self.last_kinds:  # say what travels, when it changes
             self.log(
                 f"weight sync v{version}: "
-                + " + ".join(f"{k} ({out[f'weight_sync/{k}_bytes'] / 2**20:.2f} MiB)" for k in kinds)
+                + " + ".join(f"{k} ({r[0].bytes / 2**20:.2f} MiB)" for k, r in zip(kinds, received))
             )
         self.primed, self.last_kinds = True, kinds
-        return {
-            **out,
-            "weight_sync/version": float(version),
-            "weight_sync/adapter_only": float(kinds == ["adapter"]),
-            "weight_sync/verified": float(self.cfg.weight_sync.verify),  # a failed check raises
-            "weight_sync/readback_tensors": min(readback),
-            "timing_s/weight_sync": time.perf_counter() - start,
-        }
+        metrics = sync_metrics(version, kinds, sent, received, self.cfg.weight_sync.verify)
+        return {**metrics, "timing_s/weight_sync": time.perf_counter() - start}
+
+
+def sync_metrics(
+    version: int, kinds: list[str], sent: list[SyncStats], received: list[list[SyncStats]], verified: bool
+) -> dict[str, float]:
+    """The `weight_sync/*` metrics (and `perf/sync_peak_gb`) of the sync of `version`, from the
+    stats of each of its `kinds`: `sent[i]` the sender's (the first trainer rank that sent),
+    `received[i]` every rollout's. The only place that names them: bytes in all and per kind, the
+    sender's times (summed over kinds; its header and verify phases, the slowest kind), the
+    slowest receiver's (summed over kinds), the fewest tensors a receiver read back, and whether
+    the sync was verified (a failed check raises before this)."""
+    out: dict[str, float] = {"weight_sync/bytes": 0.0, "weight_sync/send_s": 0.0, "weight_sync/recv_s": 0.0}
+    for kind, send, recv in zip(kinds, sent, received):
+        out["weight_sync/bytes"] += float(send.bytes)
+        out[f"weight_sync/{kind}_bytes"] = float(recv[0].bytes)
+        out["weight_sync/send_s"] += send.seconds
+        out["weight_sync/recv_s"] += max(s.seconds for s in recv)
+        out["weight_sync/recv_verify_s"] = out.get("weight_sync/recv_verify_s", 0.0) + max(s.verify_s for s in recv)
+        slowest = {"weight_sync/send_header_s": send.header_s, "weight_sync/send_verify_s": send.verify_s}
+        if send.peak_bytes is not None:  # what the export needs beyond the trainer's own memory
+            slowest["perf/sync_peak_gb"] = send.peak_bytes / 2**30
+        for key, value in slowest.items():
+            out[key] = max(out.get(key, value), value)
+    return {
+        **out,
+        "weight_sync/version": float(version),
+        "weight_sync/adapter_only": float(kinds == ["adapter"]),
+        "weight_sync/verified": float(verified),
+        "weight_sync/readback_tensors": float(min(s.readback for recv in received for s in recv)),
+    }

@@ -15,11 +15,11 @@ from rlpost.controller.plan import check_plan, gpu_plan, shape_of
 from rlpost.controller.rollouts import Rollouts
 from rlpost.controller.setup import resolve_critic_path, resolve_reward_model_path
 from rlpost.controller.weights import WeightSync, check_colocated_memory, merge_memory
-from rlpost.models.reward_model import RewardModelWorker
 from rlpost.rewards.executor import RewardPool
+from rlpost.roles.actor import ActorWorker
+from rlpost.roles.critic import CriticWorker
+from rlpost.roles.reward_model import RewardModelWorker
 from rlpost.rollout.worker import RolloutWorker
-from rlpost.trainer.actor import ActorWorker
-from rlpost.trainer.critic import CriticWorker
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Reward models: how a model's scores are read and weighted with the rule's (the worker that
-serves the model is `rlpost.models.reward_model.RewardModelWorker`).
+serves the model is `rlpost.roles.reward_model.RewardModelWorker`).
 
 `reward.model.path` names the model; `reward.model.kind` says how it scores:
 - `classifier`: a sequence-classification model (`AutoModelForSequenceClassification`) reads

@@ -301,15 +301,7 @@ class VLLMRolloutEngine:
         if failed:
             first = min(failed, key=lambda r: "failed on rollout rank" in r["error"])
             raise WeightSyncError(f"shard {first['shard']} of {self.tp}: {first['error']}")
-        return SyncStats(
-            version,
-            replies[0]["bytes"],
-            max(r["seconds"] for r in replies),
-            replies[0]["tensors"],
-            min(r["readback"] for r in replies),
-            max(r["header_s"] for r in replies),
-            max(r["verify_s"] for r in replies),
-        )
+        return SyncStats.of_shards([r["stats"] for r in replies])
 
     def load_weights(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
         if self.tp > 1:

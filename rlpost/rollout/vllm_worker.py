@@ -12,7 +12,6 @@ the others' replies unread; so a failure comes back as {"error": message} and th
 
 from __future__ import annotations
 
-import dataclasses
 import traceback
 
 from rlpost.rollout.vllm_shards import layer_of
@@ -64,7 +63,7 @@ class SyncExtension:
         return [n for n, _ in self.model_runner.get_model().named_parameters()]
 
     def rlpost_receive(self, version: int, manifest: list, lora_wrapped: set) -> dict:
-        """One sync of the whole model into this shard: its stats, or {"error": message}."""
+        """One sync of the whole model into this shard: {"stats": its `SyncStats`}, or {"error": message}."""
         from rlpost.weightsync.sync import receive_weights
 
         by_name = {s.name: s for s in manifest}
@@ -87,7 +86,7 @@ class SyncExtension:
 
         try:
             stats = receive_weights(self.rlpost_group, manifest, version, load, loaded, part)
-            return dataclasses.asdict(stats) | {"shard": tp_rank()}
+            return {"stats": stats, "shard": tp_rank()}
         except Exception as e:  # noqa: BLE001 - returned, not raised (see the module's docstring)
             return {"error": str(e), "type": type(e).__name__, "shard": tp_rank()}
 

@@ -15,7 +15,7 @@ from rlpost.rollout.base import RolloutEngine, SamplingParams
 from rlpost.rollout.episodes import run_episodes
 from rlpost.weightsync.kinds import sync_kinds
 from rlpost.weightsync.manifest import WeightSyncError
-from rlpost.weightsync.sync import receive_weights
+from rlpost.weightsync.sync import SyncStats, receive_weights
 from rlpost.weightsync.transport import SyncGroup, stacks_if_stuck
 
 
@@ -124,10 +124,10 @@ class RolloutWorker:
         if hasattr(self.engine, "sleep"):
             self.engine.sleep()
 
-    def receive_weights(self, version: int, kind: str | None = None) -> dict[str, float]:
-        """One sync of `kind` (`rlpost.trainer.lora.SYNC_KINDS`; default: the whole model, as the
-        first sync of a run sends it). An adapter sync is checked against the adapter this
-        rollout's config implies; every other kind against the base model's parameters."""
+    def receive_weights(self, version: int, kind: str | None = None) -> SyncStats:
+        """One sync of `kind` (`rlpost.weightsync.kinds`; default: the whole model, as the first
+        sync of a run sends it), and its stats. An adapter sync is checked against the adapter
+        this rollout's config implies; every other kind against the base model's parameters."""
         allowed = set(sync_kinds(self.cfg, first=True))
         kind = kind or sync_kinds(self.cfg, first=True)[0]
         if kind not in allowed:
@@ -155,16 +155,8 @@ class RolloutWorker:
                 stats = e.receive_sharded(version)
             else:
                 stats = receive_weights(self.sync_group, expected, version, load, loaded)
-            e.weight_version = version
-        return {
-            "weight_sync/recv_s": stats.seconds,
-            "weight_sync/recv_bytes": float(stats.bytes),
-            "weight_sync/recv_header_s": stats.header_s,
-            "weight_sync/recv_verify_s": stats.verify_s,
-            "weight_sync/readback_tensors": float(stats.readback),
-            "weight_sync/recv_tensors": float(stats.tensors),
-            "weight_sync/engine_version": float(e.weight_version),  # what the engine now serves
-        }
+            e.weight_version = version  # what the engine now serves
+        return stats
 
     def loaded_tensors(self, kind: str | None = None) -> dict[str, torch.Tensor | None]:
         """What the engine holds under each name of a sync `kind`'s manifest (None where it keeps

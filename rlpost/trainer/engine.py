@@ -1,11 +1,18 @@
 """The FSDP2 engine one trainer rank runs: process group, model, optimizer, schedule, offload,
-checkpoints. Roles use it: the actor (LM head: log-probs, the policy update, weight export)
-and the critic (value head: values, the value update).
+checkpoints, and the update's loop (epochs x mini-batches x micro-batches, one optimizer step
+per mini-batch). It knows no roles: the roles (`rlpost.roles`: the actor, the critic) build it
+from what they need (a model loader, an optimizer config, LoRA or none, the prefix of its
+metrics, the name of its checkpoint) and bring the loss of a micro-batch.
 
 Master weights are float32; FSDP casts to the compute dtype (`model.dtype`) for forward and
 backward (one rank computing in float32 trains the plain module: `fsdp.shard_model`). With
-LoRA (`model.lora.rank > 0`) peft wraps the model before FSDP2 shards it (each adapter is
-sharded with its layer); only the adapter is trainable, optimized and checkpointed.
+LoRA peft wraps the model before FSDP2 shards it (each adapter is sharded with its layer); only
+the adapter is trainable, optimized and checkpointed.
+
+Loss normalisation across data-parallel ranks: FSDP averages gradients over ranks, so each rank
+scales its loss by world_size, and the loss divides by the *global* token (or sequence) count of
+the mini-batch (`loss_denominators`). Micro-batches and ranks then add up to exactly the full
+mini-batch loss.
 
 A plain class. Every method that runs collectives must be called on all ranks at once.
 """
@@ -15,14 +22,17 @@ from __future__ import annotations
 import math
 import time
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 
 from rlpost.config import TrainConfig, mini_batch_size
-from rlpost.models.loading import DTYPES, load_causal_lm, load_value_model
+from rlpost.data.batch import Batch
+from rlpost.models.loading import DTYPES
 from rlpost.models.lora import apply_lora
 from rlpost.models.tiny import cosine
 from rlpost.trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -32,24 +42,29 @@ from rlpost.trainer.optim import LayerwiseAdamW
 from rlpost.trainer.stats import Stats
 
 
-class FSDPEngine:
-    """`role`: `actor` (the policy: `model.path`, `trainer.optim`, LoRA when configured; saved as
-    `trainer/`) or `critic` (a value model: `critic.model_path`, `critic.optim`; saved as
-    `critic/`)."""
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a role builds its engine from. `load_model`: the model in float32 (the master
+    weights), not yet sharded; `optim`: an `OptimConfig`; `lora`: a `LoraConfig`, or None for
+    every weight trainable; `prefix`: of its metrics (`<prefix>/grad_norm`); `name`: of its
+    checkpoint folder; `step_timing`: its optimizer step's timing key."""
 
+    load_model: Callable[[], torch.nn.Module]
+    optim: object
+    lora: object | None
+    prefix: str
+    name: str
+    step_timing: str
+
+
+class FSDPEngine:
     def __init__(
-        self,
-        cfg: TrainConfig,
-        model_path: str,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        role: str = "actor",
+        self, cfg: TrainConfig, spec: EngineSpec, rank: int, world_size: int, master_addr: str, master_port: int
     ):
+        """`cfg`: the run's settings the engine reads (`cluster`, `trainer.device`, `model.dtype`,
+        `trainer.param_offload`, the schedule's length); what depends on the role is in `spec`."""
         torch.set_num_threads(cfg.cluster.num_threads)
-        self.cfg, self.rank, self.world_size, self.model_path = cfg, rank, world_size, model_path
-        self.role, self.name = role, "trainer" if role == "actor" else role
+        self.cfg, self.spec, self.rank, self.world_size = cfg, spec, rank, world_size
         if cfg.trainer.device == "cuda":
             self.device, backend = torch.device("cuda", torch.cuda.current_device()), "nccl"
         else:
@@ -64,9 +79,8 @@ class FSDPEngine:
             )
         torch.manual_seed(cfg.run.seed)
         self.compute_dtype = DTYPES[cfg.model.dtype]
-        self.lora = cfg.model.lora if cfg.model.lora.rank > 0 and role == "actor" else None
-        o = self.optim_cfg = cfg.trainer.optim if role == "actor" else cfg.critic.optim
-        model = self.load_model()
+        self.name, self.lora, o = spec.name, spec.lora, spec.optim
+        model = spec.load_model()
         if self.lora is not None:  # before sharding: FSDP2 shards each adapter with its layer
             model = apply_lora(model, self.lora)
             if self.lora.mode == "merge":  # compute with the weights the rollout holds
@@ -80,15 +94,9 @@ class FSDPEngine:
         self.frozen: list[torch.nn.Module] = []  # other models of the role (a reference) offloaded alike
         self.peak = 0  # bytes: the allocator's peak of the phase under way (`phase_peak`)
 
-    def load_model(self):
-        """The role's model in float32 (the master weights), not yet sharded."""
-        m = self.cfg.model
-        load = load_causal_lm if self.role == "actor" else load_value_model
-        return load(self.model_path, "float32", m.attn_implementation, m.trust_remote_code)
-
     def frozen_copy(self):
         """A sharded, frozen copy of the model as loaded (a KL reference), in the compute dtype."""
-        frozen = shard_model(self.load_model(), self.device, self.compute_dtype).eval().requires_grad_(False)
+        frozen = shard_model(self.spec.load_model(), self.device, self.compute_dtype).eval().requires_grad_(False)
         self.frozen.append(frozen)
         return frozen
 
@@ -110,7 +118,7 @@ class FSDPEngine:
 
     def optimizer_step(self, stats: Stats) -> float:
         """Clip the gradient norm, step (skipped on a NaN/inf norm, counted), schedule, zero."""
-        clip = self.optim_cfg.grad_clip
+        clip = self.spec.optim.grad_clip
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         norm = float(full_tensor(norm).item())
@@ -125,13 +133,28 @@ class FSDPEngine:
             if cuda:
                 torch.cuda.synchronize(self.device)
                 stats.max("perf/optimizer_peak_gb", (torch.cuda.max_memory_allocated(self.device) - before) / 2**30)
-            step_key = "optimizer_step" if self.role == "actor" else f"{self.role}_optimizer_step"
-            stats.max(f"timing_s/{step_key}", time.perf_counter() - start)
+            stats.max(f"timing_s/{self.spec.step_timing}", time.perf_counter() - start)
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        stats.add(f"{self.role}/grad_norm", norm, 1.0)
-        stats.add(f"{self.role}/skipped_steps", float(not math.isfinite(norm)), 0.0)
+        stats.add(f"{self.spec.prefix}/grad_norm", norm, 1.0)
+        stats.add(f"{self.spec.prefix}/skipped_steps", float(not math.isfinite(norm)), 0.0)
         return norm
+
+    # -------------------------------------------------------------------------------- update
+    def train(self, minis: list[list[Batch]], epochs: int, loss_agg_mode: str, micro_step, stats: Stats) -> None:
+        """`epochs` passes over this rank's planned mini-batches (`data.microbatch.split_shard`),
+        one optimizer step per mini-batch. `micro_step(mb, denominator, first)` runs forward, loss
+        and backward of one micro-batch (`denominator`: the mini-batch's global count for
+        `loss_agg_mode`; `first`: in the update's first optimizer step, whose ratios are all 1)."""
+        denominators = loss_denominators(minis, loss_agg_mode, self.device)
+        first = True
+        for _ in range(epochs):
+            for mini, denominator in zip(minis, denominators):
+                for mb in mini:
+                    micro_step(mb, denominator, first)
+                self.optimizer_step(stats)
+                first = False
+        stats.set(f"{self.spec.prefix}/lr", self.scheduler.get_last_lr()[0])
 
     # ----------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, folder: str) -> None:
@@ -158,7 +181,7 @@ class FSDPEngine:
         if self.device.type != "cuda":
             return {}
         free, total = torch.cuda.mem_get_info(self.device)
-        on_gpu_states = self.optim_cfg.offload == "none"
+        on_gpu_states = self.spec.optim.offload == "none"
         local = sum(
             p.to_local().numel() if hasattr(p, "to_local") else p.numel()
             for p in self.model.parameters()
@@ -206,3 +229,15 @@ def lr_factor(o, total: int, step: int) -> float:
     if o.lr_schedule == "cosine":
         return cosine(step - o.warmup_steps, max(total - o.warmup_steps - 1, 1), o.min_lr_ratio)
     return 1.0
+
+
+def loss_denominators(minis, loss_agg_mode: str, device) -> list[torch.Tensor]:
+    """Per mini-batch, the tokens (token-mean) or sequences with a loss token that it holds over
+    every rank: one all-reduce for the whole update."""
+    counts = []
+    for mini in minis:
+        mask = torch.cat([mb["loss_mask"] for mb in mini])
+        counts.append(mask.sum() if loss_agg_mode == "token-mean" else (mask.sum(-1) > 0).sum())
+    t = torch.tensor(counts, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return list(t.float())

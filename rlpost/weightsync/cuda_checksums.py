@@ -5,7 +5,7 @@ and everything the engine holds after loading. With torch ops that is a row-sum 
 more for the prefix sums per call, and tensors that are not one buffer must first be copied into
 one. This kernel reads each tensor in place, found as an offset from a base pointer, and adds
 each 1 KiB row's sum, weighted by its row number, to its tensor's checksum: the same value as
-`manifest.checksums_of_rows` (integer sums wrap the same way in any order; the GPU tests compare
+`checksums.checksums_of_rows` (integer sums wrap the same way in any order; the GPU tests compare
 the two). It reads 16-byte words, so it takes tensors that are contiguous and start and end on
 16 bytes (`direct`: all weights of usual shapes); the callers use torch ops for the others.
 """

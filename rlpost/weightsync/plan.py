@@ -11,16 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlpost.weightsync.manifest import (
-    Manifest,
-    ReadBack,
-    checksums,
-    layout,
-    pack,
-    padded,
-    plan_buckets,
-    staged,
-)
+from rlpost.weightsync.buckets import plan_buckets
+from rlpost.weightsync.checksums import ReadBack, checksums
+from rlpost.weightsync.manifest import Manifest
+from rlpost.weightsync.packing import layout, pack, padded, staged
 from rlpost.weightsync.verdict import compare_manifests
 
 
@@ -65,7 +59,7 @@ class SyncPlan:
         return torch.tensor(checksums(tensors), dtype=torch.int64)
 
     def pack(self, b: int, parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """Bucket `b` as one flat tensor on `device`, laid out as `manifest.pack` lays it out. A
+        """Bucket `b` as one flat tensor on `device`, laid out as `packing.pack` lays it out. A
         bucket of one tensor that fills whole rows goes through `pack` (as it is where it can);
         the others are copied (one `_foreach_copy_`) into one of two staging buffers kept with
         the plan: bucket b into buffer b % 2, whose previous bucket's broadcast the sender has

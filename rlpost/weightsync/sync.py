@@ -24,13 +24,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from rlpost.weightsync.manifest import (
-    Manifest,
-    ReadBack,
-    WeightSyncError,
-    bucket_checksums,
-    unpack,
-)
+from rlpost.weightsync.checksums import ReadBack, bucket_checksums
+from rlpost.weightsync.manifest import Manifest, WeightSyncError
+from rlpost.weightsync.packing import unpack
 from rlpost.weightsync.plan import SyncPlan, received_plan, send_plan
 from rlpost.weightsync.transport import SyncGroup
 from rlpost.weightsync.verdict import HEAD, differs
@@ -38,6 +34,9 @@ from rlpost.weightsync.verdict import HEAD, differs
 
 @dataclass
 class SyncStats:
+    """What one side of one sync measured. It travels as it is, from the sender and each receiver
+    to the controller, which alone turns it into metrics (`rlpost.controller.weights`)."""
+
     version: int
     bytes: int
     seconds: float
@@ -45,6 +44,21 @@ class SyncStats:
     readback: int = 0  # tensors verified by reading them back from the engine (the rest: as received)
     header_s: float = 0.0  # of `seconds`: the header (and on a receiver its check), before any tensor
     verify_s: float = 0.0  # of `seconds`: after the last tensor was queued: read-back and verdict
+    peak_bytes: int | None = None  # a sender on CUDA: device memory the export took beyond the trainer's own
+
+    @staticmethod
+    def of_shards(shards: list[SyncStats]) -> SyncStats:
+        """One receiver's stats from those of its tensor-parallel shards (each received the whole
+        sync): the slowest shard's times, the fewest tensors read back."""
+        return SyncStats(
+            shards[0].version,
+            shards[0].bytes,
+            max(s.seconds for s in shards),
+            shards[0].tensors,
+            min(s.readback for s in shards),
+            max(s.header_s for s in shards),
+            max(s.verify_s for s in shards),
+        )
 
 
 _LOWEST = -(2**63)  # neutral in a MAX all-reduce

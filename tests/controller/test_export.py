@@ -36,7 +36,7 @@ def run_dir(tmp_path, request):
 def test_export_full_finetuning_checkpoint(run_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     cfg, run, base = run_dir
     worker = ActorWorker(cfg, str(base), 0, 1, "127.0.0.1", free_port())

@@ -90,7 +90,7 @@ def trainable_names(worker) -> list[str]:
 def test_save_train_on_equals_load_train_on(tmp_path, offload, lora):
     """With LoRA the checkpoint holds the adapter only and the frozen base comes from model.path:
     the resumed actor still ends bit for bit where the straight one does."""
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     model, _ = save_tiny_model(tmp_path / "model")
     cfg = config(f"trainer.optim.offload={offload}", *(LORA if lora else []))
@@ -134,7 +134,7 @@ def test_a_lora_checkpoint_holds_the_adapter_only(tmp_path, offload):
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
 
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
     from rlpost.trainer.fsdp import full_tensor
 
     model, _ = save_tiny_model(tmp_path / "model")
@@ -180,7 +180,7 @@ def test_a_checkpoint_missing_a_trainable_parameter_is_refused(tmp_path, monkeyp
     """A checkpoint that brings no value for one adapter parameter would leave it at its fresh
     start: the load names it. (DCP itself refuses keys the checkpoint lacks, so the checkpoint
     is loaded here through a state that leaves one out.)"""
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     save_tiny_model(tmp_path / "model")
     worker = ActorWorker(config(*LORA), str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
@@ -205,7 +205,7 @@ def test_a_checkpoint_missing_a_trainable_parameter_is_refused(tmp_path, monkeyp
 def test_a_checkpoint_with_a_key_the_model_lacks_is_refused(tmp_path, monkeypatch):
     """A key in the model's part of the checkpoint that the model does not have (of another
     model, or renamed) is named, not silently dropped by the non-strict LoRA load."""
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     save_tiny_model(tmp_path / "model")
     worker = ActorWorker(config(*LORA), str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
@@ -229,7 +229,7 @@ def test_a_checkpoint_with_a_key_the_model_lacks_is_refused(tmp_path, monkeypatc
 def test_layerwise_optimizer_states_of_another_model_are_refused(tmp_path):
     """Host states whose sizes do not fit this model's FSDP units (another model or world size)
     are refused by name instead of copied into the wrong buffers."""
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     save_tiny_model(tmp_path / "model")
     worker = ActorWorker(
@@ -249,7 +249,7 @@ def test_layerwise_optimizer_states_of_another_model_are_refused(tmp_path):
 
 @pytest.mark.parametrize("saved_with_lora", [True, False])
 def test_a_checkpoint_of_another_lora_setting_is_refused(tmp_path, saved_with_lora):
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     save_tiny_model(tmp_path / "model")
     folder = tmp_path / "ckpt"

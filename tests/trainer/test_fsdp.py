@@ -1,6 +1,6 @@
 """`shard_model`: FSDP2 where there is something to shard, cast or offload; a plain module on one
 rank in float32 without offload (FSDP2's hooks and copies would be pure cost there). Both paths train to the
-same gradients: tests/trainer/test_update_reference.py checks world size 1 and 2 against one
+same gradients: tests/roles/test_update_reference.py checks world size 1 and 2 against one
 from-scratch reference."""
 
 from __future__ import annotations

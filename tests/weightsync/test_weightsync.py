@@ -3,13 +3,9 @@
 import pytest
 import torch
 
-from rlpost.weightsync.manifest import (
-    WeightSyncError,
-    checksum,
-    manifest_of,
-    plan_buckets,
-    spec_of,
-)
+from rlpost.weightsync.buckets import plan_buckets
+from rlpost.weightsync.checksums import checksum
+from rlpost.weightsync.manifest import WeightSyncError, manifest_of, spec_of
 from rlpost.weightsync.sync import receive_weights, send_weights
 from rlpost.weightsync.transport import SyncGroup, ephemeral_ports, free_port
 from rlpost.weightsync.verdict import compare_manifests
@@ -171,7 +167,8 @@ def test_batched_checksums_equal_one_by_one(monkeypatch):
     """A bucket's checksums (a fixed number of kernels) and grouped ones equal each tensor's own,
     for tensors that fill whole rows and ones that do not, and dtypes of every width; buckets
     unpack to the tensors packed."""
-    from rlpost.weightsync import manifest as m
+    from rlpost.weightsync import checksums as cs
+    from rlpost.weightsync import packing
 
     g = torch.Generator().manual_seed(0)
     aligned = [torch.randn(n, generator=g).to(torch.bfloat16) for n in (1024, 512, 5120, 1536)]
@@ -187,16 +184,17 @@ def test_batched_checksums_equal_one_by_one(monkeypatch):
     one_by_one = {id(t): checksum(t) for t in aligned + ragged + mixed}
     assert len(set(one_by_one.values())) == len(one_by_one)
     for bucket in (aligned, ragged):
-        flat = m.pack(bucket, torch.device("cpu"))
-        assert flat.numel() == sum(m.padded(t.numel(), 2) for t in bucket)
-        assert m.bucket_checksums(flat, [t.numel() for t in bucket]).tolist() == [one_by_one[id(t)] for t in bucket]
-        assert all(torch.equal(a, b) for a, b in zip(m.unpack(flat, m.layout([t.shape for t in bucket], 2)), bucket))
-    monkeypatch.setattr(m, "_GROUP_BYTES", 4000)  # groups of a few tensors
-    monkeypatch.setattr(m, "_ALONE_BYTES", 5000)  # and the largest ones alone
+        flat = packing.pack(bucket, torch.device("cpu"))
+        assert flat.numel() == sum(packing.padded(t.numel(), 2) for t in bucket)
+        assert cs.bucket_checksums(flat, [t.numel() for t in bucket]).tolist() == [one_by_one[id(t)] for t in bucket]
+        places = packing.layout([t.shape for t in bucket], 2)
+        assert all(torch.equal(a, b) for a, b in zip(packing.unpack(flat, places), bucket))
+    monkeypatch.setattr(cs, "_GROUP_BYTES", 4000)  # groups of a few tensors
+    monkeypatch.setattr(cs, "_ALONE_BYTES", 5000)  # and the largest ones alone
     everything = aligned + ragged + mixed
-    assert m.checksums(everything) == [one_by_one[id(t)] for t in everything]
+    assert cs.checksums(everything) == [one_by_one[id(t)] for t in everything]
     late = torch.randn(4000, generator=g).to(torch.bfloat16)[1:3073]  # alone, and starts mid-word
-    assert m.checksums([late]) == [checksum(late.clone())]
+    assert cs.checksums([late]) == [checksum(late.clone())]
     # the definition: sum over 1 KiB rows r of (r + 1) * (row r's sum of 32-bit words mod 2**32),
     # the last row zero-padded
     t = torch.cat([torch.full((300,), -1, dtype=torch.int32), torch.full((213,), 2**31 - 1, dtype=torch.int32)])
@@ -209,10 +207,10 @@ def test_read_back_equals_checksums_call_after_call(monkeypatch):
     """`ReadBack` (kept staging buffer, cached views) gives what `checksums` gives, for groups whose
     rows end in padding after a group that filled the same staging bytes, large tensors read in
     place, misaligned and non-contiguous ones, dtypes of every width, and new values every call."""
-    from rlpost.weightsync import manifest as m
+    from rlpost.weightsync import checksums as cs
 
-    monkeypatch.setattr(m, "_GROUP_BYTES", 6000)
-    monkeypatch.setattr(m, "_ALONE_BYTES", 5000)
+    monkeypatch.setattr(cs, "_GROUP_BYTES", 6000)
+    monkeypatch.setattr(cs, "_ALONE_BYTES", 5000)
     g = torch.Generator().manual_seed(1)
 
     def tensors():
@@ -229,7 +227,7 @@ def test_read_back_equals_checksums_call_after_call(monkeypatch):
         ]
 
     first = tensors()
-    reader = m.ReadBack(first)
+    reader = cs.ReadBack(first)
     assert any(gr.dtype is None for gr in reader.groups) and sum(gr.dtype is not None for gr in reader.groups) >= 4
     for ts in (first, tensors(), tensors()):
         assert reader.matches(ts)

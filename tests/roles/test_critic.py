@@ -36,7 +36,7 @@ def grouped_batch():
 def worker_and_batch(tmp_path, *extra, family: str = "qwen2-tied"):
     from rlpost.controller.step import step_plan
     from rlpost.data.microbatch import shard_batch
-    from rlpost.trainer.critic import CriticWorker
+    from rlpost.roles.critic import CriticWorker
 
     name, tied = FAMILIES[FAMILY_IDS.index(family)]
     save_tiny_model(tmp_path / "model", family=name, tied=tied)
@@ -101,7 +101,7 @@ def critic_rank(rank, world, port, model_dir, batch_path, out):
 
     from rlpost.controller.step import step_plan
     from rlpost.data.microbatch import shard_batch
-    from rlpost.trainer.critic import CriticWorker
+    from rlpost.roles.critic import CriticWorker
     from rlpost.trainer.fsdp import full_tensor
 
     torch.set_num_threads(1)
@@ -161,7 +161,7 @@ def test_update_gradient_is_the_clipped_value_loss(tmp_path, world):
 
 
 def test_checkpoint_restores_the_critic(tmp_path):
-    from rlpost.trainer.critic import CriticWorker
+    from rlpost.roles.critic import CriticWorker
     from rlpost.trainer.fsdp import full_tensor
 
     cfg, worker, shard, g = worker_and_batch(tmp_path, "critic.optim.offload=layerwise")

@@ -47,7 +47,7 @@ def generation(model, seed: int = 0, multi_turn: bool = False) -> Batch:
 def trained(cfg, model_dir, shards, separate: bool, base: bool):
     """(metrics, log-probs, parameters, Adam states) after the last of the updates of a fresh
     actor on `shards`, one each (after the first, the policy is no longer the reference)."""
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
     from rlpost.trainer.fsdp import full_tensor
 
     worker = ActorWorker(cfg, model_dir, 0, 1, "127.0.0.1", free_port())
@@ -112,7 +112,7 @@ def test_old_logprobs_from_the_update_equal_a_separate_pass(tmp_path, case):
 def test_a_shard_without_old_logprobs_must_train_in_one_step(tmp_path):
     from rlpost.controller.step import step_plan
     from rlpost.data.microbatch import shard_batch
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     model, _ = save_tiny_model(tmp_path / "model")
     for extra in (["algo.ppo_epochs=2"], ["algo.ppo_mini_batch_size=2"]):
@@ -138,7 +138,7 @@ def test_two_mini_batches_first_ratio_lr_and_timing(tmp_path, multi_turn):
 
     from rlpost.controller.step import step_plan
     from rlpost.data.microbatch import shard_batch, split_shard
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     model, _ = save_tiny_model(tmp_path / "model")
     cfg = load_config(COMMON + ["algo.kl_coef=0", "algo.ppo_mini_batch_size=2", "algo.rollout_is=none"])
@@ -172,7 +172,7 @@ def test_two_mini_batches_first_ratio_lr_and_timing(tmp_path, multi_turn):
 def test_a_reference_copy_exists_only_for_a_kl_without_lora(tmp_path, overrides, reference):
     """The reference role: a frozen copy with a KL, none without one, none with LoRA (the base
     is the policy with its adapters off)."""
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     save_tiny_model(tmp_path / "model")
     cfg = load_config(COMMON + ["algo.kl_coef=0", *overrides])

@@ -1,5 +1,6 @@
 """The critic role on a trainer rank: a value model (the policy's body with a scalar head) on its
-own FSDP2 engine (`rlpost.trainer.engine`, its own optimizer and offload), for algorithms with a
+own FSDP2 engine (`rlpost.trainer.engine`: `critic.model_path`, `critic.optim`, no LoRA, metrics
+`critic/...`, checkpoint `critic/`), for algorithms with a
 learned baseline (PPO, `rlpost.algos.algorithms`). It gives the values of a batch before the
 advantages are computed (GAE) and trains on the returns with PPO's clipped value loss
 (`algo.loss_agg_mode` over the loss tokens, the same mini-batches and epochs as the actor).
@@ -11,6 +12,7 @@ process group of its own), tests call it directly.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -19,8 +21,8 @@ from rlpost.algos.losses import aggregate, clipped_value_loss
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import split_shard
-from rlpost.trainer.actor import loss_denominators
-from rlpost.trainer.engine import FSDPEngine
+from rlpost.models.loading import load_value_model
+from rlpost.trainer.engine import EngineSpec, FSDPEngine
 from rlpost.trainer.logprobs import resolve_layout, response_values
 from rlpost.trainer.stats import Stats
 
@@ -30,7 +32,12 @@ class CriticWorker:
         self, cfg: TrainConfig, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int
     ):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.engine = e = FSDPEngine(cfg, model_path, rank, world_size, master_addr, master_port, role="critic")
+        m = cfg.model
+        load = partial(load_value_model, model_path, "float32", m.attn_implementation, m.trust_remote_code)
+        spec = EngineSpec(
+            load, cfg.critic.optim, None, prefix="critic", name="critic", step_timing="critic_optimizer_step"
+        )
+        self.engine = e = FSDPEngine(cfg, spec, rank, world_size, master_addr, master_port)
         self.model, self.device = e.model, e.device
         self.layout = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation, cfg.trainer.device)
         e.offload_params()
@@ -53,14 +60,8 @@ class CriticWorker:
         a = self.cfg.algo
         stats = Stats(self.device)
         with self.engine.resident():
-            minis = split_shard(shard)
-            denoms = loss_denominators(minis, a.loss_agg_mode, self.device)
-            for _ in range(a.ppo_epochs):
-                for mini, denom in zip(minis, denoms):
-                    for mb in mini:
-                        self._micro_step(mb, denom, stats)
-                    self.engine.optimizer_step(stats)
-            stats.set("critic/lr", self.engine.scheduler.get_last_lr()[0])
+            micro_step = lambda mb, denominator, first: self._micro_step(mb, denominator, stats)  # noqa: E731
+            self.engine.train(split_shard(shard), a.ppo_epochs, a.loss_agg_mode, micro_step, stats)
             metrics = stats.reduce()
         metrics["timing_s/critic_update_worker"] = time.perf_counter() - start
         return metrics

@@ -1,13 +1,11 @@
 """The actor role on a trainer rank: the policy's log-probs, its update, and its weights for the
-rollouts. It runs on the FSDP2 engine (`rlpost.trainer.engine`) and computes the loss the
-algorithm names (`rlpost.algos.policy_loss`): it knows no algorithm itself.
+rollouts. It runs on the FSDP2 engine (`rlpost.trainer.engine`: the policy `model.path`,
+`trainer.optim`, LoRA when configured, metrics `actor/...`, checkpoint `trainer/`), which loops
+over epochs and mini-batches; the actor brings the loss of a micro-batch, the one the algorithm
+names (`rlpost.algos.policy_loss`): it knows no algorithm itself.
 
 The KL reference is a frozen copy of the starting model, or with LoRA the policy itself with its
 adapters disabled (the frozen base): no second model.
-
-Loss normalisation across data-parallel ranks: FSDP averages gradients over ranks, so each rank
-scales its loss by world_size, and the loss divides by the *global* token (or sequence) count of
-the mini-batch. Micro-batches and ranks then add up to exactly the full mini-batch loss.
 
 A plain class: the controller wraps it in a Ray actor, tests call it directly. Every method that
 runs collectives must be called on all ranks of the trainer group at once.
@@ -17,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,28 +26,18 @@ from rlpost.algos.policy_loss import POLICY_LOSSES, LossInputs
 from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import padded_tokens, split_shard
+from rlpost.models.loading import load_causal_lm
 from rlpost.models.lora import ADAPTER_DTYPE, adapter_named_parameters, base_named_parameters, save_adapter
-from rlpost.trainer.engine import FSDPEngine
+from rlpost.trainer.engine import EngineSpec, FSDPEngine
 from rlpost.trainer.fsdp import full_tensor
 from rlpost.trainer.logprobs import resolve_layout, response_logprobs
 from rlpost.trainer.lora import adapter_weights, base_weights, merged_weights
 from rlpost.trainer.stats import Stats
+from rlpost.weightsync.checksums import checksum
 from rlpost.weightsync.kinds import sync_kinds
-from rlpost.weightsync.manifest import checksum, spec_of
-from rlpost.weightsync.sync import send_weights
+from rlpost.weightsync.manifest import spec_of
+from rlpost.weightsync.sync import SyncStats, send_weights
 from rlpost.weightsync.transport import SyncGroup, stacks_if_stuck
-
-
-def loss_denominators(minis, loss_agg_mode: str, device) -> list[torch.Tensor]:
-    """Per mini-batch, the tokens (token-mean) or sequences with a loss token that it holds over
-    every rank: one all-reduce for the whole update (the actor's and the critic's)."""
-    counts = []
-    for mini in minis:
-        mask = torch.cat([mb["loss_mask"] for mb in mini])
-        counts.append(mask.sum() if loss_agg_mode == "token-mean" else (mask.sum(-1) > 0).sum())
-    t = torch.tensor(counts, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return list(t.float())
 
 
 class ActorWorker:
@@ -56,7 +45,11 @@ class ActorWorker:
         self, cfg: TrainConfig, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int
     ):
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        self.engine = e = FSDPEngine(cfg, model_path, rank, world_size, master_addr, master_port)
+        self.model_path, m = model_path, cfg.model
+        lora = m.lora if m.lora.rank > 0 else None
+        load = partial(load_causal_lm, model_path, "float32", m.attn_implementation, m.trust_remote_code)
+        spec = EngineSpec(load, cfg.trainer.optim, lora, prefix="actor", name="trainer", step_timing="optimizer_step")
+        self.engine = e = FSDPEngine(cfg, spec, rank, world_size, master_addr, master_port)
         self.model, self.device, self.lora = e.model, e.device, e.lora
         self.optimizer = e.optimizer
         self.ref_model = e.frozen_copy() if cfg.algo.kl_coef > 0 and self.lora is None else None
@@ -125,33 +118,26 @@ class ActorWorker:
                     "a shard without old_logprobs must train in one optimizer step (algo.ppo_epochs=1, one "
                     f"mini-batch); this one has {a.ppo_epochs} epochs x {len(minis)} mini-batches"
                 )
-            denoms = self._denominators(minis)
-            first = True  # the first optimizer step: its ratios must all be exactly 1
-            for _ in range(a.ppo_epochs):
-                for mini, denom in zip(minis, denoms):
-                    for mb in mini:
-                        ref = self._ref_logprobs(mb) if fused and with_ref else None
-                        logp, ratio_dev = self._micro_step(mb, denom, stats, ref)
-                        stats.max("perf/microbatch_tokens", float(padded_tokens(mb)))  # for the plan's check
-                        if first:
-                            stats.max("actor/first_ratio_dev", ratio_dev)
-                        if fused:  # kept on the device until the end: no copy per micro-batch
-                            out["old_logprobs"].append(logp)
-                            if ref is not None:
-                                out["ref_logprobs"].append(ref)
-                            out["row_index"].append(mb["row_index"])
-                    self.engine.optimizer_step(stats)
-                    first = False
-            stats.set("actor/lr", self.engine.scheduler.get_last_lr()[0])
+
+            def micro_step(mb: Batch, denominator: torch.Tensor, first: bool) -> None:
+                ref = self._ref_logprobs(mb) if fused and with_ref else None
+                logp, ratio_dev = self._micro_step(mb, denominator, stats, ref)
+                stats.max("perf/microbatch_tokens", float(padded_tokens(mb)))  # for the plan's check
+                if first:  # the first optimizer step: its ratios must all be exactly 1
+                    stats.max("actor/first_ratio_dev", ratio_dev)
+                if fused:  # kept on the device until the end: no copy per micro-batch
+                    out["old_logprobs"].append(logp)
+                    if ref is not None:
+                        out["ref_logprobs"].append(ref)
+                    out["row_index"].append(mb["row_index"])
+
+            self.engine.train(minis, a.ppo_epochs, a.loss_agg_mode, micro_step, stats)
             if self.device.type == "cuda":  # what the memory plan (controller/plan.py) predicts
                 stats.max("perf/update_peak_gb", self.engine.phase_peak())
             metrics = stats.reduce()
             logprobs = Batch({k: torch.cat(v).cpu() for k, v in out.items() if v})
         metrics["timing_s/update_worker"] = time.perf_counter() - start  # the rest of update's time is Ray's
         return metrics, logprobs
-
-    def _denominators(self, minis) -> list[torch.Tensor]:
-        return loss_denominators(minis, self.cfg.algo.loss_agg_mode, self.device)
 
     def _micro_step(self, mb: Batch, denom: torch.Tensor, stats: Stats, ref_logp=None):
         """Forward, the algorithm's loss, backward on one micro-batch; returns the log-probs of
@@ -231,11 +217,12 @@ class ActorWorker:
         }[kind]()
         return (t for _, t in named)
 
-    def push_weights(self, version: int, keep_on_gpu: bool = False, kind: str | None = None) -> dict[str, float]:
+    def push_weights(self, version: int, keep_on_gpu: bool = False, kind: str | None = None) -> SyncStats | None:
         """All ranks gather full tensors (FSDP all-gather); rank 0 sends them to the rollouts.
         `kind` (`rlpost.weightsync.kinds`; default: the one that carries the whole model) says
         what the sync carries. Offloaded shards (`trainer.param_offload`) come to the device for
-        the gather and go back afterwards unless `keep_on_gpu`."""
+        the gather and go back afterwards unless `keep_on_gpu`. Returns the sync's stats (None on a
+        rank that does not send)."""
         kind = kind or sync_kinds(self.cfg, first=True)[0]
         timeout = self.cfg.weight_sync.timeout_s
         with stacks_if_stuck(timeout / 2), self.engine.resident(self.model, keep=keep_on_gpu):
@@ -243,7 +230,7 @@ class ActorWorker:
             if self.sync_group is None:  # this rank only takes part in the gathers
                 for _ in tensors:
                     pass
-                return {}
+                return None
             ws = self.cfg.weight_sync
             cuda = self.device.type == "cuda"
             if cuda:
@@ -252,15 +239,9 @@ class ActorWorker:
             stats = send_weights(
                 self.sync_group, self.manifests[kind], tensors, version, ws.bucket_mb * 2**20, ws.verify
             )
-        out = {
-            "weight_sync/bytes": float(stats.bytes),
-            "weight_sync/send_s": stats.seconds,
-            "weight_sync/send_header_s": stats.header_s,
-            "weight_sync/send_verify_s": stats.verify_s,
-        }
         if cuda:  # what the export needs beyond the trainer's own memory (gathers, buckets)
-            out["perf/sync_peak_gb"] = (torch.cuda.max_memory_allocated(self.device) - before) / 2**30
-        return out
+            stats.peak_bytes = torch.cuda.max_memory_allocated(self.device) - before
+        return stats
 
     def base_checksums(self) -> list[int]:
         """Checksums of this rank's shards of the base (non-adapter) parameters: syncs and LoRA
@@ -276,7 +257,7 @@ class ActorWorker:
         if self.lora is not None:
             adapter = list(adapter_weights(self.model, ADAPTER_DTYPE))  # a collective: every rank
             if self.rank == 0:
-                save_adapter(adapter, self.lora, Path(folder) / "adapter", self.engine.model_path)
+                save_adapter(adapter, self.lora, Path(folder) / "adapter", self.model_path)
         dist.barrier()
 
     def load_checkpoint(self, folder: str) -> None:

@@ -14,8 +14,9 @@ import torch
 
 from rlpost.config import load_config
 from rlpost.trainer.fsdp import full_tensor
-from rlpost.weightsync.manifest import checksum, spec_of
-from rlpost.weightsync.sync import receive_weights
+from rlpost.weightsync.checksums import checksum
+from rlpost.weightsync.manifest import spec_of
+from rlpost.weightsync.sync import SyncStats, receive_weights
 from rlpost.weightsync.transport import SyncGroup, free_port
 from tests.helpers import FAMILIES, FAMILY_IDS, ragged_generation, reference_logprobs, save_tiny_model
 
@@ -26,7 +27,6 @@ LORA = {
 }
 SCALING = 8 / 4  # alpha / rank
 TIMEOUT_S = 30  # of the sync group: a sync takes well under a second here
-STATS = {"weight_sync/bytes", "weight_sync/send_s", "weight_sync/send_header_s", "weight_sync/send_verify_s"}
 
 
 def config(lora: str, *overrides):
@@ -58,7 +58,7 @@ def base(tmp_path, request):
 
 @pytest.fixture
 def make_worker():
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
 
     workers = []
 
@@ -117,7 +117,7 @@ class Rollout:
         thread = threading.Thread(target=receive, daemon=True)
         thread.start()
         sent = self.worker.push_weights(version, kind=kind)
-        assert set(sent) == STATS, "the sender reports no sync"  # else the receiver waits in vain
+        assert isinstance(sent, SyncStats), "the sender reports no sync"  # else the receiver waits in vain
         thread.join(TIMEOUT_S)
         if "error" in box:
             raise box["error"]
@@ -130,8 +130,8 @@ def check_received(sent, received, got, expected, version):
     for name, want in expected:
         assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
     nbytes = sum(t.numel() * t.element_size() for _, t in expected)
-    assert set(sent) == STATS and sent["weight_sync/bytes"] == float(nbytes) == received.bytes
-    assert sent["weight_sync/send_s"] >= sent["weight_sync/send_header_s"] + sent["weight_sync/send_verify_s"] >= 0
+    assert sent.bytes == nbytes == received.bytes and (sent.version, sent.tensors) == (version, len(expected))
+    assert sent.seconds >= sent.header_s + sent.verify_s >= 0 and sent.peak_bytes is None  # on the CPU
     assert (received.version, received.tensors, received.readback) == (version, len(expected), len(expected))
 
 
@@ -205,7 +205,7 @@ def test_merged_sync_is_w_plus_scaled_b_a(base, make_worker, dtype):
             assert torch.equal(got[name], want.to(cast)), name
     assert adapted == 7 * 2
     nbytes = cast.itemsize * sum(p.numel() for p in model.parameters())
-    assert set(sent) == STATS and sent["weight_sync/bytes"] == float(nbytes) == received.bytes
+    assert sent.bytes == nbytes == received.bytes
     assert (received.version, received.tensors, received.readback) == (1, len(reference), len(reference))
     assert all(torch.equal(t, before[n]) for n, t in full(worker).items()), "merging wrote the weights"
 
@@ -240,8 +240,8 @@ def test_a_kind_that_does_not_fit_the_run_is_refused(base, make_worker, lora, ki
     message = f"weight sync kind {kind!r} does not fit this run (model.lora.rank={rank}, mode={mode}): it sends {sends}"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         worker.push_weights(1, kind=kind)
-    assert worker.push_weights(1) == {}
-    assert worker.push_weights(1, kind=sends[-1]) == {}
+    assert worker.push_weights(1) is None
+    assert worker.push_weights(1, kind=sends[-1]) is None
 
 
 @pytest.mark.parametrize("lora", ["none", "merge"])
@@ -270,7 +270,7 @@ def test_base_checksums_move_with_full_fine_tuning_only(base, make_worker, lora)
 def test_push_sends_with_the_configured_buckets_and_verification(base, make_worker, monkeypatch, verify):
     """`weight_sync.bucket_mb` (MiB) and `weight_sync.verify` reach the sender; without
     verification the receiver reads nothing back."""
-    import rlpost.trainer.actor as actor
+    import rlpost.roles.actor as actor
 
     calls, send_weights = [], actor.send_weights
 

@@ -251,7 +251,7 @@ def rank_main(rank, world, port, model_dir, batch_path, out, names):
     """The cases `names` through rlpost's path on this rank; rank 0 saves the captured gradients."""
     from rlpost.controller.step import advantages, step_plan
     from rlpost.data.microbatch import shard_batch
-    from rlpost.trainer.actor import ActorWorker
+    from rlpost.roles.actor import ActorWorker
     from rlpost.trainer.fsdp import full_tensor
 
     torch.set_num_threads(1)
