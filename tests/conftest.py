@@ -6,7 +6,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 if os.environ.get("RLPOST_MUTATION"):
-    # scripts/mutation.py: mutmut forks one process per mutant from a server that has imported the
+    # benchmarks/mutation/mutation.py: mutmut forks one process per mutant from a server that has imported the
     # tests; import what the trainer tests load lazily (transformers' Qwen2, FSDP2, peft, Hydra's
     # config store) there too, so that each mutant's process does not pay seconds for it again
     import peft  # noqa: F401

@@ -217,7 +217,7 @@ def run_ranks(fn, world: int, *args) -> None:
     process group already: an in-process vLLM engine starts one), more as spawned processes.
     Under mutmut's stats run (`MUTANT_UNDER_TEST=stats`) the functions the spawned
     ranks ran are recorded as run by the calling test: mutmut records calls per process, and
-    would otherwise never test its mutants there (scripts/mutation.py)."""
+    would otherwise never test its mutants there (benchmarks/mutation/mutation.py)."""
     import torch.distributed as dist
 
     if world == 1 and not dist.is_initialized():
@@ -333,7 +333,7 @@ def check_against_torch(tmp_path, world, weight_decay, dtype, device_type="cpu")
 
 def examples(n: int) -> int:
     """Hypothesis examples for a property test: `n`, or an eighth of it (at least 10) in the
-    mutation run (`RLPOST_MUTATION=1`, scripts/mutation.py), which runs the tests once per mutant."""
+    mutation run (`RLPOST_MUTATION=1`, benchmarks/mutation/mutation.py), which runs the tests once per mutant."""
     import os
 
     return max(n // 8, 10) if os.environ.get("RLPOST_MUTATION") else n

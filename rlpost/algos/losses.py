@@ -79,7 +79,7 @@ def _over_sequences(per_seq: torch.Tensor, loss: torch.Tensor, mask: torch.Tenso
     return (per_seq * has_tokens).sum() / _at_least_one(denom, loss)
 
 
-# registered by a call, not a decorator: mutation testing (scripts/mutation.py) skips decorated functions
+# registered by a call, not a decorator: mutation testing (benchmarks/mutation/mutation.py) skips decorated functions
 LOSS_AGG_MODES.register("token-mean", token_mean)
 LOSS_AGG_MODES.register("seq-mean-token-mean", seq_mean_token_mean)
 LOSS_AGG_MODES.register("seq-mean-token-sum-norm", seq_mean_token_sum_norm)

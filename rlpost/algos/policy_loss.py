@@ -138,7 +138,7 @@ def cispo_loss(x: LossInputs, algo) -> LossOutputs:
     return _terms(-x.advantages * weight * x.logp, ratio, clipped, x, algo)
 
 
-# registered by a call, not a decorator: mutation testing (scripts/mutation.py) skips decorated functions
+# registered by a call, not a decorator: mutation testing (benchmarks/mutation/mutation.py) skips decorated functions
 POLICY_LOSSES.register("ppo", ppo_loss)
 POLICY_LOSSES.register("gspo", gspo_loss)
 POLICY_LOSSES.register("cispo", cispo_loss)

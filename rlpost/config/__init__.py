@@ -12,6 +12,7 @@ from rlpost.config.compose import (
     load_config,
     to_yaml,
 )
+from rlpost.config.placement import Colocation
 from rlpost.config.rules import RULES, Rule, installed, validate
 from rlpost.config.schema import (
     AlgoConfig,
@@ -29,7 +30,6 @@ from rlpost.config.schema import (
     TrainConfig,
     TrainerConfig,
     WeightSyncConfig,
-    colocated_on_cuda,
     iter_fields,
     mini_batch_size,
 )
@@ -56,7 +56,7 @@ __all__ = [
     "TrainerConfig",
     "WeightSyncConfig",
     "closest_keys",
-    "colocated_on_cuda",
+    "Colocation",
     "compose",
     "config_dict",
     "config_docs",

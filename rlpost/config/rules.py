@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rlpost.config.placement import Colocation
 from rlpost.config.schema import ConfigError, TrainConfig, iter_fields, mini_batch_size
 from rlpost.registry import Registry
 
@@ -174,7 +175,7 @@ def one_parameter_offload(cfg):
 @rule("rollout.num_workers")
 def colocated_actor_per_rank(cfg):
     r = cfg.rollout
-    if cfg.cluster.placement == "colocate" and r.num_workers * r.tensor_parallel_size > cfg.trainer.world_size:
+    if Colocation.of(cfg).colocated and r.num_workers * r.tensor_parallel_size > cfg.trainer.world_size:
         shards = f" x rollout.tensor_parallel_size={r.tensor_parallel_size}" if r.tensor_parallel_size > 1 else ""
         return (
             f"cluster.placement=colocate shares each trainer rank's device with one rollout shard: "
@@ -195,8 +196,7 @@ def tensor_parallel_engines(cfg):
             f"rollout.tensor_parallel_size={r.tensor_parallel_size} with model.lora.mode=adapter: the adapter sync "
             "writes a peft folder in one process; use model.lora.mode=merge"
         )
-    colocated_gpus = cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda"
-    if colocated_gpus and not r.enforce_eager:  # seen on 2 x H200: benchmarks/multi_gpu/tp_h200x2.json
+    if Colocation.of(cfg).takes_turns and not r.enforce_eager:  # seen on 2 x H200: benchmarks/multi_gpu/tp_h200x2.json
         return (
             f"rollout.tensor_parallel_size={r.tensor_parallel_size} colocated on GPUs: vLLM's compiled model failed "
             "its first forward in cuBLAS (cublasCreate) beside the trainer ranks, and ran eager; set "

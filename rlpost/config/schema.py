@@ -348,12 +348,6 @@ def iter_fields(cls=TrainConfig, prefix: str = ""):
 ALL_KEYS = [k for k, _ in iter_fields()]
 
 
-def colocated_on_cuda(cfg: TrainConfig) -> bool:
-    """Trainer and rollouts share GPUs and take turns (vLLM sleeps while the trainer computes;
-    weights move by CUDA IPC)."""
-    return cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda"
-
-
 def mini_batch_size(cfg: TrainConfig) -> int:
     """Prompts per optimizer step (`algo.ppo_mini_batch_size`, 0 = the whole batch)."""
     return cfg.algo.ppo_mini_batch_size or cfg.data.train_batch_size

@@ -21,7 +21,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlpost.config import ConfigError, TrainConfig
+from rlpost.config import Colocation, ConfigError, TrainConfig
 from rlpost.data.batch import Batch
 
 # the libraries' own output that a run does not need to show (`logger.verbose=true` keeps it):
@@ -88,7 +88,7 @@ def workers_at_normal_priority() -> None:
     """For a Ray started by this process: Ray starts its workers at nice 15, for tasks that yield
     to the rest of a node; here the actors are the work, and at 15 Ray's own daemons preempt them
     (the trainer's update took 5-8% longer in an actor at 15 than in one at 0, taking turns:
-    scripts/bench_overhead.py). `RAY_worker_niceness=0 ray start ...` does the same on a cluster."""
+    benchmarks/bench_overhead.py). `RAY_worker_niceness=0 ray start ...` does the same on a cluster."""
     os.environ.setdefault("RAY_worker_niceness", "0")
 
 
@@ -111,7 +111,7 @@ def bundle_layout(cfg: TrainConfig, roles=("actor", "rollout")) -> tuple[list[di
     bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
     # on the trainer bundles: the actor (trainer), and the critic and the reward model if any
     on_trainer_bundles = 1 + sum(role in roles for role in ("critic", "reward_model"))
-    if cfg.cluster.placement == "colocate":
+    if Colocation.of(cfg).colocated:
         share = 1.0 / (on_trainer_bundles + 1)
         shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": share}
         rollouts = [(i * cfg.rollout.tensor_parallel_size) % ws for i in range(nr)]  # on its first shard's GPU
@@ -123,18 +123,13 @@ def bundle_layout(cfg: TrainConfig, roles=("actor", "rollout")) -> tuple[list[di
     return bundles, list(range(ws)), list(range(ws, ws + nr)), shares
 
 
-def pins_engine_gpus(cfg: TrainConfig) -> bool:
-    """Colocated tensor-parallel engines on GPUs: each runs on its trainer ranks' GPUs, not Ray's."""
-    return cfg.cluster.placement == "colocate" and cfg.trainer.device == "cuda" and cfg.rollout.tensor_parallel_size > 1
-
-
 def engine_devices(cfg: TrainConfig, devices: list[str], nodes: list[str]) -> list[str | None]:
     """Colocated tensor-parallel engines on GPUs: for each rollout actor the CUDA_VISIBLE_DEVICES
     of its engine's shards, the GPUs of trainer ranks i T .. i T + T - 1 (`devices`: each rank's,
     as Ray numbers them on its node; `nodes`: each rank's node), which must lie on one node; None
     where the actor keeps the GPU Ray gave it."""
     t, nr = cfg.rollout.tensor_parallel_size, cfg.rollout.num_workers
-    if not pins_engine_gpus(cfg):
+    if not Colocation.of(cfg).pins_engine_gpus:
         return [None] * nr
     out = []
     for i in range(nr):
@@ -179,7 +174,7 @@ class Placement:
 
     def engine_devices(self, cfg: TrainConfig, trainers: "WorkerGroup") -> list[str | None]:
         """Each rollout actor's CUDA_VISIBLE_DEVICES (`engine_devices`), None for Ray's own."""
-        if not pins_engine_gpus(cfg):  # (no call to the trainers)
+        if not Colocation.of(cfg).pins_engine_gpus:  # (no call to the trainers)
             return [None] * cfg.rollout.num_workers
         nodes = [self.address_of_bundle(b)[0] for b in self.trainer_bundles]
         return engine_devices(cfg, trainers.call("cuda_device"), nodes)

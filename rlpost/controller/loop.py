@@ -21,7 +21,7 @@ import torch
 from rlpost.algos.algorithms import ALGORITHMS, needed_roles
 from rlpost.algos.filters import BATCH_FILTERS
 from rlpost.algos.kl_control import KLController
-from rlpost.config import TrainConfig
+from rlpost.config import Colocation, TrainConfig
 from rlpost.controller import checkpoint
 from rlpost.controller.adapter_probe import AdapterProbe
 from rlpost.controller.cluster import quiet_libraries
@@ -99,6 +99,7 @@ class Controller:
     def train_step(self) -> dict[str, float]:
         cfg, timing = self.cfg, {}
         scored = self.batches.next_scored(self.step, self.keep_groups, self.version)  # timing_s/gen, reward (, filter)
+        self._hand_device("trainer")
         batch = scored.batch
         staleness = check_staleness(batch, self.version, cfg.algo.max_staleness if self.batches.overlap else 0)
         self.samples.write(self.step + 1, scored.rows, cfg.rollout.n, scored.responses, scored.scores.tolist())
@@ -151,10 +152,18 @@ class Controller:
         self.version += 1
         return results[0][0]
 
+    def _hand_device(self, to: str) -> None:
+        """Colocated, the two sides take turns on the devices: to the `trainer` once the step's
+        generation is scored (vLLM sleeps), back to the `rollouts` after the update (the trainers
+        hand their cached blocks back; vLLM wakes into them as the sync's weights arrive, and its
+        KV cache at the next generation)."""
+        if not Colocation.of(self.cfg).colocated:
+            return
+        for group in [self.rollouts] if to == "trainer" else self.workers.trained():
+            group.call("sleep" if to == "trainer" else "release_memory")
+
     def _sync_after_update(self) -> dict[str, float]:
-        if self.cfg.cluster.placement == "colocate":
-            for group in self.workers.trained():
-                group.call("release_memory")  # vLLM wakes up into this memory
+        self._hand_device("rollouts")
         sync = self.sync_weights()  # in the warm-up the same version again: a sleeping vLLM dropped it
         self.batches.synced(self.step + 1)
         return sync

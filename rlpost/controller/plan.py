@@ -12,7 +12,7 @@ micro-batch: per token, each decoder layer's saved tensors, and the logits (in t
 then five float32 tensors of their size: the cast, the temperature's division, the log-softmax,
 the entropy's two: fitted on 2 x H200, where the measured update peak was 91.5 GiB for a 3B shape
 colocated and 129.4 GiB for a 7B one offloaded, and then checked on a 3B split run: plan 119.9 GiB,
-measured 120.2; `scripts/gpu_session.sh` Q, R, S and `scripts/plan_vs_measured.py`). A vLLM engine takes
+measured 120.2; `benchmarks/gpu_session.sh` Q, R, S and `scripts/plan_vs_measured.py`). A vLLM engine takes
 `rollout.gpu_memory_utilization` of its GPU while awake (weights, KV cache, activations) and about
 nothing while asleep (colocated, during the trainer's phases).
 
@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlpost.config import ConfigError, TrainConfig
+from rlpost.config import Colocation, ConfigError, TrainConfig
 
 GIB = 2**30
 CONTEXT_GIB = 1.0  # the CUDA context, NCCL's buffers and the allocator's slack, per process
@@ -168,7 +168,7 @@ def gpu_plan(cfg: TrainConfig, shape: ModelShape, gpu_bytes: float) -> dict:
     `gpus`: for each kind of GPU (colocated: one; split: trainer and rollout) its peak."""
     trainer = trainer_plan(cfg, shape)
     awake = cfg.rollout.gpu_memory_utilization * gpu_bytes if cfg.rollout.backend == "vllm" else 0.0
-    if cfg.cluster.placement == "colocate":
+    if Colocation.of(cfg).colocated:
         gpus = {"colocated": max(trainer["peak"], trainer["resident"] + awake)}
     else:
         gpus = {"trainer": trainer["peak"], "rollout": awake}
@@ -198,7 +198,7 @@ def check_plan(cfg: TrainConfig, plan: dict, log=print) -> None:
             f"({shape.kv_heads} key/value heads) evenly over the shards; choose a size that divides "
             f"{shape.heads} (and divides or is a multiple of {shape.kv_heads})"
         )
-    room = plan["gpu_bytes"] - CONTEXT_GIB * GIB * (2 if cfg.cluster.placement == "colocate" else 1)
+    room = plan["gpu_bytes"] - CONTEXT_GIB * GIB * (2 if Colocation.of(cfg).colocated else 1)
     t = plan["trainer"]
     fixed = t["peak"] - t["activations"] - t["logits"]
     for kind, peak in plan["gpus"].items():

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rlpost.config import TrainConfig
+from rlpost.config import Colocation, TrainConfig
 from rlpost.controller.cluster import WorkerGroup
 from rlpost.controller.step import env_metrics, group_ids, sampling_params, shape_rewards, timed
 from rlpost.controller.stream import Scored, Stream
@@ -85,7 +85,7 @@ class Rollouts:
         self.tokenizer, self.rewards, self.log = tokenizer, rewards, log
         self.failing = 0  # consecutive training batches of which too many samples failed to score
         self.reward_models = reward_models
-        self.overlap = cfg.cluster.placement == "split" and cfg.algo.max_staleness > 0
+        self.overlap = Colocation.of(cfg).overlapping
         self.pending: deque[Pending] = deque()
         self.stream = Stream(self) if cfg.algo.async_rollouts else None
 
@@ -148,12 +148,6 @@ class Rollouts:
         rows = next(self.loader)
         return rows, self.generate(rows, sampling_params(self.cfg, self.seed(step) + 7919 * round))
 
-    def release(self) -> None:
-        """Colocate placement: the step's generation is done, the trainer gets the device (vLLM
-        sleeps until the next sync)."""
-        if self.cfg.cluster.placement == "colocate":
-            self.group.call("sleep")
-
     def synced(self, steps: int) -> None:
         """The weights of `steps` trained steps reached the rollouts (async rollouts: more may start)."""
         if self.stream is not None:
@@ -177,7 +171,6 @@ class Rollouts:
         if keep_groups is not None:
             with timed(timing, "filter"):
                 out = self._filtered(step, out, keep_groups)
-        self.release()
         out.batch["rewards"] = shape_rewards(out.batch, out.scores, cfg)
         if "model_scores" in out.batch:  # what each part of the reward said, over the kept samples
             rule, model = out.batch.tensors.pop("rule_scores"), out.batch.tensors.pop("model_scores")

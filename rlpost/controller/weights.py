@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 import time
 
-from rlpost.config import ConfigError, TrainConfig, colocated_on_cuda
+from rlpost.config import Colocation, ConfigError, TrainConfig
 from rlpost.controller.cluster import Placement, WorkerGroup
 from rlpost.weightsync.kinds import sync_kinds
 from rlpost.weightsync.sync import SyncStats
 
 
 def sync_transport(cfg: TrainConfig) -> str:
-    return "ipc" if colocated_on_cuda(cfg) else "broadcast"
+    return "ipc" if Colocation.of(cfg).takes_turns else "broadcast"
 
 
 def sync_plan(cfg: TrainConfig) -> dict[int, list[tuple[int, int]]]:

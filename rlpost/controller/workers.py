@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlpost.config import TrainConfig, colocated_on_cuda
+from rlpost.config import Colocation, TrainConfig
 from rlpost.controller.cluster import Placement, WorkerGroup, local_ray_died, start_ray
 from rlpost.controller.plan import check_plan, gpu_plan, shape_of
 from rlpost.controller.rollouts import Rollouts
@@ -73,7 +73,7 @@ class Workers:
         """What the trainer-side actors hold, against the colocated engines' share and the plan."""
         groups = [*self.trained(), *([self.reward_models] if self.reward_models else [])]
         reports = [group.call("memory_report") for group in groups]
-        if colocated_on_cuda(cfg):
+        if Colocation.of(cfg).takes_turns:
             check_colocated_memory(cfg, [merge_memory(per_rank) for per_rank in zip(*reports)])
         if Path(model_path, "config.json").is_file():  # the plan, for this GPU (`rlpost plan`)
             check_plan(cfg, gpu_plan(cfg, shape_of(cfg, model_path), reports[0][0]["total"]), log)

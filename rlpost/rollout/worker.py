@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from rlpost.config import TrainConfig, colocated_on_cuda
+from rlpost.config import Colocation, TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.rollout.base import RolloutEngine, SamplingParams
@@ -42,7 +42,7 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
             kv_cache_gb=r.kv_cache_gb,
             enforce_eager=r.enforce_eager,
             max_num_seqs=r.max_num_seqs,
-            sleep_mode=colocated_on_cuda(cfg),
+            sleep_mode=Colocation.of(cfg).takes_turns,
             trust_remote_code=cfg.model.trust_remote_code,
             lora=lora,
             pausable=cfg.algo.async_rollouts,  # a sync lands between two decoding steps

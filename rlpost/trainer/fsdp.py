@@ -31,7 +31,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: tor
 
     On one rank with float32 compute and no offload there is nothing to shard, gather, cast or
     offload: the model stays a plain module. FSDP2's hooks and copies would cost a tenth of the
-    quickstart's update step (scripts/bench_overhead.py); everything downstream (exports,
+    quickstart's update step (benchmarks/bench_overhead.py); everything downstream (exports,
     checkpoints, the layerwise optimizer, LoRA merges) takes plain and sharded parameters alike."""
     model = model.to(device)
     if dist.get_world_size() == 1 and compute_dtype == torch.float32 and not cpu_offload:

@@ -2,7 +2,7 @@
 it, each shard by CUDA IPC from the sender on its own GPU: every shard's slices are read back and
 checked (on a GPU nothing is repacked, so all of them), generation follows the new weights, and a
 shard paired with the sender of another GPU is refused by name before any memory is mapped. (Split
-placement, NCCL from a sender on a GPU of its own, needs 3 GPUs: `scripts/gpu_session.sh W`.)"""
+placement, NCCL from a sender on a GPU of its own, needs 3 GPUs: `benchmarks/gpu_session.sh W`.)"""
 
 import threading
 

@@ -1,5 +1,5 @@
 """The Ray that rlpost starts: its actors run at normal priority (at Ray's default, nice 15, the
-trainer's update took 5-8% longer: scripts/bench_overhead.py)."""
+trainer's update took 5-8% longer: benchmarks/bench_overhead.py)."""
 
 import os
 

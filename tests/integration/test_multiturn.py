@@ -48,7 +48,7 @@ def test_the_multiturn_tools_recipe_learns_to_use_the_calculator(tmp_path):
     """`rlpost train +recipe=multiturn_tools` from the command line with an empty cache: the tiny
     model is warmed up on calculator episodes (~3 minutes), then 30 GRPO steps of episodes with the
     calculator raise held-out greedy success by at least 0.20 (0.5-0.6 measured:
-    benchmarks/multiturn_tools_seeds.json), and the model calls the tool on almost every problem."""
+    benchmarks/multiturn/multiturn_tools_seeds.json), and the model calls the tool on almost every problem."""
     import subprocess
     import sys
     import time

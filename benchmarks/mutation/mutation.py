@@ -4,11 +4,11 @@ pyproject.toml names the modules and the tests). mutmut plants one small bug at 
 operator, a changed constant, a dropped argument, ...) and runs the tests that call the mutated
 function; a mutant that no test notices "survived". The JSON holds, per module, how many mutants
 were killed, survived, timed out or had no test calling their function, and every survivor with
-its diff and, where one is written in scripts/mutation_notes.json, why it is equivalent (no
+its diff and, where one is written in benchmarks/mutation/mutation_notes.json, why it is equivalent (no
 behaviour changes) rather than untested.
 
-    python scripts/mutation.py --out benchmarks/mutation.json          # ~40 minutes on 2 cores
-    python scripts/mutation.py --out /tmp/m.json "rlpost.algos.*"       # only some mutants
+    python benchmarks/mutation/mutation.py --out benchmarks/mutation/mutation.json          # ~40 minutes on 2 cores
+    python benchmarks/mutation/mutation.py --out /tmp/m.json "rlpost.algos.*"       # only some mutants
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-NOTES = REPO / "scripts" / "mutation_notes.json"
+REPO = Path(__file__).resolve().parents[2]
+NOTES = Path(__file__).resolve().parent / "mutation_notes.json"
 STATUS = {
     1: "killed",
     3: "killed",
@@ -127,14 +127,14 @@ def main() -> None:
             "score": round((counts["killed"] + counts["timeout"]) / tested, 4) if tested else None,
         }
     out = {
-        "command": "python scripts/mutation.py --out " + args.out + "".join(f" {n}" for n in args.names),
+        "command": "python benchmarks/mutation/mutation.py --out " + args.out + "".join(f" {n}" for n in args.names),
         "tool": "mutmut "
         + subprocess.run([sys.executable, "-m", "mutmut", "--version"], capture_output=True, text=True).stdout.strip(),
         "commit": commit_file.read_text() if commit_file.is_file() else None,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
         "wall_s": None if args.report_only else round(wall),
         "score_note": "score = (killed + timeout) / (killed + survived + timeout + no_tests); "
-        "equivalent survivors (scripts/mutation_notes.json) are left out and listed with their note",
+        "equivalent survivors (benchmarks/mutation/mutation_notes.json) are left out and listed with their note",
         "modules": modules,
         "survivors": survivors,
     }

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Planted bugs, one at a time, against the tests that must catch them: for code that mutmut
-(scripts/mutation.py) cannot reach. `batch`: `Batch`'s pickling (used by nearly every test;
+(benchmarks/mutation/mutation.py) cannot reach. `batch`: `Batch`'s pickling (used by nearly every test;
 mutmut's clean run of that whole set fails in its fork server with no output, while the tests
 pass under pytest). `edges`: the trainer's FSDP2 rule, the port picker and the reward pool's
 alarm and trusted fast path, whose tests spawn processes (outside mutmut's test selection).
 `layouts`: the shared-prompt layout and the layout rule.
 
-    python scripts/mutation_by_hand.py batch --out benchmarks/mutation_batch.json
-    python scripts/mutation_by_hand.py edges --out benchmarks/mutation_edges.json
-    python scripts/mutation_by_hand.py layouts --out benchmarks/mutation_layouts.json
+    python benchmarks/mutation/mutation_by_hand.py batch --out benchmarks/mutation/mutation_batch.json
+    python benchmarks/mutation/mutation_by_hand.py edges --out benchmarks/mutation/mutation_edges.json
+    python benchmarks/mutation/mutation_by_hand.py layouts --out benchmarks/mutation/mutation_layouts.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BATCH = ("rlpost/data/batch.py", ["tests/data/test_dataset.py", "-k", "pickled"])
 FSDP = ("rlpost/trainer/fsdp.py", ["tests/trainer/test_fsdp.py"])
 PORTS = ("rlpost/weightsync/transport.py", ["tests/weightsync/test_weightsync.py", "-k", "free_ports"])
@@ -175,7 +175,7 @@ def main() -> None:
         print(name, status, flush=True)
     killed = sum(r["status"] == "killed" for r in results)
     out = {
-        "command": f"python scripts/mutation_by_hand.py {args.set} --out {args.out}",
+        "command": f"python benchmarks/mutation/mutation_by_hand.py {args.set} --out {args.out}",
         "killed": killed,
         "survived": len(results) - killed,
         "mutants": results,

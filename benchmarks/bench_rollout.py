@@ -16,8 +16,8 @@
 Rounds alternate between the engines (median of `--rounds`). Generated tokens are counted from
 the outputs. JSON out.
 
-    python3 scripts/random_model.py --shape 0.5b --out /tmp/qwen2-0.5b
-    python3 scripts/bench_rollout.py --model /tmp/qwen2-0.5b --lora-rank 16 --out benchmarks/rollout_h100.json
+    python3 benchmarks/random_model.py --shape 0.5b --out /tmp/qwen2-0.5b
+    python3 benchmarks/bench_rollout.py --model /tmp/qwen2-0.5b --lora-rank 16 --out benchmarks/rollout_h100.json
 """
 
 from __future__ import annotations

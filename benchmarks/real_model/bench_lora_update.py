@@ -7,7 +7,7 @@ them) on the same model, sharded as the trainer shards it (FSDP2, bf16 compute),
   adapter - LoRA, peft's own forward (W x + s B A x; model.lora.mode=adapter)
 and writes the median time per micro-batch and the profiler's top operators of each mode to --out.
 
-  python scripts/bench_lora_update.py --model smollm2-135m-instruct --out /tmp/out/lora_update.json
+  python benchmarks/real_model/bench_lora_update.py --model smollm2-135m-instruct --out /tmp/out/lora_update.json
 """
 
 import argparse

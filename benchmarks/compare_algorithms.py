@@ -4,8 +4,8 @@
 and one run per recipe, each timed from the command line to the end. Writes the held-out greedy
 accuracy curves and the final gains as JSON, and beside it their picture (`rlpost plot` of the JSON).
 
-    python scripts/compare_algorithms.py --seeds 0 1 --out benchmarks/algorithms.json
-    python scripts/compare_algorithms.py --recipes quickstart gspo --seeds 0 --out /tmp/a.json trainer.total_steps=20
+    python benchmarks/compare_algorithms.py --seeds 0 1 --out benchmarks/algorithms.json
+    python benchmarks/compare_algorithms.py --recipes quickstart gspo --seeds 0 --out /tmp/a.json trainer.total_steps=20
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main() -> None:
             "mean_end_accuracy": statistics.fmean(r["end_accuracy"] for r in ok) if ok else None,
         }
     out = {
-        "command": f"python scripts/compare_algorithms.py --recipes {' '.join(args.recipes)} --seeds "
+        "command": f"python benchmarks/compare_algorithms.py --recipes {' '.join(args.recipes)} --seeds "
         f"{' '.join(map(str, args.seeds))} --out {args.out}" + "".join(f" {o}" for o in args.overrides),
         "commit": commit.stdout.strip() + ("+changes" if dirty.stdout.strip() else ""),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},

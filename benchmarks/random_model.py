@@ -3,7 +3,7 @@
 model's vocabulary), saved as a Hugging Face folder: for GPU benchmarks on machines that cannot
 download a model. Shapes follow the public Qwen2.5 configs.
 
-    python3 scripts/random_model.py --shape 0.5b --out /tmp/qwen2-0.5b
+    python3 benchmarks/random_model.py --shape 0.5b --out /tmp/qwen2-0.5b
 """
 
 from __future__ import annotations

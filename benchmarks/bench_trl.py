@@ -17,7 +17,7 @@ TRL is a benchmark here, not a dependency: install it in a venv of its own that 
 packages, and pass its python:
 
     python -m venv /tmp/trlenv --system-site-packages && /tmp/trlenv/bin/pip install trl==1.16.0
-    python scripts/bench_trl.py --trl-python /tmp/trlenv/bin/python --out benchmarks/trl_vs_rlpost.json
+    python benchmarks/bench_trl.py --trl-python /tmp/trlenv/bin/python --out benchmarks/trl_vs_rlpost.json
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def main() -> None:
         [args.trl_python, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True
     ).stdout.strip()
     out = {
-        "command": f"python scripts/bench_trl.py --trl-python {args.trl_python} --out {args.out} "
+        "command": f"python benchmarks/bench_trl.py --trl-python {args.trl_python} --out {args.out} "
         f"--steps {args.steps} --lr {args.lr} --rounds {args.rounds}",
         "lr": args.lr,
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},

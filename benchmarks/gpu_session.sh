@@ -1,45 +1,45 @@
 #!/usr/bin/env bash
 # The GPU measurements of benchmarks/ in two stages that each fit one 10-minute device call on a
-# 2 x H200 machine (vLLM and Ray installed into /tmp/site, see README "GPU machines"):
-#   bash scripts/gpu_session.sh A   # GPU tests, weight-sync and rollout benchmarks
-#   bash scripts/gpu_session.sh B   # GRPO runs: colocate on 1 GPU, split sync vs one-step-off, LoRA
-#   bash scripts/gpu_session.sh C   # sync tests and bandwidth again (pipelined buckets), rollout
+# 2 x H200 machine (vLLM and Ray installed into /tmp/site):
+#   bash benchmarks/gpu_session.sh A   # GPU tests, weight-sync and rollout benchmarks
+#   bash benchmarks/gpu_session.sh B   # GRPO runs: colocate on 1 GPU, split sync vs one-step-off, LoRA
+#   bash benchmarks/gpu_session.sh C   # sync tests and bandwidth again (pipelined buckets), rollout
 #                                   # memory in split placement, LoRA adapter mode with vLLM
 # and, on one H100 (D1, D2), after the batched checksums:
-#   bash scripts/gpu_session.sh D1  # sync tests, colocate GRPO, IPC sync, merged vs adapter (3B, r16)
-#   bash scripts/gpu_session.sh D2  # merged vs adapter: 3B r64, 0.5B r64
+#   bash benchmarks/gpu_session.sh D1  # sync tests, colocate GRPO, IPC sync, merged vs adapter (3B, r16)
+#   bash benchmarks/gpu_session.sh D2  # merged vs adapter: 3B r64, 0.5B r64
 # and after the cached sync plans (F: 2 x H200 with torch only, no vLLM; G: one H100 with vLLM):
-#   bash scripts/gpu_session.sh F   # checksum (Triton kernel vs CPU) and IPC tests, sync bandwidth (256 and 64 MB buckets),
+#   bash benchmarks/gpu_session.sh F   # checksum (Triton kernel vs CPU) and IPC tests, sync bandwidth (256 and 64 MB buckets),
 #                                   # checksum micro-timings
-#   bash scripts/gpu_session.sh G   # merged vs adapter rollout, 3B: rank 64 (10 rounds), rank 16 (6)
+#   bash benchmarks/gpu_session.sh G   # merged vs adapter rollout, 3B: rank 64 (10 rounds), rank 16 (6)
 # and after the one-verdict protocol and the Triton checksum kernel (one H100 with vLLM):
-#   bash scripts/gpu_session.sh H   # colocate GRPO: IPC syncs verified by reading back vLLM's tensors
+#   bash benchmarks/gpu_session.sh H   # colocate GRPO: IPC syncs verified by reading back vLLM's tensors
 # and after the sender keeps one transfer in flight (2 x H200, torch only):
-#   bash scripts/gpu_session.sh I   # GPU sync tests, sync bandwidth (256 and 64 MB buckets)
+#   bash benchmarks/gpu_session.sh I   # GPU sync tests, sync bandwidth (256 and 64 MB buckets)
 # and the GPU path learning (one H100 with vLLM; a warm machine keeps the built model for K):
-#   bash scripts/gpu_session.sh J   # +recipe=gpu_quickstart: a 76M model built and warmed up on the GPU, GRPO via vLLM
-#   bash scripts/gpu_session.sh K   # the same with LoRA (rank 32, merged into every sync)
+#   bash benchmarks/gpu_session.sh J   # +recipe=gpu_quickstart: a 76M model built and warmed up on the GPU, GRPO via vLLM
+#   bash benchmarks/gpu_session.sh K   # the same with LoRA (rank 32, merged into every sync)
 # and after the old log-probs come from the update's own forward (one H100 with vLLM):
-#   bash scripts/gpu_session.sh L   # GPU tests; colocate GRPO (0.5B) with the separate log-prob pass, then without
-#   bash scripts/gpu_session.sh M   # +recipe=gpu_quickstart still learns (stopped after LIMIT seconds)
+#   bash benchmarks/gpu_session.sh L   # GPU tests; colocate GRPO (0.5B) with the separate log-prob pass, then without
+#   bash benchmarks/gpu_session.sh M   # +recipe=gpu_quickstart still learns (stopped after LIMIT seconds)
 # and the algorithms' roles on a GPU (one H100 with vLLM; a warm machine keeps the built models):
-#   bash scripts/gpu_session.sh N   # PPO: the critic's worker group colocated with actor and vLLM
-#   bash scripts/gpu_session.sh O   # GRPO with the tiny reward model (built on the GPU) next to the rule
-#   bash scripts/gpu_session.sh P   # the same on the CPU quickstart's model (+recipe=grpo_rm) on the GPU, hf rollout
+#   bash benchmarks/gpu_session.sh N   # PPO: the critic's worker group colocated with actor and vLLM
+#   bash benchmarks/gpu_session.sh O   # GRPO with the tiny reward model (built on the GPU) next to the rule
+#   bash benchmarks/gpu_session.sh P   # the same on the CPU quickstart's model (+recipe=grpo_rm) on the GPU, hf rollout
 # and several GPUs (2 x H200 with vLLM), each run with its memory plan against the measured peak:
-#   bash scripts/gpu_session.sh Q   # 3B: FSDP2 world 2 + 2 vLLM replicas colocated
-#   bash scripts/gpu_session.sh R   # 7B: world 2 + 2 replicas, trainer.param_offload + trainer.optim.offload=layerwise
-#   bash scripts/gpu_session.sh S   # 3B: split 1 + 1, synchronous vs one-step-off
+#   bash benchmarks/gpu_session.sh Q   # 3B: FSDP2 world 2 + 2 vLLM replicas colocated
+#   bash benchmarks/gpu_session.sh R   # 7B: world 2 + 2 replicas, trainer.param_offload + trainer.optim.offload=layerwise
+#   bash benchmarks/gpu_session.sh S   # 3B: split 1 + 1, synchronous vs one-step-off
 # and multi-turn episodes on vLLM (one H100 with vLLM):
-#   bash scripts/gpu_session.sh T   # +recipe=multiturn_tools on the GPU (vLLM batches the turns continuously),
+#   bash benchmarks/gpu_session.sh T   # +recipe=multiturn_tools on the GPU (vLLM batches the turns continuously),
 #                                   # then episodes vs single-turn generation of the same lengths (bench_episodes.py)
 # and after vLLM's generate steps the engine (a sync can land between two steps: async rollouts; one H100):
-#   bash scripts/gpu_session.sh U   # rollout throughput: stepped generate and the pausable engine vs raw vLLM,
+#   bash benchmarks/gpu_session.sh U   # rollout throughput: stepped generate and the pausable engine vs raw vLLM,
 #                                   # a partial rollout (a load part-way); GPU tests; gpu_quickstart learns
 # and async rollouts on two GPUs (2 x H100 or H200 with vLLM):
-#   bash scripts/gpu_session.sh V   # 0.5B split 1 + 1: synchronous vs async rollouts (max_staleness 2)
+#   bash benchmarks/gpu_session.sh V   # 0.5B split 1 + 1: synchronous vs async rollouts (max_staleness 2)
 # and vLLM tensor parallel (2+ GPUs with vLLM; not yet run):
-#   bash scripts/gpu_session.sh W   # GPU tests (the TP shards synced by IPC); 0.5B world 2 colocated with one
+#   bash benchmarks/gpu_session.sh W   # GPU tests (the TP shards synced by IPC); 0.5B world 2 colocated with one
 #                                   # engine of 2 shards against 2 replicas of 1; on 3+ GPUs split 1 + TP 2;
 #                                   # LoRA update cost (bench_lora_update.py); a checkpoint of world 2 resumed
 #                                   # on world 1 (W1 and W2 are its two halves, one device call each)
@@ -49,7 +49,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 M=/tmp/qwen2-0.5b
-case "${1:-A}" in Q|R|S|T) ;; *) [ -f $M/config.json ] || python3 scripts/random_model.py --shape 0.5b --out $M > /dev/null ;; esac
+case "${1:-A}" in Q|R|S|T) ;; *) [ -f $M/config.json ] || python3 benchmarks/random_model.py --shape 0.5b --out $M > /dev/null ;; esac
 step() { local name=$1; shift; local t=$SECONDS; echo "=== $name"; "$@" > "$OUT/$name.log" 2>&1;
          echo "=== $name rc=$? $((SECONDS - t))s"; tail -3 "$OUT/$name.log"; }
 grpo() {  # grpo NAME overrides...: a short GRPO run on the 0.5B model, summarised to $OUT/NAME.json
@@ -93,23 +93,23 @@ T)  # one H100: the tiny tool-using model warmed up on the GPU, GRPO with calcul
     model.cache_dir=/tmp/cache logger.progress_bar=false run.dir=/tmp/runs/mt_train
   cp /tmp/runs/mt_train/metrics.jsonl "$OUT/mt_train.metrics.jsonl"
   python3 scripts/summarize_run.py /tmp/runs/mt_train --skip 1 > "$OUT/mt_train.json"
-  step mt_bench python3 scripts/bench_episodes.py --model "$(ls -d /tmp/cache/tiny-qwen2-* | head -1)" \
+  step mt_bench python3 benchmarks/multiturn/bench_episodes.py --model "$(ls -d /tmp/cache/tiny-qwen2-* | head -1)" \
     --device cuda --prompts 512 --n 4 --out "$OUT/episodes_h100.json"
   ;;
 Q)  # 2 x H200: FSDP2 over 2 GPUs with 2 vLLM replicas (3B), colocated
-  [ -f /tmp/qwen2-3b/config.json ] || python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  [ -f /tmp/qwen2-3b/config.json ] || python3 benchmarks/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
   multi grpo_3b_colocate_w2r2 /tmp/qwen2-3b cluster.placement=colocate trainer.world_size=2 rollout.num_workers=2 \
     rollout.gpu_memory_utilization=0.4
   ;;
 S)  # 2 x H200: 3B split over 1 trainer GPU + 1 vLLM GPU, synchronous vs one-step-off
-  [ -f /tmp/qwen2-3b/config.json ] || python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  [ -f /tmp/qwen2-3b/config.json ] || python3 benchmarks/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
   multi grpo_3b_split_sync /tmp/qwen2-3b cluster.placement=split trainer.world_size=1 rollout.num_workers=1 \
     rollout.gpu_memory_utilization=0.8 algo.max_staleness=0
   multi grpo_3b_split_offpolicy /tmp/qwen2-3b cluster.placement=split trainer.world_size=1 rollout.num_workers=1 \
     rollout.gpu_memory_utilization=0.8 algo.max_staleness=1
   ;;
 R)  # 2 x H200: a 7B shape with the parameters and Adam's states offloaded, colocated with 2 vLLM replicas
-  [ -f /tmp/qwen2-7b/config.json ] || python3 scripts/random_model.py --shape 7b --out /tmp/qwen2-7b > /dev/null
+  [ -f /tmp/qwen2-7b/config.json ] || python3 benchmarks/random_model.py --shape 7b --out /tmp/qwen2-7b > /dev/null
   multi grpo_7b_offload_w2r2 /tmp/qwen2-7b cluster.placement=colocate trainer.world_size=2 rollout.num_workers=2 \
     rollout.gpu_memory_utilization=0.4 trainer.param_offload=true trainer.optim.offload=layerwise
   ;;
@@ -125,7 +125,7 @@ W|W1)  # 2+ GPUs: tensor parallel engines, each run with its memory plan against
   if [ "$(nvidia-smi -L | wc -l)" -ge 3 ]; then
     multi tp2_split $M trainer.world_size=1 cluster.placement=split rollout.tensor_parallel_size=2
   fi
-  step lora_update timeout 150 python3 scripts/bench_lora_update.py --cache /tmp/rlcache --out "$OUT/lora_update.json"
+  step lora_update timeout 150 python3 benchmarks/real_model/bench_lora_update.py --cache /tmp/rlcache --out "$OUT/lora_update.json"
   [ "$1" = W ] || exit 0
   ;&
 W2)  # a checkpoint of world 2 (layerwise optimizer) resumed on world 1
@@ -134,14 +134,14 @@ W2)  # a checkpoint of world 2 (layerwise optimizer) resumed on world 1
     trainer.resume=/tmp/runs/saved_w2/checkpoints/step_2
   ;;
 U)
-  step rollout_partial timeout 300 python3 scripts/bench_rollout.py --model $M --partial --out "$OUT/rollout_partial.json"
+  step rollout_partial timeout 300 python3 benchmarks/bench_rollout.py --model $M --partial --out "$OUT/rollout_partial.json"
   step gpu_tests timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu
   LIMIT=${LIMIT:-150} learn gpu_quickstart trainer.total_steps=20 model.tiny.warmup_steps=600
   ;;
 A)
   step gpu_tests python3 -m pytest -q tests/gpu
-  step weight_sync python3 scripts/bench_weight_sync.py --model $M --out "$OUT/weight_sync.json"
-  step rollout python3 scripts/bench_rollout.py --model $M --lora-rank 16 --out "$OUT/rollout.json"
+  step weight_sync python3 benchmarks/bench_weight_sync.py --model $M --out "$OUT/weight_sync.json"
+  step rollout python3 benchmarks/bench_rollout.py --model $M --lora-rank 16 --out "$OUT/rollout.json"
   ;;
 B)
   grpo grpo_colocate cluster.placement=colocate rollout.gpu_memory_utilization=0.4
@@ -152,8 +152,8 @@ B)
   ;;
 C)
   step sync_tests python3 -m pytest -q tests/gpu/test_sync_gpu.py
-  step weight_sync python3 scripts/bench_weight_sync.py --model $M --out "$OUT/weight_sync.json"
-  step weight_sync_256 python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256 \
+  step weight_sync python3 benchmarks/bench_weight_sync.py --model $M --out "$OUT/weight_sync.json"
+  step weight_sync_256 python3 benchmarks/bench_weight_sync.py --model $M --bucket-mb 256 \
     --out "$OUT/weight_sync_256.json"
   grpo grpo_split_memory cluster.placement=split rollout.gpu_memory_utilization=0.3 trainer.total_steps=2
   grpo grpo_lora_adapter cluster.placement=colocate rollout.gpu_memory_utilization=0.4 model.lora.rank=16 \
@@ -162,29 +162,29 @@ C)
 D1)
   step sync_tests python3 -m pytest -q tests/gpu/test_sync_gpu.py
   grpo grpo_colocate cluster.placement=colocate rollout.gpu_memory_utilization=0.4
-  step weight_sync python3 scripts/bench_weight_sync.py --model $M --profile "$OUT/profile" --out "$OUT/weight_sync.json"
-  python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
-  step lora_3b_r16 python3 scripts/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 16 --skip-rlpost \
+  step weight_sync python3 benchmarks/bench_weight_sync.py --model $M --profile "$OUT/profile" --out "$OUT/weight_sync.json"
+  python3 benchmarks/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  step lora_3b_r16 python3 benchmarks/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 16 --skip-rlpost \
     --out "$OUT/lora_3b_r16.json"
   ;;
 D2)
-  [ -f /tmp/qwen2-3b/config.json ] || python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
-  step lora_3b_r64 python3 scripts/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 64 --skip-rlpost \
+  [ -f /tmp/qwen2-3b/config.json ] || python3 benchmarks/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  step lora_3b_r64 python3 benchmarks/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 64 --skip-rlpost \
     --out "$OUT/lora_3b_r64.json"
-  step lora_05b_r64 python3 scripts/bench_rollout.py --model $M --lora-rank 64 --skip-rlpost \
+  step lora_05b_r64 python3 benchmarks/bench_rollout.py --model $M --lora-rank 64 --skip-rlpost \
     --out "$OUT/lora_05b_r64.json"
   ;;
 F)
   step checksum_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py -k "checksums or ipc or read_back"
-  step weight_sync python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256,64 --reps 7 \
+  step weight_sync python3 benchmarks/bench_weight_sync.py --model $M --bucket-mb 256,64 --reps 7 \
     --profile "$OUT/profile" --out "$OUT/weight_sync.json"
-  step checksums python3 scripts/bench_checksums.py
+  step checksums python3 benchmarks/bench_checksums.py
   ;;
 G)
-  python3 scripts/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
-  step lora_3b_r64 python3 scripts/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 64 --skip-rlpost \
+  python3 benchmarks/random_model.py --shape 3b --out /tmp/qwen2-3b > /dev/null
+  step lora_3b_r64 python3 benchmarks/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 64 --skip-rlpost \
     --rounds 10 --out "$OUT/lora_3b_r64.json"
-  step lora_3b_r16 python3 scripts/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 16 --skip-rlpost \
+  step lora_3b_r16 python3 benchmarks/bench_rollout.py --model /tmp/qwen2-3b --lora-rank 16 --skip-rlpost \
     --rounds 6 --out "$OUT/lora_3b_r16.json"
   ;;
 H)
@@ -221,7 +221,7 @@ P)
   ;;
 I)
   step sync_test python3 -m pytest -q -p no:cacheprovider tests/gpu/test_sync_gpu.py
-  step weight_sync python3 scripts/bench_weight_sync.py --model $M --bucket-mb 256,64 --reps 7 \
+  step weight_sync python3 benchmarks/bench_weight_sync.py --model $M --bucket-mb 256,64 --reps 7 \
     --out "$OUT/weight_sync.json"
   ;;
 esac

@@ -3,7 +3,7 @@
 then the update with those old log-probs; (B) the update that takes them from its own forward
 (`algo.old_logprobs=auto`). Alternating rounds, the first one untimed; medians.
 
-    python scripts/bench_logprob_ab.py /tmp/qwen2-0.5b --reps 8 --out logprob_ab.json
+    python benchmarks/old_logprobs/bench_logprob_ab.py /tmp/qwen2-0.5b --reps 8 --out logprob_ab.json
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 
 def gpu_logprob_ab(model_dir: str, reps: int) -> dict:
     """On one GPU, in one process, alternating: (A) a separate log-prob pass, then the update with
     those old log-probs; (B) the update that takes them from its own forward. The batch of the
-    colocate GRPO run of scripts/gpu_session.sh: 32 prompts x 8 samples, 32 + 256 tokens each."""
+    colocate GRPO run of benchmarks/gpu_session.sh: 32 prompts x 8 samples, 32 + 256 tokens each."""
     from rlpost.config import load_config
     from rlpost.controller.step import step_plan
     from rlpost.data.batch import Batch
@@ -98,7 +98,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    result = {"command": f"python scripts/bench_logprob_ab.py {args.model_dir} --reps {args.reps} --out {args.out}"}
+    script = "benchmarks/old_logprobs/bench_logprob_ab.py"
+    result = {"command": f"python {script} {args.model_dir} --reps {args.reps} --out {args.out}"}
     result.update(gpu_logprob_ab(args.model_dir, args.reps))
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

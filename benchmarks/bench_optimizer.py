@@ -7,7 +7,7 @@ A Qwen2-shaped stack of decoder layers (default 26 layers of hidden 2048, MLP 11
 pinned host<->device bandwidth with both directions at once and the transfer floor of the
 layerwise step (its state bytes each way over that bandwidth). JSON out.
 
-    python3 scripts/bench_optimizer.py --out benchmarks/optimizer_h100.json
+    python3 benchmarks/bench_optimizer.py --out benchmarks/optimizer_h100.json
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the pool's processes: the same string comparison (`user_cheap`: the pool's fixed
 one that spends about a millisecond of arithmetic per sample (a verifier of some weight). Medians of
 `--reps` rounds after one warm-up round; the pool's workers are started before timing.
 
-    python scripts/bench_rewards.py --out benchmarks/rewards_cpu.json
+    python benchmarks/bench_rewards.py --out benchmarks/rewards_cpu.json
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def main() -> None:
             results[name] = row
             print(name, row, flush=True)
     out = {
-        "command": f"python scripts/bench_rewards.py --out {args.out} --samples {args.samples} --reps {args.reps}",
+        "command": f"python benchmarks/bench_rewards.py --out {args.out} --samples {args.samples} --reps {args.reps}",
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "samples": args.samples,
         "median_of": args.reps,

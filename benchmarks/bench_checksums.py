@@ -6,7 +6,7 @@ GPU done): 288 tensors of the 24 layers of a Qwen2.5-0.5B shape (716 MB bf16). C
 that stages every tensor (the kernel turned off), against `bucket_checksums` of one flat buffer of
 the same bytes (one read at memory speed). Prints one line each.
 
-    python3 scripts/bench_checksums.py      # the F stage of scripts/gpu_session.sh runs it
+    python3 benchmarks/bench_checksums.py      # the F stage of benchmarks/gpu_session.sh runs it
 """
 
 import sys

@@ -12,7 +12,7 @@ The tensors have the names and shapes of `--model`'s checkpoint (random values, 
 `--bucket-mb 64,256` compares bucket sizes in one run; `--profile DIR` also writes each rank's
 torch.profiler tables and traces of one sync with the first size, unverified and verified.
 
-    python3 scripts/bench_weight_sync.py --model /tmp/qwen2-0.5b --out benchmarks/weight_sync_h200.json
+    python3 benchmarks/bench_weight_sync.py --model /tmp/qwen2-0.5b --out benchmarks/weight_sync_h200.json
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ untimed ones; a ratio is the median over rounds of a runner's step over the refe
 whole measurement runs `--repeats` times (this VM drifts by 10% and more between minutes): the
 JSON holds each repeat's ratios, their medians and the median repeat's phases (ms).
 
-    python scripts/bench_overhead.py --out benchmarks/overhead_cpu.json
+    python benchmarks/bench_overhead.py --out benchmarks/overhead_cpu.json
 
-(The GPU A/B of the log-prob pass is scripts/bench_logprob_ab.py.)
+(The GPU A/B of the log-prob pass is benchmarks/old_logprobs/bench_logprob_ab.py.)
 """
 
 from __future__ import annotations
@@ -356,7 +356,7 @@ def main() -> None:
     batch = make_batch(cfg, model_path)
     tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
     result = {
-        "command": f"python scripts/bench_overhead.py --out {args.out} --repeats {args.repeats}",
+        "command": f"python benchmarks/bench_overhead.py --out {args.out} --repeats {args.repeats}",
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "setting": SETTING,
         "batch": {

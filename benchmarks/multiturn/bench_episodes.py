@@ -11,7 +11,7 @@ are generated in one turn each, with `max_tokens` the length of that episode's w
 time, model tokens, all tokens, and tokens per second, the median of `--repeats` runs after a
 warm-up run.
 
-    python scripts/bench_episodes.py --model PATH --device cuda --out benchmarks/episodes_h100.json
+    python benchmarks/multiturn/bench_episodes.py --model PATH --device cuda --out benchmarks/episodes_h100.json
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ the same sequences in micro-batches of the same token budget (padded: rows are p
 longest of their micro-batch). Reports real tokens per second, the padding share, the max
 |log-prob difference| from the padded layout, and peak memory, as JSON.
 
-    python scripts/bench_logprobs.py --out benchmarks/logprobs_h100.json          # GPU
-    python scripts/bench_logprobs.py --group-size 8 --prompt-len 256 --min-len 320 --max-len 1280
-    python scripts/bench_logprobs.py --tiny --device cpu --attn sdpa              # CPU smoke run
+    python benchmarks/bench_logprobs.py --out benchmarks/logprobs_h100.json          # GPU
+    python benchmarks/bench_logprobs.py --group-size 8 --prompt-len 256 --min-len 320 --max-len 1280
+    python benchmarks/bench_logprobs.py --tiny --device cpu --attn sdpa              # CPU smoke run
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ sampling). Every run starts from an empty cache, as a new user's first run does,
 from the command line to the end. Writes per seed the start model's held-out greedy accuracy and
 pass@k, the validation accuracy before and after training, the wall time and where it went.
 
-    python scripts/quickstart_seeds.py --seeds 0 1 2 3 4 --out benchmarks/quickstart_seeds.json
-    python scripts/quickstart_seeds.py --seeds 7 --recipe grpo_lora --out /tmp/lora.json
+    python benchmarks/quickstart_seeds.py --seeds 0 1 2 3 4 --out benchmarks/quickstart_seeds.json
+    python benchmarks/quickstart_seeds.py --seeds 7 --recipe grpo_lora --out /tmp/lora.json
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def main() -> None:
             )
     ok = [r for r in results if "error" not in r]
     out = {
-        "command": f"python scripts/quickstart_seeds.py --seeds {' '.join(map(str, args.seeds))} "
+        "command": f"python benchmarks/quickstart_seeds.py --seeds {' '.join(map(str, args.seeds))} "
         f"--recipe {args.recipe} --out {args.out}" + (" " + " ".join(args.overrides) if args.overrides else ""),
         "commit": commit + ("+changes" if dirty else ""),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()},

@@ -4,8 +4,8 @@
 curves side by side. Each mode runs from the command line on the same built tiny model (built
 once per seed, first, untimed), one after the other, nothing else running.
 
-    python scripts/bench_async.py --seeds 0 1 --out benchmarks/async_cpu.json
-    python scripts/bench_async.py --seeds 0 --out /tmp/a.json trainer.total_steps=40
+    python benchmarks/bench_async.py --seeds 0 1 --out benchmarks/async_cpu.json
+    python benchmarks/bench_async.py --seeds 0 --out /tmp/a.json trainer.total_steps=40
 
 Throughput: training steps per second over the steps after the first (the first carries the
 start-up's first generation), i.e. 1 / mean step time; the validation passes (greedy, every
@@ -96,7 +96,7 @@ def main() -> None:
         if base:
             summary[mode]["throughput_vs_synchronous"] = summary[mode]["steps_per_s"] / base
     out = {
-        "command": f"python scripts/bench_async.py --seeds {' '.join(map(str, args.seeds))} --out {args.out}"
+        "command": f"python benchmarks/bench_async.py --seeds {' '.join(map(str, args.seeds))} --out {args.out}"
         + (" " + " ".join(args.overrides) if args.overrides else ""),
         "commit": commit.stdout.strip(),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
