@@ -42,9 +42,9 @@ class Workers:
         ws, master = cfg.trainer.world_size, p.address_of_bundle(p.trainer_bundles[0])
         args = lambda r: (cfg, model_path, r, ws, *master)  # noqa: E731
         self.trainers = WorkerGroup(ActorWorker, cfg, p, p.trainer_bundles, "trainer", args, log)
-        if "critic" in roles:  # its own process group, on the trainer's bundles
-            critic_path = resolve_critic_path(cfg, model_path)
-            args = lambda r: (cfg, critic_path, r, ws, *master)  # noqa: E731
+        if "critic" in roles:  # its own process group (an address and port of its own), on the trainer's bundles
+            critic_path, critic_master = resolve_critic_path(cfg, model_path), p.address_of_bundle(p.trainer_bundles[0])
+            args = lambda r: (cfg, critic_path, r, ws, *critic_master)  # noqa: E731
             self.critics = WorkerGroup(CriticWorker, cfg, p, p.trainer_bundles, "critic", args, log)
         if "reward_model" in roles:  # one per trainer rank, on its device
             rm_path = resolve_reward_model_path(cfg, model_path, log)
