@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rlpost.models.tiny import build_char_tokenizer  # noqa: E402
+from rlpost.tiny.model import build_char_tokenizer  # noqa: E402
 
 SHAPES = {  # hidden, intermediate, layers, heads, kv heads, tied embeddings
     "0.5b": (896, 4864, 24, 14, 2, True),

@@ -35,7 +35,7 @@ def tiny_model(
     vLLM's CPU attention needs; Qwen2 with tied embeddings is the tiny model's shape."""
     from transformers import AutoModelForCausalLM
 
-    from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config
+    from rlpost.tiny.model import build_char_tokenizer, tiny_qwen2_config
 
     tok = build_char_tokenizer()
     torch.manual_seed(seed)

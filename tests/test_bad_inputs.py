@@ -15,9 +15,9 @@ from rlpost.config import ConfigError, load_config
 from rlpost.controller import checkpoint
 from rlpost.controller.setup import check_reward_routing
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
-from rlpost.models.tiny import build_char_tokenizer
 from rlpost.rewards import RewardInput, get_reward_fn
 from rlpost.rewards.executor import RewardPool
+from rlpost.tiny.model import build_char_tokenizer
 
 pytestmark = pytest.mark.timeout(60)
 

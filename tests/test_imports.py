@@ -40,7 +40,7 @@ MAY_IMPORT = {
     "models": set(),  # loading: what a model is made of; the roles that run one are in roles
     # the tiny-model world: building, warming up and measuring the models rlpost makes itself (the
     # multiply task's calculator episodes are measured through the hf rollout engine)
-    "tiny": {"data", "rewards", "metrics", "envs", "models", "rollout"},
+    "tiny": {"algos", "data", "rewards", "metrics", "envs", "models", "rollout"},  # algos: the lr shape
     "envs": {"data", "rewards"},  # data.userfile: an environment from a user's file; rewards.executor: tool calls
     "config": {"algos", "data", "envs", "metrics"},  # allowed choices come from the registries (data: tasks)
     "rollout": {"config", "data", "envs", "models", "weightsync"},

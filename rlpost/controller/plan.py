@@ -114,7 +114,7 @@ def shape_of(cfg: TrainConfig, path: str | None = None) -> ModelShape:
     folder `path` (default `model.path`)."""
     path = path or cfg.model.path
     if path == "tiny":
-        from rlpost.models.tiny import build_char_tokenizer
+        from rlpost.tiny.model import build_char_tokenizer
 
         t = cfg.model.tiny
         vocab = len(build_char_tokenizer())

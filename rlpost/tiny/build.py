@@ -79,7 +79,7 @@ def build_tiny_model(model_cfg, data_cfg, final: Path, device: str = "cpu", log=
     from transformers import Qwen2ForCausalLM
 
     from rlpost.data.tasks import MULTIPLY, carry_slip, task_split
-    from rlpost.models.tiny import TOOL_CHARS, build_char_tokenizer, tiny_qwen2_config
+    from rlpost.tiny.model import TOOL_CHARS, build_char_tokenizer, tiny_qwen2_config
     from rlpost.tiny.warmup import answer_example, calculator_trace, warm_up
 
     t, task = model_cfg.tiny, tiny_task(data_cfg)

@@ -74,7 +74,7 @@ def labelled_answers(policy, tokenizer, rows: list[dict], samples: int, max_toke
 def train_classifier(model, tokenizer, examples: list, steps: int, batch_size: int, lr: float, seed: int) -> None:
     """Binary cross-entropy on the score logit of `prompt + answer`, right and wrong answers drawn
     in equal numbers; AdamW with a cosine schedule."""
-    from rlpost.models.tiny import cosine
+    from rlpost.algos.schedule import cosine
 
     rng = random.Random(seed)
     right = [e for e in examples if e[2]]

@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from rlpost.models.tiny import cosine
+from rlpost.algos.schedule import cosine
 
 Segment = tuple[list[int], bool]  # token ids, and whether the warm-up trains on them
 

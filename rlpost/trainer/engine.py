@@ -30,11 +30,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from rlpost.algos.schedule import cosine
 from rlpost.config import TrainConfig, mini_batch_size
 from rlpost.data.batch import Batch
 from rlpost.models.loading import DTYPES
 from rlpost.models.lora import apply_lora
-from rlpost.models.tiny import cosine
 from rlpost.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.trainer.fsdp import fsdp_units, full_tensor, params_on, shard_model
 from rlpost.trainer.lora import use_merged_forward

@@ -6,7 +6,7 @@ import torch
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import DataError, PromptLoader, load_prompts, read_rows
 from rlpost.data.tasks import arithmetic_split, carry_slip
-from rlpost.models.tiny import build_char_tokenizer
+from rlpost.tiny.model import build_char_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlpost.data.dataset import load_prompts
-from rlpost.models.tiny import build_char_tokenizer
 from rlpost.rewards import REWARDS, RewardInput
+from rlpost.tiny.model import build_char_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "prepare_gsm8k.py"
 

@@ -16,8 +16,8 @@ from rlpost.controller.setup import check_reward_routing, data_sources
 from rlpost.data import chat_tasks
 from rlpost.data.dataset import DataError, load_prompts, render_prompt
 from rlpost.data.tasks import TASKS, task_cache_name, task_format, task_rows, task_split
-from rlpost.models.tiny import build_char_tokenizer
 from rlpost.rewards import REWARDS
+from rlpost.tiny.model import build_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 CHAT_TASKS = ["sums_chat", "sums_steps"]

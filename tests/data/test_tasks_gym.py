@@ -11,7 +11,7 @@ from rlpost.config.schema import GymConfig
 from rlpost.data import gym_tasks
 from rlpost.data.dataset import DataError, render_prompt
 from rlpost.data.tasks import task_cache_name, task_rows
-from rlpost.models.tiny import build_char_tokenizer
+from rlpost.tiny.model import build_char_tokenizer
 
 rg = pytest.importorskip("reasoning_gym")
 

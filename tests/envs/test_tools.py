@@ -261,7 +261,7 @@ def test_a_chat_prompt_advertises_the_tools_of_its_environment(tmp_path):
     from rlpost.config import load_config
     from rlpost.controller.setup import env_tools
     from rlpost.data.dataset import load_prompts
-    from rlpost.models.tiny import TOOL_CHARS, build_char_tokenizer
+    from rlpost.tiny.model import TOOL_CHARS, build_char_tokenizer
 
     tokenizer = build_char_tokenizer(extra_chars=TOOL_CHARS)
     tokenizer.chat_template = (  # a template that lists the tools first, as Qwen's does

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rlpost.config import load_config
-from rlpost.models.tiny import build_char_tokenizer, tiny_qwen2_config
 from rlpost.rewards.model import classifier_scores, combine
 from rlpost.roles.reward_model import RewardModelWorker
+from rlpost.tiny.model import build_char_tokenizer, tiny_qwen2_config
 
 
 def tiny_classifier(tmp_path, labels: int):

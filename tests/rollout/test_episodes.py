@@ -9,9 +9,9 @@ import torch
 from rlpost.data.batch import Batch
 from rlpost.data.padding import check_masks, right_pad
 from rlpost.envs import EnvStep, Turn
-from rlpost.models.tiny import build_char_tokenizer
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.episodes import render_suffix, run_episodes
+from rlpost.tiny.model import build_char_tokenizer
 
 TOK = build_char_tokenizer()
 EOS, UNK = TOK.eos_token_id, TOK.unk_token_id

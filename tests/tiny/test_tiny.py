@@ -11,9 +11,9 @@ from rlpost.data.batch import Batch
 from rlpost.data.padding import right_pad
 from rlpost.data.tasks import multiply_split, operands
 from rlpost.envs import EpisodeRow, make_env
-from rlpost.models.tiny import TOOL_CHARS, build_char_tokenizer, tiny_qwen2_config
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.episodes import run_episodes
+from rlpost.tiny.model import TOOL_CHARS, build_char_tokenizer, tiny_qwen2_config
 from rlpost.tiny.warmup import answer_example, by_length, calculator_trace, sft_batch
 
 TOK = build_char_tokenizer(extra_chars=TOOL_CHARS)

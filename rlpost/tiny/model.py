@@ -1,13 +1,10 @@
 """The tiny model's parts that need no download: `build_char_tokenizer` makes a character-level
 tokenizer (one token per character, `<eos>` and `<pad>` specials) that saves and loads like any
 Hugging Face tokenizer, `tiny_qwen2_config` a Qwen2- (or Llama-) shaped decoder config of the
-requested size, and `cosine` the learning-rate shape the warm-up and the trainer share. Building
-and warming up the tiny model is `rlpost.tiny`.
+requested size. Building and warming them up is `rlpost.tiny.build` and `rlpost.tiny.warmup`.
 """
 
 from __future__ import annotations
-
-import math
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 CHARS = "0123456789+-*/=()., ?!:;'\"\n#$%<>_" + "abcdefghijklmnopqrstuvwxyz" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -76,9 +73,3 @@ def tiny_qwen2_config(
         bos_token_id=eos_token_id,
         torch_dtype="float32",
     )
-
-
-def cosine(step: int, total: int, min_ratio: float) -> float:
-    """Cosine decay from 1 to `min_ratio` over `total` steps."""
-    progress = min(step / max(total, 1), 1.0)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
