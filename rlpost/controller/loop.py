@@ -159,8 +159,11 @@ class Controller:
         KV cache at the next generation)."""
         if not Colocation.of(self.cfg).colocated:
             return
-        for group in [self.rollouts] if to == "trainer" else self.workers.trained():
-            group.call("sleep" if to == "trainer" else "release_memory")
+        if to == "trainer":
+            self.rollouts.call("sleep")
+            return
+        for group in self.workers.trained():
+            group.call("release_memory")
 
     def _sync_after_update(self) -> dict[str, float]:
         self._hand_device("rollouts")
