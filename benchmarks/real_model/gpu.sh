@@ -16,10 +16,13 @@
 #   STEPS="..." bash benchmarks/real_model/gpu.sh pair_steps # a 2-GPU machine: steps seeds 1, 2 (STEPS=trainer.total_steps=30:
 #                                                # steps_h100x2.json; rest_lora cut to seeds 0, 1: steps_lora_h100x2.json)
 #   bash benchmarks/real_model/gpu.sh scale2                 # not yet run: sums at world 2 (2 replicas), seeds 0-2
+#   bash benchmarks/real_model/gpu.sh x4     # a 4-GPU machine, the same command in several calls: the jobs of
+#                                            # jobs_x4.txt (steps_lora seeds 0-2; sums on 1, 2 and 4 GPUs, seeds 0-2;
+#                                            # world 4's checkpoint resumed at world 2) by benchmarks/gpu_queue.py
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps or scale2}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2 or x4}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -27,7 +30,7 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 CACHE=/tmp/rlcache
 COMMON="model.cache_dir=$CACHE logger.progress_bar=false logger.plot=false"
 W=/tmp/runs/$STAGE; mkdir -p "$W"
-nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 500 > "$W/gpu_memory.csv" 2>/dev/null &  # the GPUs' peaks
+nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader,nounits -lms 500 >> "$W/gpu_memory.csv" 2>/dev/null &  # peaks
 SMI=$!
 waitruns() { for j in $(jobs -p); do [ "$j" = "$SMI" ] || wait "$j"; done; }  # every job but the sampler
 { echo "commit ${COMMIT:-unknown}"; echo "stage $STAGE"; date -u +%FT%TZ; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader;
@@ -99,6 +102,13 @@ case "$STAGE" in
     python3 -m rlpost.cli plan +recipe=smollm2_sums trainer.world_size=2 rollout.num_workers=2 $COMMON > "$W/plan2.txt" 2>&1
     python3 -m rlpost.cli plan +recipe=smollm2_sums $COMMON > "$W/plan1.txt" 2>&1
     for s in 0 1 2; do run sums_w2_s$s 0,1 +recipe=smollm2_sums run.seed=$s trainer.world_size=2 rollout.num_workers=2; waitruns; done
+    ;;
+  x4)  # over several calls on one warm machine: each call goes on where the last stopped
+    python3 -m rlpost.cli plan +recipe=smollm2_sums trainer.world_size=4 rollout.num_workers=4 $COMMON > "$W/plan4.txt" 2>&1
+    python3 -m rlpost.cli plan +recipe=smollm2_sums trainer.world_size=2 rollout.num_workers=2 $COMMON > "$W/plan2.txt" 2>&1
+    python3 -m rlpost.cli plan +recipe=smollm2_sums $COMMON > "$W/plan1.txt" 2>&1
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
