@@ -31,7 +31,7 @@ from rlpost.models.lora import ADAPTER_DTYPE, adapter_named_parameters, base_nam
 from rlpost.trainer.engine import EngineSpec, FSDPEngine
 from rlpost.trainer.fsdp import full_tensor
 from rlpost.trainer.logprobs import resolve_layout, response_logprobs
-from rlpost.trainer.lora import adapter_weights, base_weights, merged_weights
+from rlpost.trainer.lora import adapter_weights, adapters_off, base_weights, merged_weights
 from rlpost.trainer.stats import Stats
 from rlpost.weightsync.checksums import checksum
 from rlpost.weightsync.kinds import sync_kinds
@@ -70,7 +70,7 @@ class ActorWorker:
         with torch.no_grad():
             if self.ref_model is not None:
                 return self._logprobs(self.ref_model, mb, False)[0]
-            with self.model.disable_adapter():  # LoRA: the frozen base is the reference
+            with adapters_off(self.model):  # LoRA: the frozen base is the reference
                 return self._logprobs(self.model, mb, False)[0]
 
     def compute_logprobs(self, shard: Batch, base: bool = False) -> Batch:

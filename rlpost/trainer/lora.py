@@ -16,9 +16,11 @@ Rollouts see the adapter in one of two ways (`model.lora.mode`, sync kinds in
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from peft.tuners.lora import Linear as PeftLoraLinear
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch.distributed.fsdp import FSDPModule
 
 from rlpost.models.lora import adapter_named_parameters, base_name, base_named_parameters, is_lora_name
@@ -166,6 +168,25 @@ class MergedLoraLinear(PeftLoraLinear):
         base, name = self.get_base_layer(), adapters[0]
         a, b = self.lora_A[name].weight, self.lora_B[name].weight
         return _MergedMatmul.apply(x.to(base.weight.dtype), a, b, base.weight, base.bias, self.scaling[name])
+
+
+@contextmanager
+def adapters_off(model):
+    """Forwards of the base model (the LoRA KL reference): every LoRA layer skips its adapters.
+    Unlike peft's `disable_adapter`, which sets `requires_grad=False` on the adapters until it
+    exits, the adapters stay trainable: FSDP2 fixes a unit's gradient dtypes at its first forward
+    from the parameters that require grad then, so a first forward with none (the reference at
+    the first step of a resumed run) left the adapters' gradients in bfloat16 against float32
+    masters, and the backward failed."""
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    before = [m._disable_adapters for m in layers]
+    for m in layers:
+        m._disable_adapters = True
+    try:
+        yield
+    finally:
+        for m, off in zip(layers, before):
+            m._disable_adapters = off
 
 
 def use_merged_forward(model) -> None:
