@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 from rlpost.config import load_config  # noqa: E402
 from rlpost.controller.plan import GIB, gpu_plan, micro_batch_tokens, shape_of  # noqa: E402
 from rlpost.metrics.summary import read_metrics  # noqa: E402
+from rlpost.models.loading import resolve_path  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +36,8 @@ def main() -> None:
         import torch
 
         gpu_bytes = torch.cuda.mem_get_info()[1]
-    plan = gpu_plan(cfg, shape_of(cfg), gpu_bytes)
+    shape = shape_of(cfg, resolve_path(cfg.model.path, cfg.model.cache_dir))  # a GGUF model: its folder
+    plan = gpu_plan(cfg, shape, gpu_bytes)
     rows = read_metrics(run_dir)
     steps = [r for r in rows if "perf/update_peak_gb" in r]
     measured = max(r["perf/update_peak_gb"] for r in steps) if steps else None
@@ -48,7 +50,7 @@ def main() -> None:
     if tokens:
         sized = copy.deepcopy(cfg)
         sized.trainer.max_tokens_per_microbatch = int(tokens)
-        at_measured = gpu_plan(sized, shape_of(sized), gpu_bytes)["trainer"]["peak"] / GIB
+        at_measured = gpu_plan(sized, shape, gpu_bytes)["trainer"]["peak"] / GIB
     out = {
         "run_dir": str(run_dir),
         "overrides": overrides,

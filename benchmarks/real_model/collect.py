@@ -16,6 +16,8 @@ import json
 import re
 from pathlib import Path
 
+from rlpost.metrics.summary import read_metrics
+
 PER_STEP = {
     "reward": "reward/mean",
     "response_length": "response_length/mean",
@@ -44,15 +46,17 @@ def machine(stage: Path) -> dict:
 
 def run_record(stage: Path, name: str, command: str) -> dict:
     folder = stage / name
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(folder)  # one row a step: a step written twice (a resumed attempt) counts once
     steps = [r for r in rows if r.get("step", 0) > 0 and "timing_s/step" in r]
-    log = (stage / f"{name}.log").read_text(errors="replace")
+    attempts = (stage / f"{name}.log").read_text(errors="replace").split("\n==== attempt at ")
+    log = attempts[-1]  # gpu_queue.py appends each call's attempt; the last one says how the run ended
     errors = [line for line in log.splitlines() if re.match(r"^\w*(Error|Exception)\b", line.strip())]
     stopped = [line for line in log.splitlines() if line.startswith("stopped by")]  # SIGTERM: the call's time limit
     finished = "summary:" in log and not errors and not stopped
     return {
         "command": command,
         "finished": finished,
+        "attempts": max(len(attempts) - 1, 1),
         "error": None if finished else (errors or stopped or log.strip().splitlines())[-1].strip(),
         "start": {k.removeprefix("start/"): v for k, v in rows[0].items() if k.startswith("start/")},
         "val_accuracy": [[r["step"], r["val/accuracy"]] for r in rows if "val/accuracy" in r],
@@ -73,9 +77,10 @@ def main() -> None:
     a = p.parse_args()
     commands = {}
     for line in (a.stage / "commands.txt").read_text().splitlines():
-        m = re.match(r"^\S+ start (\S+) on GPU (\d+): (.*)$", line)
+        m = re.match(r"^\S+ start (\S+) on GPU ([\d,]+): (.*)$", line)
         if m and (a.runs is None or m.group(1) in a.runs):
-            commands[m.group(1)] = f"CUDA_VISIBLE_DEVICES={m.group(2)} rlpost train {m.group(3)}"
+            first = commands.get(m.group(1))  # a run gone on in a later call (gpu_queue.py) keeps its first command
+            commands[m.group(1)] = first or f"CUDA_VISIBLE_DEVICES={m.group(2)} rlpost train {m.group(3)}"
     out = {
         **machine(a.stage),
         **({"commit": a.commit} if a.commit else {}),

@@ -8,9 +8,9 @@ shards to the host between phases, `layerwise` keeps only two FSDP units' moment
 time, `cpu` all of them on the host. During the update it adds the gradient shards, two gathered
 decoder layers (the one computing and the one prefetched) and the gathered root (embeddings, LM
 head) in the compute dtype, one unsharded float32 gradient unit, and the activations of one
-micro-batch: per token, each decoder layer's saved tensors, and the logits (in the compute dtype,
-then five float32 tensors of their size: the cast, the temperature's division, the log-softmax,
-the entropy's two: fitted on 2 x H200, where the measured update peak was 91.5 GiB for a 3B shape
+micro-batch: per token, each decoder layer's saved tensors, and the logits of the tokens that
+have them (`logit_tokens`), in the compute dtype, then five float32 tensors of their size (the
+cast, the temperature's division, the log-softmax, the entropy's two): fitted on 2 x H200, where the measured update peak was 91.5 GiB for a 3B shape
 colocated and 129.4 GiB for a 7B one offloaded, and then checked on a 3B split run: plan 119.9 GiB,
 measured 120.2; `benchmarks/gpu_session.sh` Q, R, S and `scripts/plan_vs_measured.py`). A vLLM engine takes
 `rollout.gpu_memory_utilization` of its GPU while awake (weights, KV cache, activations) and about
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlpost.config import Colocation, ConfigError, TrainConfig
+from rlpost.trainer.logprobs import resolve_layout
 
 GIB = 2**30
 CONTEXT_GIB = 1.0  # the CUDA context, NCCL's buffers and the allocator's slack, per process
@@ -129,6 +130,18 @@ def micro_batch_tokens(cfg: TrainConfig) -> int:
     return t.max_tokens_per_microbatch or t.micro_batch_size * longest
 
 
+def logit_tokens(cfg: TrainConfig, tokens: int) -> float:
+    """The tokens of a micro-batch of `tokens` whose logits are computed: all of them in the packed
+    layout (one forward over the packed rows), the responses' share of full-length rows in the
+    padded and shared-prompt layouts (their forwards keep the logits of the response positions
+    only). Measured on SmolLM2 (49k vocabulary, padded: 46-token prompts, 128 rows) on an H200:
+    34.2 GiB at 128-token responses, 9.7 at 14 (`benchmarks/multi_gpu/scale_h200x4.json`)."""
+    if resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation, cfg.trainer.device) == "packed":
+        return float(tokens)
+    r = cfg.rollout.max_response_length
+    return tokens * r / (cfg.data.max_prompt_length + r)
+
+
 def trainer_plan(cfg: TrainConfig, shape: ModelShape) -> dict[str, float]:
     """Bytes of each part of a trainer rank's memory at its peak (the update), and `resident`:
     what stays between phases."""
@@ -153,7 +166,7 @@ def trainer_plan(cfg: TrainConfig, shape: ModelShape) -> dict[str, float]:
         "gradients": 4 * trainable / w,
         "gathered": b * (2 * shape.layer_params + shape.root_params) + 4 * (shape.layer_params if not lora else 0),
         "activations": tokens * shape.layers * shape.activation_bytes_per_token(b),
-        "logits": tokens * shape.vocab * (b + 5 * 4),
+        "logits": logit_tokens(cfg, tokens) * shape.vocab * (b + 5 * 4),
     }
     if o.offload == "cpu":  # FSDP's CPU offload: weights and gradients live on the host too
         parts["weights"] = parts["gradients"] = 0.0

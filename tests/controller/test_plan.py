@@ -56,7 +56,7 @@ def test_each_part_of_a_trainer_rank(tmp_path):
     P = s.params
     layer = 2 * h * h + 2 * h * kv + 3 * h * i + h + 2 * kv + 2 * h
     assert s.layer_params == layer and s.root_params == v * h + h
-    t = trainer_plan(cfg_of(path, "algo.kl_coef=0.001"), s)
+    t = trainer_plan(cfg_of(path, "algo.kl_coef=0.001", "model.attn_implementation=rlpost_varlen"), s)  # packed
     per_token_layer = 2 * (6 * h + 2 * kv + 4 * i) + 8 * h
     want = {
         "weights": 4 * P / 2,  # float32 master shards
@@ -88,11 +88,12 @@ def test_settings_that_move_memory(tmp_path):
     assert cpu["adam"] == cpu["weights"] == cpu["gradients"] == 0
     tokens = trainer_plan(cfg_of(path, "trainer.max_tokens_per_microbatch=1024"), s)
     assert tokens["activations"] == pytest.approx(base["activations"] / 4)
-    padded = trainer_plan(
-        cfg_of(path, "trainer.max_tokens_per_microbatch=0", "trainer.micro_batch_size=3", "data.max_prompt_length=100"),
-        s,
-    )
-    assert padded["logits"] == pytest.approx(3 * (100 + 256) * 151936 * 22)  # full-length rows
+    rows = ["trainer.max_tokens_per_microbatch=0", "trainer.micro_batch_size=3", "data.max_prompt_length=100"]
+    padded = trainer_plan(cfg_of(path, *rows), s)  # sdpa on a GPU: the padded layout
+    assert padded["activations"] == pytest.approx(3 * (100 + 256) * 36 * s.activation_bytes_per_token(2))
+    assert padded["logits"] == pytest.approx(3 * 256 * 151936 * 22)  # full-length rows, the responses' logits
+    packed = trainer_plan(cfg_of(path, *rows, "model.attn_implementation=rlpost_varlen"), s)
+    assert packed["logits"] == pytest.approx(3 * (100 + 256) * 151936 * 22)  # every token's logits
     lora = trainer_plan(cfg_of(path, "model.lora.rank=8", "algo.kl_coef=0.001"), s)
     adapter = 36 * 8 * (2 * (h := 2048) * 2 + 2 * (h + 256) + 3 * (h + 11008))
     assert lora["reference"] == 0 and lora["gradients"] == pytest.approx(4 * adapter / 2)
