@@ -43,11 +43,14 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
     stop = stop or StopSignals()
     try:
         first = start_metrics(c)
-        if first:
-            trackers.log(first, c.step)
+        if first and c.step == 0:
+            trackers.log(first, 0)
+        # resumed: the engines' memory goes with the first new step (a row at the step resumed from
+        # would stand for that step's own row, written by the run that saved it)
+        pending = first if c.step > 0 else {}
         val_acc = first.get("val/accuracy")  # the bar shows the newest
         while c.step < cfg.trainer.total_steps and stop.signal is None:
-            metrics = timed_step(c)
+            metrics, pending = {**pending, **timed_step(c)}, {}
             trackers.log(metrics, c.step)
             val_acc = metrics.get("val/accuracy", val_acc)
             shown = {"val_acc": f"{val_acc:.3f}"} if val_acc is not None else {}

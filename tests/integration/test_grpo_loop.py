@@ -83,8 +83,9 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
         + ["trainer.world_size=2", "trainer.total_steps=3", "trainer.resume=auto", "algo.kl_coef=0.01"]
     )
     train(cfg)
-    resumed = [r for r in read_metrics(run_dir) if r["step"] == 3]
-    assert len(resumed) == 1
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # the resume wrote no second row for step 2
+    resumed = [r for r in rows if r["step"] == 3]
     assert resumed[0]["rollout/weight_version"] == 2 and resumed[0]["weight_sync/version"] == 3
     assert resumed[0]["actor/first_ratio_dev"] <= 1e-6
 
