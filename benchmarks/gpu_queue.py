@@ -99,7 +99,7 @@ def main() -> None:
 
 def launch(root: Path, name: str, cmd: list[str], gpus: list[int], n_common: int) -> subprocess.Popen:
     where = ",".join(map(str, gpus))
-    note(root, f"start {name} on GPU {where}: {' '.join(cmd[4:len(cmd) - 1 - n_common])}")
+    note(root, f"start {name} on GPU {where}: {' '.join(cmd[4 : len(cmd) - 1 - n_common])}")
     log = open(root / f"{name}.log", "a")
     log.write(f"\n==== attempt at {time.strftime('%FT%TZ', time.gmtime())}\n")
     log.flush()

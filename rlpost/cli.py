@@ -22,7 +22,7 @@ def cmd_train(overrides: list[str]) -> int:
     try:
         cfg = load_config(overrides)
         get_reward_fn(cfg.reward.fn)  # a bad reward.fn fails here, before anything starts
-    except (ConfigError, FileNotFoundError, KeyError, AttributeError) as e:
+    except (ConfigError, FileNotFoundError, KeyError, AttributeError, ValueError) as e:
         print(f"rlpost: config error: {e}", file=sys.stderr)
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -30,6 +30,7 @@ def cmd_train(overrides: list[str]) -> int:
 
     torch.set_num_threads(cfg.cluster.num_threads)
     from rlpost.controller.checkpoint import CheckpointError
+    from rlpost.controller.cluster import Stall
     from rlpost.controller.rollouts import RewardFailure
     from rlpost.controller.run import train
     from rlpost.controller.signals import Stopped
@@ -50,7 +51,7 @@ def cmd_train(overrides: list[str]) -> int:
             sys.stderr.flush()
             os._exit(e.exit_code)
         return e.exit_code
-    except CheckpointError as e:  # e.g. the disk is full
+    except (CheckpointError, Stall) as e:  # e.g. the disk is full; an actor call that never returned
         print(f"rlpost: {e}", file=sys.stderr)
         return 1
     except RewardFailure as e:  # the reward function fails on most samples, step after step

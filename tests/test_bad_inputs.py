@@ -7,6 +7,7 @@ outcomes at the level that decides them, quickly. Nothing may hang: every test h
 import json
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -145,6 +146,37 @@ def test_some_prompts_too_long_are_dropped_and_counted(tmp_path, tok):
     assert len(loaded.rows) == 1 and loaded.dropped_too_long == 1
 
 
+def test_a_data_file_that_is_not_utf8(tmp_path, tok):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"prompt": "1+1=", "ground_truth": "2"}\n{"prompt": "caf\xe9", "ground_truth": "2"}\n')
+    with pytest.raises(
+        DataError,
+        match=r"d.jsonl: row 1: not UTF-8 text \(invalid continuation byte at byte 55\); save the file as UTF-8$",
+    ):
+        load_prompts([str(path)], tok, 64)
+
+
+def test_a_model_path_that_is_a_run_folder(tmp_path):
+    (tmp_path / "config.yaml").write_text("run: {}\n")
+    with pytest.raises(ConfigError, match=r"is an rlpost run folder, not a model: export its model first"):
+        load_config(["+recipe=quickstart", f"model.path={tmp_path}"])
+
+
+def test_a_stalled_actor_is_one_line_not_a_traceback(monkeypatch, capsys):
+    import rlpost.controller.run as run
+    from rlpost.cli import main
+    from rlpost.controller.cluster import Stall
+
+    def stalls(cfg):
+        raise Stall("trainer rank 0: update has run 3600 s, past cluster.stall_timeout_s=3600")
+
+    monkeypatch.setattr(run, "train", stalls)
+    assert main(["train", "+recipe=quickstart"]) == 1
+    assert (
+        capsys.readouterr().err == "rlpost: trainer rank 0: update has run 3600 s, past cluster.stall_timeout_s=3600\n"
+    )
+
+
 def test_fewer_rows_than_a_batch():
     rows = [PromptRow([1], "1", "1", "arithmetic")] * 3
     with pytest.raises(DataError, match=r"^3 training rows are fewer than data.train_batch_size=4$"):
@@ -200,6 +232,27 @@ def test_a_reward_that_misbehaves_scores_error_score_and_is_counted(misbehaving_
     assert out.scores == [1.0, -1.0] and out.counts["errors"] == 1 and out.error_rows == [1]
     assert kind == "errors" or out.counts[kind] == 1
     assert out.first_error.startswith("sample 1: ") and says in out.first_error
+
+
+def test_a_reward_that_hangs_on_every_sample_costs_three_timeouts_not_one_a_sample(misbehaving_pool):
+    """Three timeouts in a row and the worker's other samples count as timeouts without running: 20
+    hanging samples took 20 x reward.timeout_s (0.5 s here; 30 s by default: ten minutes a step)."""
+    start = time.monotonic()
+    out = misbehaving_pool.score([RewardInput("1+1=", "hang", "2", "x")] * 20)
+    assert time.monotonic() - start < 5.0  # 3 x 0.5 s and the pool's round trip, not 10 s
+    assert out.scores == [-1.0] * 20 and out.counts["timeouts"] == 20 and out.error_rows == list(range(20))
+    assert misbehaving_pool.score([RewardInput("1+1=", "ok", "2", "x")]).scores == [1.0]  # the worker goes on
+
+
+def test_a_cluster_address_where_no_ray_answers_is_named_at_once():
+    from rlpost.controller.cluster import check_cluster_answers
+    from rlpost.weightsync.transport import free_port
+
+    port = free_port()
+    with pytest.raises(ConfigError, match=rf"^cluster.address='127.0.0.1:{port}': no Ray cluster answers there"):
+        check_cluster_answers(f"127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match=r"^cluster.address='headnode': want host:port"):
+        check_cluster_answers("headnode")
 
 
 # --------------------------------------------------------------------------------- checkpoints

@@ -32,7 +32,10 @@ def plan_of(folder: Path, command: str, gpu_gib: float, extra: list[str]) -> dic
     overrides = [w for w in command.split("rlpost train ", 1)[1].split() if not w.startswith("trainer.resume")]
     out = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "plan_vs_measured.py"), str(folder), *overrides, *extra],
-        capture_output=True, text=True, check=True, env=dict(os.environ, GPU_GIB=str(gpu_gib)),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=dict(os.environ, GPU_GIB=str(gpu_gib)),
     )
     d = json.loads(out.stdout)
     return {
@@ -93,8 +96,11 @@ def main() -> None:
             memory["this_tree"] = plan_of(a.stage / name, command, a.gpu_gib, [])
             memory["nvidia_smi_peak_gib"] = gpu_peaks(a.stage, name)
             runs[name] = record | {"memory": memory}
-    worlds = {w: world_summary({n: r for n, r in runs.items() if n.startswith(f"sums_w{w}_")}) for w in (1, 2, 4)
-              if any(n.startswith(f"sums_w{w}_") for n in runs)}
+    worlds = {
+        w: world_summary({n: r for n, r in runs.items() if n.startswith(f"sums_w{w}_")})
+        for w in (1, 2, 4)
+        if any(n.startswith(f"sums_w{w}_") for n in runs)
+    }
     for w, s in worlds.items():
         s["speed_up_over_1_gpu"] = worlds[1]["median_step_s_mean"] / s["median_step_s_mean"]
     out = {**machine(a.stage), "command": a.command, "note": a.note, "by_world_size": worlds, "runs": runs}
@@ -103,7 +109,8 @@ def main() -> None:
         print(w, round(s["median_step_s_mean"], 3), round(s["speed_up_over_1_gpu"], 2), s["final_val_accuracy"])
     for n, r in runs.items():
         m = r["memory"]
-        print(n, round(m["this_tree"]["plan_over_measured"], 3), m["this_tree"]["plan_gpu_peak_gib"], m["nvidia_smi_peak_gib"])
+        plan = m["this_tree"]
+        print(n, round(plan["plan_over_measured"], 3), plan["plan_gpu_peak_gib"], m["nvidia_smi_peak_gib"])
 
 
 if __name__ == "__main__":

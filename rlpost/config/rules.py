@@ -5,6 +5,7 @@ here and one violating example in tests/config/test_config.py (a test walks them
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -128,6 +129,12 @@ def looks_local(path: str) -> bool:
 def missing_folder(key: str, path: str) -> str | None:
     if path and path != "tiny" and looks_local(path) and not Path(path).expanduser().exists():
         return f"{key}={path!r}: no such file or folder (a hub id looks like `org/name`)"
+    folder = Path(path).expanduser() if path else None
+    if folder and folder.is_dir() and not (folder / "config.json").exists() and (folder / "config.yaml").exists():
+        return (
+            f"{key}={path!r} is an rlpost run folder, not a model: export its model first "
+            f"(rlpost export {path} --out DIR) and set {key}=DIR"
+        )
 
 
 @rule("model.path")
@@ -287,6 +294,22 @@ def something_scores(cfg):
         )
 
 
+GROUP_ADVANTAGES = {"grpo", "rloo", "reinforce_pp_baseline"}  # a sample against the others of its prompt
+
+
+@rule("rollout.n")
+def groups_to_compare(cfg):
+    from rlpost.algos.algorithms import ALGORITHMS
+
+    advantage = ALGORITHMS.get(cfg.algo.name).advantage
+    if advantage in GROUP_ADVANTAGES and cfg.rollout.n < 2:
+        return (
+            f"algo.name={cfg.algo.name} needs rollout.n >= 2 (got {cfg.rollout.n}): it scores each sample against "
+            f"the other samples of its prompt (advantage {advantage!r}); with one a prompt every advantage is 0 "
+            "and nothing trains (8 is usual)"
+        )
+
+
 def validate(cfg: TrainConfig, this_machine: bool = True) -> None:
     """Every key's allowed values (`choices`, ranges: declared with the key), then the rules that
     span keys (`RULES`; those about this machine only with `this_machine`: `rlpost plan` sizes a
@@ -311,6 +334,8 @@ def check_values(cfg: TrainConfig, prefix: str = "") -> None:
             raise ConfigError(choices.unknown(value))
         if choices is not None and value not in choices:
             raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(choices)}")
+        if isinstance(value, float) and not math.isfinite(value):  # nan passes every range test
+            raise ConfigError(f"{key}={value!r} must be a finite number")
         broken = _out_of_range(value, f.metadata["range"]) if "range" in f.metadata else None
         if broken:
             raise ConfigError(f"{key}={value!r} must be {broken}")

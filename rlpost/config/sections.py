@@ -136,3 +136,6 @@ class ClusterConfig:
 class RunConfig:
     dir: str = knob("", "Run folder (config, metrics, checkpoints); empty: runs/<date>_<time>.")
     seed: int = knob(0, "Seed of data order, sampling and initialisation.", ge=0)
+    overwrite: bool = knob(
+        False, "Start anew in a run.dir that holds another run's steps, deleting its logs and checkpoints."
+    )

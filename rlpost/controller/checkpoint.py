@@ -108,8 +108,18 @@ def find(run_dir: Path, resume: str, log=print) -> Path | None:
 
 
 def load(folder: Path, groups: list) -> dict:
+    """Every group's state from `folder`, then the controller's. A checkpoint the actors refuse
+    (another model's shapes, another LoRA setting: their `ValueError`) is a `CheckpointError`
+    that says why, not the actor's traceback."""
+    import ray
+
     for group in groups:
-        group.call("load_checkpoint", str(folder))
+        try:
+            group.call("load_checkpoint", str(folder))
+        except ray.exceptions.RayTaskError as e:
+            if not isinstance(e.cause, ValueError):
+                raise
+            raise CheckpointError(f"{group.role} could not load checkpoint {folder}: {e.cause}") from None
     return torch.load(folder / "controller.pt", weights_only=False)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -70,6 +71,7 @@ def start_ray(cfg: TrainConfig) -> None:
     if not cfg.logger.verbose:  # a notice on each start that a local cluster uses a token
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if cfg.cluster.address:
+        check_cluster_answers(cfg.cluster.address)
         ray.init(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)}, logging_level=level)
         return
     workers_at_normal_priority()
@@ -82,6 +84,26 @@ def start_ray(cfg: TrainConfig) -> None:
         log_to_driver=True,  # the actors' warnings and errors, with their name and pid
         logging_level=level,
     )
+
+
+def check_cluster_answers(address: str, timeout_s: float = 10.0) -> None:
+    """`cluster.address=host:port` (or `ray://host:port`) must answer a TCP connection within
+    `timeout_s`: Ray's own client retries an address where nothing listens for minutes, deaf to
+    SIGTERM. (`auto` is Ray's to find.)"""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(
+            f"cluster.address={address!r}: want host:port (the head node's GCS, e.g. 10.0.0.1:6379) or auto"
+        )
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConfigError(
+            f"cluster.address={address!r}: no Ray cluster answers there ({e.strerror or type(e).__name__}); "
+            "start one with `ray start --head` on that node, or fix the address"
+        ) from None
 
 
 def workers_at_normal_priority() -> None:

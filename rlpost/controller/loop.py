@@ -26,7 +26,8 @@ from rlpost.controller import checkpoint
 from rlpost.controller.adapter_probe import AdapterProbe
 from rlpost.controller.cluster import quiet_libraries
 from rlpost.controller.progress import run_steps
-from rlpost.controller.setup import load_data, make_run_dir
+from rlpost.controller.run_dir import claim_run_dir, release_run_dir
+from rlpost.controller.setup import load_data
 from rlpost.controller.signals import Stopped, StopSignals
 from rlpost.controller.step import (
     batch_metrics,
@@ -61,12 +62,12 @@ class Controller:
         self.cfg, self.log, self.restarts, self.stop = cfg, log, restarts, stop
         self.started = time.monotonic() if started is None else started  # for the summary's wall time
         quiet_libraries(cfg.logger.verbose)
-        self.run_dir = make_run_dir(cfg)
+        self.run_dir = claim_run_dir(cfg, log)
         log(f"run folder: {self.run_dir}")
         self.samples = SampleLog(self.run_dir, cfg.logger.samples_per_step)
         self.model_path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
         self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
-        loader, self.val_rows, self.dropped_prompts = load_data(cfg, self.tokenizer, log)
+        loader, self.val_rows, self.dropped_prompts = load_data(cfg, self.tokenizer, log, self.model_path)
         self.version, self.step = 0, 0
         self.algorithm = ALGORITHMS.get(cfg.algo.name)
         self.keep_groups = BATCH_FILTERS[self.algorithm.batch_filter]
@@ -242,6 +243,7 @@ class Controller:
     def shutdown(self) -> None:
         self.samples.close()
         self.workers.shutdown()
+        release_run_dir(self.run_dir)
 
 
 __all__ = ["Controller"]

@@ -10,9 +10,10 @@ decoder layers (the one computing and the one prefetched) and the gathered root 
 head) in the compute dtype, one unsharded float32 gradient unit, and the activations of one
 micro-batch: per token, each decoder layer's saved tensors, and the logits of the tokens that
 have them (`logit_tokens`), in the compute dtype, then five float32 tensors of their size (the
-cast, the temperature's division, the log-softmax, the entropy's two): fitted on 2 x H200, where the measured update peak was 91.5 GiB for a 3B shape
-colocated and 129.4 GiB for a 7B one offloaded, and then checked on a 3B split run: plan 119.9 GiB,
-measured 120.2; `benchmarks/gpu_session.sh` Q, R, S and `scripts/plan_vs_measured.py`). A vLLM engine takes
+cast, the temperature's division, the log-softmax, the entropy's two): fitted on 2 x H200, where
+the measured update peak was 91.5 GiB for a 3B shape colocated and 129.4 GiB for a 7B one
+offloaded, and then checked on a 3B split run: plan 119.9 GiB, measured 120.2;
+`benchmarks/gpu_session.sh` Q, R, S and `scripts/plan_vs_measured.py`). A vLLM engine takes
 `rollout.gpu_memory_utilization` of its GPU while awake (weights, KV cache, activations) and about
 nothing while asleep (colocated, during the trainer's phases).
 

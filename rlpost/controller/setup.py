@@ -1,24 +1,20 @@
-"""What a run needs before any actor starts: its folder, and its prompts checked and loaded."""
+"""What a run needs before any actor starts: its prompts checked and loaded, the model's positions
+against the lengths asked for, and a user's reward function tried once (its folder:
+`controller/run_dir.py`)."""
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from pathlib import Path
 
-from rlpost.config import TrainConfig, to_yaml
+from rlpost.config import ConfigError, TrainConfig
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.models.loading import resolve_path
-from rlpost.rewards import REWARDS
-
-
-def make_run_dir(cfg: TrainConfig) -> Path:
-    run_dir = Path(cfg.run.dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}").expanduser().resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    return run_dir
+from rlpost.rewards import REWARDS, RewardInput
+from rlpost.rewards.base import TRUSTED
+from rlpost.rewards.executor import RewardPool
 
 
 def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
@@ -65,8 +61,13 @@ def env_tools(cfg: TrainConfig):
     return tools_of
 
 
-def load_data(cfg: TrainConfig, tokenizer, log=print) -> tuple[PromptLoader, list[PromptRow], int]:
-    """(the training prompts' loader, the validation rows, how many prompts were too long)."""
+def load_data(
+    cfg: TrainConfig, tokenizer, log=print, model_path: str | None = None
+) -> tuple[PromptLoader, list[PromptRow], int]:
+    """(the training prompts' loader, the validation rows, how many prompts were too long), after
+    `check_positions` of `model_path`; a user's reward function is tried on the first row."""
+    if model_path is not None:
+        check_positions(cfg, model_path)
     train_src, val_src = data_sources(cfg)
     d, tools_of = cfg.data, env_tools(cfg)
     train = load_prompts(train_src, tokenizer, d.max_prompt_length, d.default_data_source, tools_of)
@@ -75,8 +76,54 @@ def load_data(cfg: TrainConfig, tokenizer, log=print) -> tuple[PromptLoader, lis
     if dropped:
         log(f"dropped {dropped} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} tokens")
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
+    check_reward_values(cfg, train.rows, log)
     log(f"data: {len(train.rows)} training prompts, {len(val.rows)} validation prompts")
     return PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle), val.rows, dropped
+
+
+def check_positions(cfg: TrainConfig, model_path: str) -> None:
+    """A prompt and its response must fit the model's positions (`max_position_embeddings` of a
+    local model's config.json): refuse lengths that do not, naming both keys."""
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return  # a hub id: transformers checks it when it loads
+    positions = json.loads(config.read_text()).get("max_position_embeddings")
+    p, r = cfg.data.max_prompt_length, cfg.rollout.max_response_length
+    if isinstance(positions, int) and p + r > positions:
+        raise ConfigError(
+            f"data.max_prompt_length={p} + rollout.max_response_length={r} = {p + r} tokens, more than the "
+            f"{positions} positions of the model ({model_path}, max_position_embeddings): lower one of them"
+        )
+
+
+def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print) -> None:
+    """A reward function of the user's (not rlpost's own scorers) scores one sample before any actor
+    starts: the first training row, its ground truth as the response. A function that cannot be
+    loaded or returns something that is no number stops the run here, naming `reward.fn`, not
+    after the actors started; one that raises or times out on that sample is said and counted as
+    the run goes (it may fail on this made-up response only). Multi-turn runs score in their
+    environment."""
+    r = cfg.reward
+    untrusted = [row for row in rows if not (r.fn in TRUSTED or (r.fn == "auto" and row.data_source in TRUSTED))]
+    if not untrusted or cfg.env.name:
+        return
+    row = untrusted[0]
+    pool = RewardPool(r.fn, r.kwargs, 1, r.timeout_s, r.memory_mb, r.error_score)
+    try:
+        scores = pool.score([RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source)])
+    except RuntimeError as e:  # its worker could not build the function: the file's own error, last
+        raise ConfigError(f"reward.fn={r.fn!r} could not be loaded: {str(e).strip().splitlines()[-1]}") from None
+    finally:
+        pool.close()
+    if not scores.error_rows:
+        return
+    tried = f"reward.fn={r.fn!r} on a first try (a training row, its ground truth {row.ground_truth!r} as the response)"
+    error = scores.first_error.removeprefix("sample 0: ")
+    if scores.counts["bad_values"]:
+        raise ConfigError(
+            f"{tried}: {error}\nA reward function must return a number (int, float, a numpy or torch scalar)"
+        )
+    log(f"warning: {tried} failed: {error.strip().splitlines()[-1]}; such samples score reward.error_score")
 
 
 def resolve_critic_path(cfg: TrainConfig, policy_path: str) -> str:

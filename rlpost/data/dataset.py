@@ -14,6 +14,8 @@ with the generation prompt appended.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,15 +37,21 @@ def read_rows(source: str) -> list[dict]:
     """Raw rows of one source (file, saved dataset folder or hub id)."""
     path = Path(source).expanduser()
     if path.suffix in (".jsonl", ".json") and path.is_file():
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as e:
+            row = path.read_bytes()[: e.start].count(b"\n")
+            raise DataError(
+                f"{path}: row {row}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8"
+            ) from None
         rows = []
-        with open(path) as f:
-            for i, line in enumerate(f):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: row {i}: not valid JSON ({e.msg})") from None
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: row {i}: not valid JSON ({e.msg})") from None
         return rows
     if path.suffix == ".parquet" and path.is_file():
         import pyarrow.parquet as pq
@@ -81,12 +89,24 @@ def check_row(row: dict, where: str) -> dict:
             f"{where}: field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}"
         )
     gt = row["ground_truth"]
-    if isinstance(gt, bool) or not isinstance(gt, (str, int, float)):
+    if hasattr(gt, "item") and getattr(gt, "size", None) == 1:  # a numpy scalar (pandas, datasets)
+        gt = gt.item()
+    if isinstance(gt, bool) or not isinstance(gt, (str, numbers.Real)):
         raise DataError(f"{where}: field 'ground_truth' must be a string or number, got {type(gt).__name__}")
+    if not isinstance(gt, str):
+        gt = number_text(gt, where)
     source = row.get("data_source")
     if source is not None and not isinstance(source, str):
         raise DataError(f"{where}: field 'data_source' must be a string, got {type(source).__name__}")
-    return {"prompt": prompt, "ground_truth": str(gt), "data_source": source}
+    return {"prompt": prompt, "ground_truth": gt, "data_source": source}
+
+
+def number_text(value: numbers.Real, where: str) -> str:
+    """A number written as a person would: 123.0 (an integer column as pandas writes it) is "123",
+    so that a scorer comparing text gives the right answer 1."""
+    if not math.isfinite(value):
+        raise DataError(f"{where}: field 'ground_truth' is {value}, not a number to score against")
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def render_prompt(prompt, tokenizer, tools: list[dict] | None = None) -> str:

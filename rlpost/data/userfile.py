@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +16,17 @@ def load_from_file(spec: str, key: str) -> Callable:
     path = Path(path_str).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{key}={spec!r}: no file {path}")
-    fn = getattr(run_file(path, f"rlpost_user_{key.replace('.', '_')}_{path.stem}"), name, None)
+    try:
+        module = run_file(path, f"rlpost_user_{key.replace('.', '_')}_{path.stem}")
+    except SyntaxError as e:
+        raise ValueError(f"{key}={spec!r}: {path} line {e.lineno}: SyntaxError: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001  (the user's module, run: whatever it raises is named)
+        lines = [
+            f.lineno for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == path.resolve()
+        ]
+        where = f" at line {lines[-1]}" if lines else ""
+        raise ValueError(f"{key}={spec!r}: running {path} raised {type(e).__name__}{where}: {e}") from e
+    fn = getattr(module, name, None)
     if not callable(fn):
         raise AttributeError(f"{key}={spec!r}: {path} defines no function {name!r}")
     return fn

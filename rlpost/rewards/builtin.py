@@ -59,8 +59,14 @@ def extract_gsm8k_answer(response: str, method: str = "strict") -> str | None:
 
 @REWARDS.register("gsm8k", trusted=True)
 def gsm8k(sample: RewardInput, method: str = "strict") -> float:
+    """1.0 if the answer is the ground truth: as numbers where both are ("18.00" is "18"), else as text."""
     answer = extract_gsm8k_answer(sample.response, method)
-    return 1.0 if answer is not None and answer == _normalise_number(sample.ground_truth) else 0.0
+    if answer is None:
+        return 0.0
+    value, truth = as_decimal(answer), as_decimal(sample.ground_truth)
+    if value is not None and truth is not None:
+        return 1.0 if value == truth else 0.0
+    return 1.0 if answer == _normalise_number(sample.ground_truth) else 0.0
 
 
 def as_decimal(text: str) -> Decimal | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import multiprocessing as mp
+import numbers
 import os
 import queue
 import signal
@@ -100,13 +101,27 @@ def _call_one(fn: Callable, item, timeout_key: str) -> Result:
     return value, "ok", ""
 
 
+HANGS_AFTER = 3  # timeouts in a row in one chunk: the function hangs; the rest of the chunk is not run
+
+
 def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str) -> list[Result]:
-    """Every item in turn, each within `timeout_s` (SIGALRM must be handled by `_alarm`)."""
+    """Every item in turn, each within `timeout_s` (SIGALRM must be handled by `_alarm`). After
+    `HANGS_AFTER` timeouts in a row the function is taken to hang on everything: the items left
+    count as timeouts without running, so a chunk costs at most that many timeouts, not one per
+    item (a reward that hangs on every sample took `timeout_s` a sample, an hour a step)."""
     global _timeout_s
     _timeout_s = timeout_s
     signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    out: list[Result] = []
     try:
-        return [_call_one(fn, item, timeout_key) for item in items]
+        for item in items:
+            if len(out) >= HANGS_AFTER and all(kind == "timeouts" for _, kind, _ in out[-HANGS_AFTER:]):
+                skipped = (
+                    f"not run: the {HANGS_AFTER} items before it in this worker timed out ({timeout_key}={timeout_s:g})"
+                )
+                return out + [(None, "timeouts", skipped)] * (len(items) - len(out))
+            out.append(_call_one(fn, item, timeout_key))
+        return out
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
@@ -141,10 +156,21 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
 
 
 def checked(raw) -> float:
-    """A reward function's value as a float; `BadValue` if it is not a finite number."""
-    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+    """A reward function's value as a float: an int or float, a numpy scalar (`np.float32(1.0)`) or
+    a one-element array or tensor; `BadValue` if it is not a finite number (a bool is not one)."""
+    if _one_element(raw):
+        raw = raw.item()
+    if isinstance(raw, bool) or not isinstance(raw, numbers.Real) or not math.isfinite(raw):
         raise BadValue(f"returned {raw!r} ({type(raw).__name__}), not a finite number")
     return float(raw)
+
+
+def _one_element(raw) -> bool:
+    """A numpy scalar or one-element array, or a one-element torch tensor: `.item()` is its number."""
+    if not hasattr(raw, "item"):
+        return False
+    numel = getattr(raw, "numel", None)
+    return (numel() if callable(numel) else getattr(raw, "size", None)) == 1
 
 
 def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:

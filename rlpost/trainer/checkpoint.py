@@ -77,10 +77,18 @@ def rank_state(engine, folder: str, layerwise: bool) -> dict:
 
 def load_checkpoint(engine, folder: str) -> None:
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state, options = state_dicts(engine)
-    dcp.load(state, checkpoint_id=os.path.join(folder, engine.name))
+    try:
+        dcp.load(state, checkpoint_id=os.path.join(folder, engine.name))
+    except (Exception, CheckpointException) as e:  # noqa: BLE001  (DCP's is a BaseException, per rank)
+        said = [line.strip() for line in str(e).splitlines() if "size" in line.lower() or "shape" in line.lower()]
+        raise ValueError(
+            f"its {engine.name} state does not fit this model ({(said or [type(e).__name__])[0][:300]}); resume "
+            "with the model.path and model.lora settings of the run that saved it"
+        ) from None
     if options.ignore_frozen_params:  # the frozen base stays as loaded from model.path
         options = dataclasses.replace(options, strict=False)
     layerwise = isinstance(engine.optimizer, LayerwiseAdamW)

@@ -147,6 +147,7 @@ VIOLATIONS = {
         ["reward.model.path=tiny", "reward.model.kind=causal_lm"],
         ["reward.model.path=tiny", "reward.model.score_fn=judge.py:score"],
     ],
+    "groups_to_compare": [["rollout.n=1"], ["rollout.n=1", "algo.name=rloo"]],
     "something_scores": [
         ["reward.rule_weight=0"],
         ["reward.rule_weight=0", "reward.model.path=tiny", "reward.model.weight=0"],

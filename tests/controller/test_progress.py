@@ -15,8 +15,15 @@ class FakeController:
 
     def __init__(self, run_dir, step: int):
         self.cfg = load_config(
-            ["trainer.total_steps=3", "trainer.val_every=0", "trainer.save_every=0", "trainer.start_pass_k=0",
-             "logger.backends=[jsonl]", "logger.progress_bar=false", f"run.dir={run_dir}"]  # fmt: skip
+            [
+                "trainer.total_steps=3",
+                "trainer.val_every=0",
+                "trainer.save_every=0",
+                "trainer.start_pass_k=0",
+                "logger.backends=[jsonl]",
+                "logger.progress_bar=false",
+                f"run.dir={run_dir}",
+            ]  # fmt: skip
         )
         self.step, self.run_dir, self.model_path = step, run_dir, str(run_dir)
         self.algorithm = SimpleNamespace(name="grpo")

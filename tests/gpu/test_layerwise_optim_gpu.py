@@ -41,6 +41,6 @@ def test_fsdp2_nccl_matches_torch_adamw(tmp_path, world, weight_decay, dtype):
     """The CPU test's FSDP2 comparison, on GPUs over NCCL (10 steps, clipping on)."""
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs")
-    from tests.helpers import check_against_torch
+    from tests.optim_reference import check_against_torch
 
     check_against_torch(tmp_path, world, weight_decay, dtype, device_type="cuda")

@@ -29,6 +29,7 @@ def test_start_ray_sets_the_niceness_for_a_local_ray_only(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     record = lambda **kw: seen.append((kw.get("address"), os.environ.get("RAY_worker_niceness")))  # noqa: E731
     monkeypatch.setattr(ray, "init", record)
+    monkeypatch.setattr(cluster, "check_cluster_answers", lambda address: None)  # no cluster here to answer
     for address, expected in (("ray://elsewhere:10001", None), ("", "0")):
         monkeypatch.delenv("RAY_worker_niceness", raising=False)
         cluster.start_ray(load_config(["+recipe=quickstart", f"cluster.address={address}"]))

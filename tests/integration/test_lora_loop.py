@@ -72,11 +72,34 @@ def check_checkpoint_holds_the_adapter_only(checkpoint):
     assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()
 
 
-def test_merge_mode_syncs_merged_weights_and_exports(ray_session, base_overrides, tmp_path):
-    from peft import PeftModel
+def check_export_is_the_policy(run_dir, tmp_path, final, want, merged):
+    """`rlpost export` of the run: a plain transformers folder whose logits are peft's merge of the
+    trained adapter and whose log-probs of `final`'s responses are the trainer's (`want`)."""
     from transformers import AutoModelForCausalLM
 
     from rlpost.cli import main
+
+    out = tmp_path / "exported"
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert not any("lora" in n for n, _ in model.named_parameters())
+    mask = final["response_mask"]
+    for i in range(len(final)):
+        prompt = final["prompt_ids"][i][final["prompt_mask"][i]]
+        response = final["response_ids"][i][mask[i]]
+        ids = torch.cat([prompt, response])[None]
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0].float()
+            ref_logits = merged(input_ids=ids).logits[0].float()
+        torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
+        got = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(-1, response[:, None])[:, 0]
+        torch.testing.assert_close(got, want[i, : len(response)], rtol=0, atol=1e-5)
+    assert main(["export", str(run_dir), "--step", "7", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_merge_mode_syncs_merged_weights_and_exports(ray_session, base_overrides, tmp_path):
+    from peft import PeftModel
+
     from rlpost.models.loading import load_causal_lm
 
     run_dir = tmp_path / "merge"
@@ -126,22 +149,7 @@ def test_merge_mode_syncs_merged_weights_and_exports(ray_session, base_overrides
         want = trainer_logprobs(c, final)
     finally:
         c.shutdown()
-    out = tmp_path / "exported"
-    assert main(["export", str(run_dir), "--out", str(out)]) == 0
-    model = AutoModelForCausalLM.from_pretrained(out).eval()
-    assert not any("lora" in n for n, _ in model.named_parameters())
-    mask = final["response_mask"]
-    for i in range(len(final)):
-        prompt = final["prompt_ids"][i][final["prompt_mask"][i]]
-        response = final["response_ids"][i][mask[i]]
-        ids = torch.cat([prompt, response])[None]
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits[0].float()
-            ref_logits = merged(input_ids=ids).logits[0].float()
-        torch.testing.assert_close(logits, ref_logits, rtol=0, atol=1e-5)
-        got = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(-1, response[:, None])[:, 0]
-        torch.testing.assert_close(got, want[i, : len(response)], rtol=0, atol=1e-5)
-    assert main(["export", str(run_dir), "--step", "7", "--out", str(tmp_path / "x")]) == 2
+    check_export_is_the_policy(run_dir, tmp_path, final, want, merged)
 
 
 def test_adapter_mode_sends_the_base_once_then_the_adapter(ray_session, base_overrides, tmp_path):

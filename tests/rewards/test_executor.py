@@ -177,7 +177,8 @@ def test_one_alarm_per_chunk_ends_exactly_the_items_that_run_too_long():
     """The worker arms one alarm per chunk. When it rings it ends the item under way only if that
     item has run for the whole timeout, else it is set again for that item's own deadline: items
     that each stay under the timeout all count, however long the chunk takes, and each slow item
-    among them (two in a row too) ends as a timeout, in about its timeout."""
+    among them (two in a row too) ends as a timeout, in about its timeout; after three in a row the
+    rest of the chunk is not run."""
     import signal
 
     from rlpost.rewards.executor import _alarm, _run_chunk
@@ -197,6 +198,12 @@ def test_one_alarm_per_chunk_ends_exactly_the_items_that_run_too_long():
         assert "reward.timeout_s=0.05" in results[2][2]
         assert 0.13 < took < 0.6, took  # each slow item had its 0.05 s, not much more
         assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # the chunk left no alarm behind
+        # three in a row: the function hangs; the items after them count as timeouts, not run
+        start = time.monotonic()
+        results = _run_chunk(item, [0.001, 5.0, 5.0, 5.0, 0.001, 5.0], 0.05, "reward.timeout_s")
+        assert [kind for _, kind, _ in results] == ["ok"] + ["timeouts"] * 5
+        assert results[4][2] == "not run: the 3 items before it in this worker timed out (reward.timeout_s=0.05)"
+        assert time.monotonic() - start < 0.5
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)

@@ -11,8 +11,8 @@ import torch
 from rlpost.data.batch import Batch
 from rlpost.trainer.lora import adapters_off
 from rlpost.weightsync.transport import free_port
+from tests.actor_batches import LORA, config, shards_for
 from tests.helpers import save_tiny_model
-from tests.trainer.test_checkpoint import LORA, config, shards_for
 
 
 def shard_without_old(model, cfg) -> Batch:

@@ -14,18 +14,9 @@ import pytest
 import torch
 
 import rlpost.trainer.checkpoint as checkpoint
-from rlpost.config import load_config
-from rlpost.data.batch import Batch
 from rlpost.weightsync.transport import free_port
-from tests.helpers import ragged_generation, reference_logprobs, save_tiny_model
-
-
-def batch_for(model, seed: int) -> Batch:
-    batch, g = ragged_generation(seed)
-    batch["rollout_logprobs"] = reference_logprobs(model, batch)
-    batch["old_logprobs"] = batch["rollout_logprobs"].clone()
-    batch["advantages"] = torch.randn(8, generator=g)
-    return batch
+from tests.actor_batches import LORA, config, shards_for
+from tests.helpers import save_tiny_model
 
 
 def state_of(worker) -> dict:
@@ -53,32 +44,6 @@ def assert_same(a, b, where=""):
             assert_same(x, y, f"{where}[{i}]")
     else:
         assert a == b, where
-
-
-LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
-
-
-def config(*overrides):
-    return load_config(
-        [
-            "+recipe=quickstart",
-            "trainer.world_size=1",
-            "trainer.optim.lr=1e-2",
-            "trainer.optim.warmup_steps=3",
-            "data.train_batch_size=4",
-            "rollout.n=2",
-            "algo.kl_coef=0",
-            "trainer.micro_batch_size=3",
-            *overrides,
-        ]
-    )
-
-
-def shards_for(model, cfg, seeds=(1, 2)) -> list[Batch]:
-    from rlpost.controller.step import step_plan
-    from rlpost.data.microbatch import shard_batch
-
-    return [shard_batch(b, step_plan(b, cfg)[1])[0] for b in (batch_for(model, s) for s in seeds)]
 
 
 def trainable_names(worker) -> list[str]:
@@ -265,3 +230,26 @@ def test_a_checkpoint_of_another_lora_setting_is_refused(tmp_path, saved_with_lo
             worker.load_checkpoint(str(folder))
     finally:
         worker.shutdown()
+
+
+def test_a_checkpoint_of_another_model_shape_is_refused_by_name(tmp_path):
+    from rlpost.roles.actor import ActorWorker
+
+    save_tiny_model(tmp_path / "small", hidden=32, intermediate=64)
+    save_tiny_model(tmp_path / "wide", hidden=48, intermediate=64)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    worker = ActorWorker(config(), str(tmp_path / "small"), 0, 1, "127.0.0.1", free_port())
+    try:
+        worker.save_checkpoint(str(folder))
+    finally:
+        worker.shutdown()
+    wide = ActorWorker(config(), str(tmp_path / "wide"), 0, 1, "127.0.0.1", free_port())
+    try:
+        with pytest.raises(ValueError) as info:
+            wide.load_checkpoint(str(folder))
+    finally:
+        wide.shutdown()
+    said = str(info.value)
+    assert said.startswith("its trainer state does not fit this model (") and "size" in said.lower()
+    assert said.endswith("); resume with the model.path and model.lora settings of the run that saved it")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rlpost.trainer.optim import LayerwiseAdamW
-from tests.helpers import WORLDS, check_against_torch, small_model
+from tests.helpers import WORLDS, small_model
+from tests.optim_reference import check_against_torch
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -1,0 +1,119 @@
+"""A run folder belongs to one run. `claim_run_dir` makes it (or takes an existing one) for this
+run: a lock file (`run.lock`: the pid and host of the run that holds it) refuses a second run in
+the folder while the first lives, and a folder that holds another run's steps (metrics past step
+0, checkpoints) is refused unless this run resumes it (`trainer.resume`) or replaces it
+(`run.overwrite=true`, which deletes that run's logs and checkpoints; nothing else is deleted).
+`release_run_dir` gives the lock back when the run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from datetime import datetime
+from pathlib import Path
+
+from rlpost.config import ConfigError, TrainConfig, to_yaml
+
+LOCK = "run.lock"
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png")  # what a run writes, with checkpoints/
+
+
+def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
+    """The run folder of `cfg`, locked for this process, with this run's `config.yaml`."""
+    run_dir = Path(cfg.run.dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}").expanduser().resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run.dir={str(run_dir)!r} is a file, not a folder; choose another run.dir")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _lock(run_dir, log)
+    try:
+        if cfg.trainer.resume == "none" and holds_a_run(run_dir):
+            if not cfg.run.overwrite:
+                raise ConfigError(
+                    f"run.dir={str(run_dir)!r} holds another run's steps (metrics.jsonl, checkpoints/): resume it "
+                    "with trainer.resume=auto, choose another run.dir, or set run.overwrite=true to delete that "
+                    "run's logs and checkpoints and start again"
+                )
+            _delete_run(run_dir, log)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    except BaseException:
+        release_run_dir(run_dir)
+        raise
+    return run_dir
+
+
+def holds_a_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run's steps: a checkpoint, or a metrics row past step 0."""
+    if any((run_dir / "checkpoints").glob("step_*")):
+        return True
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return False
+    for line in metrics.read_text(errors="replace").splitlines():
+        try:
+            if int(json.loads(line).get("step", 0)) > 0:
+                return True
+        except (ValueError, TypeError, AttributeError):
+            return True  # not ours to judge: keep it
+    return False
+
+
+def _delete_run(run_dir: Path, log) -> None:
+    """`run.overwrite=true`: the earlier run's logs and checkpoints go; nothing else in the folder."""
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    log(f"run.overwrite=true: deleted the earlier run's {', '.join(RUN_FILES)} and checkpoints/ in {run_dir}")
+
+
+def _lock(run_dir: Path, log) -> None:
+    """Create `run.lock` for this process; refuse when a live run holds it. A lock whose process is
+    gone (on this host) is taken over; one held on another host is refused: its owner cannot be
+    checked from here."""
+    path, me = run_dir / LOCK, {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _read_lock(path)
+            if holder.get("pid") == me["pid"] and holder.get("host") == me["host"]:
+                return  # ours already (the run starting again after an actor died)
+            if holder.get("host") == me["host"] and not _alive(holder.get("pid")):
+                log(f"{path}: the run that held it (pid {holder.get('pid')}) is gone; taking the folder over")
+                path.unlink(missing_ok=True)
+                continue
+            since = datetime.fromtimestamp(holder.get("since", 0)).strftime("%Y-%m-%d %H:%M:%S")
+            raise ConfigError(
+                f"run.dir={str(run_dir)!r} is in use by another run (pid {holder.get('pid')} on host "
+                f"{holder.get('host')}, since {since}); wait for it to end or choose another run.dir (if that run "
+                f"is gone, delete {path})"
+            )
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return
+
+
+def _read_lock(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # being written, or damaged: treated as a live lock of another host
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, TypeError, ValueError):
+        return True  # another user's process, or no pid to check: assume it runs
+    return True
+
+
+def release_run_dir(run_dir: Path) -> None:
+    """Delete `run.lock` if this process holds it."""
+    path = run_dir / LOCK
+    if _read_lock(path).get("pid") == os.getpid():
+        path.unlink(missing_ok=True)
