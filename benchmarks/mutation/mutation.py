@@ -53,6 +53,16 @@ cli()
 """
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def results() -> dict[str, int | None]:
     """{mutant name: exit code} from mutmut's per-file results."""
     out = {}
@@ -100,6 +110,9 @@ def main() -> None:
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"mutmut run failed (exit code {proc.returncode})")
+    wall_file = REPO / "mutants" / "rlpost-wall-s.txt"  # the run's time, for a later --report-only
+    if not args.report_only:
+        wall_file.write_text(str(round(wall)))
     notes = json.loads(NOTES.read_text()) if NOTES.is_file() else {}
     by_module: dict[str, Counter] = defaultdict(Counter)
     survivors = []
@@ -131,8 +144,9 @@ def main() -> None:
         "tool": "mutmut "
         + subprocess.run([sys.executable, "-m", "mutmut", "--version"], capture_output=True, text=True).stdout.strip(),
         "commit": commit_file.read_text() if commit_file.is_file() else None,
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-        "wall_s": None if args.report_only else round(wall),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
+        "date": time.strftime("%Y-%m-%d", time.gmtime(commit_file.stat().st_mtime if commit_file.is_file() else None)),
+        "wall_s": int(wall_file.read_text()) if wall_file.is_file() else None,
         "score_note": "score = (killed + timeout) / (killed + survived + timeout + no_tests); "
         "equivalent survivors (benchmarks/mutation/mutation_notes.json) are left out and listed with their note",
         "modules": modules,
