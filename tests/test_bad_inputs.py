@@ -244,6 +244,23 @@ def test_a_reward_that_hangs_on_every_sample_costs_three_timeouts_not_one_a_samp
     assert misbehaving_pool.score([RewardInput("1+1=", "ok", "2", "x")]).scores == [1.0]  # the worker goes on
 
 
+def test_a_batch_still_scoring_says_so_while_it_waits(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(MISBEHAVE)
+    pool = RewardPool(f"{path}:f", {}, 1, timeout_s=0.5, memory_mb=0, error_score=-1.0)
+    said = []
+    pool.pool.report_s, pool.pool.log = 0.6, said.append  # 50 s in a run
+    try:
+        out = pool.score([RewardInput("1+1=", "hang", "2", "x")] * 6)
+    finally:
+        pool.close()
+    assert out.counts["timeouts"] == 6 and said
+    assert said[0] == (
+        "reward: 6 of 6 items not scored after 1 s (reward.timeout_s=0.5 each; a function that hangs costs 3 of "
+        "them a worker)"
+    )
+
+
 def test_a_cluster_address_where_no_ray_answers_is_named_at_once():
     from rlpost.controller.cluster import check_cluster_answers
     from rlpost.weightsync.transport import free_port

@@ -193,8 +193,13 @@ class WorkerPool:
     a module-level function, or a `functools.partial` of one). Messages call them `name` workers and
     name `timeout_key`. Use a pool either with `map` from one thread or with `call` from many."""
 
-    def __init__(self, setup: Callable[[], Callable], workers: int, memory_mb: int, name: str, timeout_key: str):
+    report_s = 50.0  # a `map` still waiting this long (and every as long again after) says so (`log`)
+
+    def __init__(
+        self, setup: Callable[[], Callable], workers: int, memory_mb: int, name: str, timeout_key: str, log=print
+    ):
         self.setup, self.memory_mb, self.name, self.timeout_key = setup, memory_mb, name, timeout_key
+        self.log = log
         self.ctx = mp.get_context("spawn")  # the parent may have Ray's or torch's threads: never fork it
         self.procs: list = [None] * workers
         self.conns: list = [None] * workers
@@ -281,8 +286,18 @@ class WorkerPool:
             if chunk:
                 self._send(i, [items[j] for j in chunk], timeout_s)
                 waiting[self.conns[i]] = (i, chunk, time.monotonic() + len(chunk) * timeout_s + GRACE_S)
+        start = time.monotonic()
+        report = start + self.report_s
         while waiting:
-            deadline = min(d for *_, d in waiting.values())
+            if time.monotonic() >= report:
+                left = sum(len(chunk) for _, chunk, _ in waiting.values())
+                took = time.monotonic() - start
+                self.log(
+                    f"{self.name}: {left} of {len(items)} items not scored after {took:.0f} s ({self.timeout_key}="
+                    f"{timeout_s:g} each; a function that hangs costs {HANGS_AFTER} of them a worker)"
+                )
+                report += self.report_s
+            deadline = min(min(d for *_, d in waiting.values()), report)
             for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
                 i, chunk, _ = waiting.pop(conn)
                 try:

@@ -90,6 +90,7 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     assert resumed[0]["actor/first_ratio_dev"] <= 1e-6
 
 
+@pytest.mark.demo  # out of CI for time: test_resume's split + layerwise run covers this placement and optimizer
 def test_split_placement_with_layerwise_optimizer(ray_session, base_overrides, tmp_path):
     run_dir = tmp_path / "split"
     cfg = load_config(

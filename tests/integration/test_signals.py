@@ -123,6 +123,7 @@ def slow(sample):
 """
 
 
+@pytest.mark.demo  # out of CI for time: tests/test_bad_inputs.py checks the second signal's KeyboardInterrupt
 @pytest.mark.timeout(600)
 def test_a_second_ctrl_c_stops_at_once(tiny_cache, tmp_path):
     run_dir = tmp_path / "run"
