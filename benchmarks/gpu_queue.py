@@ -6,7 +6,8 @@ of runs larger than one 10-minute device call goes on over several calls on the 
 
 JOBS has one job a line, `NAME GPUS overrides...` (`#` starts a comment). Jobs start in their
 order, each on the lowest-numbered GPUs that are free; a job waits for the one before it to start
-(so a 4-GPU job is not starved by 1-GPU jobs behind it). A job that finished before (`NAME.done`)
+(so a 4-GPU job is not starved by 1-GPU jobs behind it). `$VAR` in a line is the environment's
+(overrides that several jobs share). A job that finished before (`NAME.done`)
 is skipped; one with checkpoints in its run folder goes on from them (`trainer.resume=auto`). An
 override `@NAME/...` names a path in another job's run folder; the job waits for that job. At the
 deadline every job still running gets one SIGTERM (the run stops after its step, with a
@@ -27,7 +28,9 @@ from pathlib import Path
 def read_jobs(path: Path) -> list[tuple[str, int, list[str]]]:
     jobs = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
-        words = line.split("#", 1)[0].split()
+        words = os.path.expandvars(line.split("#", 1)[0]).split()
+        if any("$" in w for w in words):
+            raise SystemExit(f"{path} line {n}: set the variable first (not in the environment): {line!r}")
         if words:
             if len(words) < 2 or not words[1].isdigit():
                 raise SystemExit(f"{path} line {n}: want `NAME GPUS overrides...`, got {line!r}")
