@@ -223,7 +223,8 @@ class ThroughRay:
 
     def __init__(self, cfg, model_path: str, batch, world: int, sync: bool):
         from rlpost.config import load_config
-        from rlpost.controller.cluster import Placement, WorkerGroup
+        from rlpost.controller.cluster import WorkerGroup
+        from rlpost.controller.placement import Placement
         from rlpost.controller.weights import WeightSync
         from rlpost.roles.actor import ActorWorker
         from rlpost.rollout.worker import RolloutWorker

@@ -1,12 +1,4 @@
-"""Ray at the edge: starting Ray, placing actors, and calling groups of them.
-
-Placement (one placement group for the whole job):
-- `colocate`: one bundle per trainer rank; rollout actor i shares bundle i % world_size with
-  trainer rank i (and its critic and reward-model ranks, when the run has them), each taking an
-  equal part of its CPU (and GPU): they take turns on the same device.
-- `split`: trainer bundles first (shared by the actor, critic and reward-model ranks), then one
-  bundle per rollout actor: disjoint devices.
-"""
+"""Ray at the edge: starting Ray and calling groups of actors (placing them: placement.py)."""
 
 from __future__ import annotations
 
@@ -16,14 +8,15 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlpost.config import Colocation, ConfigError, TrainConfig
+from rlpost.config import ConfigError, TrainConfig
 from rlpost.data.batch import Batch
+
+if TYPE_CHECKING:
+    from rlpost.controller.placement import Placement
 
 # the libraries' own output that a run does not need to show (`logger.verbose=true` keeps it):
 # model-loading progress bars (transformers, huggingface_hub) and vLLM's info lines
@@ -122,100 +115,6 @@ def local_ray_died() -> bool:
     return bool(node is not None and node.head and node.dead_processes())
 
 
-def bundle_layout(cfg: TrainConfig, roles=("actor", "rollout")) -> tuple[list[dict], list[int], list[int], dict]:
-    """(the placement group's bundles, the trainer ranks' bundles, the rollout actors' bundles, the
-    share of its bundle each role's actor takes). Colocated, rollout actor i shares the bundle of
-    trainer rank i T (its engine's T shards use the GPUs of ranks i T .. i T + T - 1: `engine_devices`);
-    split, each rollout actor has a bundle of its own, with one GPU per shard of its engine (a
-    bundle lies on one node, as a tensor-parallel engine must)."""
-    ws, nr = cfg.trainer.world_size, cfg.rollout.num_workers
-    gpu = cfg.trainer.device == "cuda"
-    bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
-    # on the trainer bundles: the actor (trainer), and the critic and the reward model if any
-    on_trainer_bundles = 1 + sum(role in roles for role in ("critic", "reward_model"))
-    if Colocation.of(cfg).colocated:
-        share = 1.0 / (on_trainer_bundles + 1)
-        shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": share}
-        rollouts = [(i * cfg.rollout.tensor_parallel_size) % ws for i in range(nr)]  # on its first shard's GPU
-        return [dict(bundle) for _ in range(ws)], list(range(ws)), rollouts, shares
-    engine = dict(bundle, GPU=cfg.rollout.tensor_parallel_size) if gpu else dict(bundle)
-    share = 1.0 / on_trainer_bundles
-    shares = {"trainer": share, "critic": share, "reward_model": share, "rollout": 1.0}
-    bundles = [dict(bundle) for _ in range(ws)] + [dict(engine) for _ in range(nr)]
-    return bundles, list(range(ws)), list(range(ws, ws + nr)), shares
-
-
-def engine_devices(cfg: TrainConfig, devices: list[str], nodes: list[str]) -> list[str | None]:
-    """Colocated tensor-parallel engines on GPUs: for each rollout actor the CUDA_VISIBLE_DEVICES
-    of its engine's shards, the GPUs of trainer ranks i T .. i T + T - 1 (`devices`: each rank's,
-    as Ray numbers them on its node; `nodes`: each rank's node), which must lie on one node; None
-    where the actor keeps the GPU Ray gave it."""
-    t, nr = cfg.rollout.tensor_parallel_size, cfg.rollout.num_workers
-    if not Colocation.of(cfg).pins_engine_gpus:
-        return [None] * nr
-    out = []
-    for i in range(nr):
-        ranks = range(i * t, i * t + t)
-        if len({nodes[k] for k in ranks}) > 1:
-            raise ConfigError(
-                f"rollout.tensor_parallel_size={t}: the engine of rollout actor {i} would span trainer ranks "
-                f"{ranks[0]}..{ranks[-1]} on nodes {sorted({nodes[k] for k in ranks})}; an engine's shards must "
-                "share a node: use a tensor_parallel_size that divides the GPUs per node"
-            )
-        out.append(",".join(devices[k] for k in ranks))
-    return out
-
-
-@dataclass
-class Placement:
-    pg: object
-    trainer_bundles: list[int]
-    rollout_bundles: list[int]
-    shares: dict[str, float]  # per role: the fraction of its bundle each of its actors takes
-    rollout_gpus: int = 1  # GPUs of a rollout bundle (split: one per shard of a tensor-parallel engine)
-
-    @staticmethod
-    def create(cfg: TrainConfig, roles=("actor", "rollout")) -> "Placement":
-        bundles, trainers, rollouts, shares = bundle_layout(cfg, roles)
-        pg = placement_group(bundles, strategy="PACK")
-        ray.get(pg.ready(), timeout=300)
-        return Placement(pg, trainers, rollouts, shares, int(bundles[rollouts[0]].get("GPU", 1)))
-
-    def options(self, cfg: TrainConfig, bundle: int, name: str, role: str) -> dict:
-        gpu = cfg.trainer.device == "cuda"
-        share = self.shares[role]
-        return {
-            "name": name,
-            "num_cpus": share,
-            "num_gpus": share * (self.rollout_gpus if role == "rollout" else 1) if gpu else 0,
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=bundle
-            ),
-            "runtime_env": {"env_vars": actor_env(cfg)},
-        }
-
-    def engine_devices(self, cfg: TrainConfig, trainers: "WorkerGroup") -> list[str | None]:
-        """Each rollout actor's CUDA_VISIBLE_DEVICES (`engine_devices`), None for Ray's own."""
-        if not Colocation.of(cfg).pins_engine_gpus:  # (no call to the trainers)
-            return [None] * cfg.rollout.num_workers
-        nodes = [self.address_of_bundle(b)[0] for b in self.trainer_bundles]
-        return engine_devices(cfg, trainers.call("cuda_device"), nodes)
-
-    def address_of_bundle(self, bundle: int) -> tuple[str, int]:
-        """(node ip, free port) on the node that holds `bundle`."""
-        return ray.get(
-            _address.options(
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self.pg, placement_group_bundle_index=bundle
-                ),
-                num_cpus=0,
-            ).remote()
-        )
-
-    def remove(self) -> None:
-        remove_placement_group(self.pg)
-
-
 class Stall(RuntimeError):
     """An actor call ran past `cluster.stall_timeout_s`: the error names the role, rank and call."""
 
@@ -284,13 +183,6 @@ def _prefer(first: list, grace_s: float) -> None:
         if not ready:
             return
         ray.get(ready)
-
-
-@ray.remote
-def _address() -> tuple[str, int]:
-    from rlpost.weightsync.transport import free_port
-
-    return ray.util.get_node_ip_address(), free_port()
 
 
 class WorkerGroup:

@@ -12,7 +12,8 @@ import math
 import time
 
 from rlpost.config import Colocation, ConfigError, TrainConfig
-from rlpost.controller.cluster import Placement, WorkerGroup
+from rlpost.controller.cluster import WorkerGroup
+from rlpost.controller.placement import Placement
 from rlpost.weightsync.kinds import sync_kinds
 from rlpost.weightsync.sync import SyncStats
 

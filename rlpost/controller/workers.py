@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlpost.config import Colocation, TrainConfig
-from rlpost.controller.cluster import Placement, WorkerGroup, local_ray_died, start_ray
+from rlpost.controller.cluster import WorkerGroup, local_ray_died, start_ray
+from rlpost.controller.placement import Placement
 from rlpost.controller.plan import check_plan, gpu_plan, shape_of
 from rlpost.controller.rollouts import Rollouts
 from rlpost.controller.setup import resolve_critic_path, resolve_reward_model_path

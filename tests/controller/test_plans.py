@@ -136,7 +136,7 @@ def test_an_actor_and_a_critic_on_one_device_must_fit_together():
 
 
 def test_bundles_give_a_tensor_parallel_engine_its_gpus_on_one_bundle():
-    from rlpost.controller.cluster import bundle_layout
+    from rlpost.controller.placement import bundle_layout
 
     cfg = cfg_with("rollout.num_workers=2", "cluster.placement=split")
     cfg.trainer.device, cfg.rollout.tensor_parallel_size = "cuda", 2
@@ -149,7 +149,7 @@ def test_bundles_give_a_tensor_parallel_engine_its_gpus_on_one_bundle():
 
 
 def test_a_colocated_tensor_parallel_engine_runs_on_its_trainer_ranks_gpus():
-    from rlpost.controller.cluster import engine_devices
+    from rlpost.controller.placement import engine_devices
 
     cfg = cfg_with("rollout.num_workers=2")
     cfg.trainer.world_size, cfg.trainer.device, cfg.rollout.tensor_parallel_size = 4, "cuda", 2

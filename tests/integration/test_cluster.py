@@ -37,3 +37,31 @@ def test_start_ray_sets_the_niceness_for_a_local_ray_only(monkeypatch):
     monkeypatch.setenv("RAY_worker_niceness", "5")  # the user's choice stands
     cluster.start_ray(load_config(["+recipe=quickstart"]))
     assert seen[-1] == (None, "5")
+
+
+def test_a_placement_ray_cannot_make_is_refused_with_what_it_asked_and_what_is_free(ray_session):
+    """A local Ray with too few GPUs in all is refused at once (it never grows); a group that other
+    jobs keep from being placed stops after the timeout, saying what is free; neither hangs."""
+    import time
+
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from rlpost.config import ConfigError
+    from rlpost.controller.placement import place, shortfall
+
+    assert shortfall([{"CPU": 1, "GPU": 1}] * 2, {"CPU": 4.0, "GPU": 1.0}) == {"GPU": 2}
+    assert shortfall([{"CPU": 1}] * 4, {"CPU": 4.0}) == {}
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"ask for 2 CPU, 2 GPU \(KNOBS\); the local Ray .* too few in all"):
+        place([{"CPU": 1, "GPU": 1}] * 2, "KNOBS", local=True, timeout_s=60)
+    assert time.monotonic() - start < 10
+    held = placement_group([{"CPU": 4}])
+    ray.get(held.ready(), timeout=60)
+    try:
+        with pytest.raises(ConfigError, match=r"not placed within 1 s, with CPU 0 free: another job holds"):
+            place([{"CPU": 1}], "KNOBS", local=True, timeout_s=1)
+    finally:
+        remove_placement_group(held)
+    pg = place([{"CPU": 1}], "KNOBS", local=False, timeout_s=60)  # freed: placed
+    remove_placement_group(pg)
