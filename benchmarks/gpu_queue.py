@@ -75,11 +75,13 @@ def main() -> None:
     p.add_argument("--min-start", type=float, default=120.0, help="start nothing with less time left")
     p.add_argument("--common", default="", help="overrides every job gets")
     p.add_argument("--gpus", type=int, help="how many GPUs (default: as many as nvidia-smi lists)")
+    p.add_argument("--stagger", type=float, default=15.0, help="seconds between two starts (each starts a Ray)")
     a = p.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
     end, free = time.monotonic() + a.deadline, list(range(a.gpus or gpu_count()))
     todo = [j for j in read_jobs(a.jobs) if not (a.dir / f"{j[0]}.done").exists()]
     running: dict[str, tuple[subprocess.Popen, list[int]]] = {}
+    last_start = -float("inf")
     while (todo or running) and time.monotonic() < end:
         for name, (proc, gpus) in list(running.items()):
             if proc.poll() is not None:
@@ -89,12 +91,15 @@ def main() -> None:
                 free = sorted(free + gpus)
                 del running[name]
         while todo and len(free) >= todo[0][1] and end - time.monotonic() > a.min_start:
+            if time.monotonic() - last_start < a.stagger:
+                break
             name, count, overrides = todo[0]
             cmd = command(a.dir, name, overrides, a.common.split())
             if cmd is None:
                 break
             gpus, free = free[:count], free[count:]
             running[name] = (launch(a.dir, name, cmd, gpus, len(a.common.split())), gpus)
+            last_start = time.monotonic()
             todo.pop(0)
         time.sleep(2)
     stop(a.dir, running, a.grace)

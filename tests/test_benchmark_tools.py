@@ -45,3 +45,37 @@ def test_a_job_waits_for_the_job_it_names_and_resumes_its_own_checkpoints(tmp_pa
     assert cmd[-3:] == [f"trainer.resume={tmp_path}/a/checkpoints/step_6", "c=1", f"run.dir={tmp_path / 'b'}"]
     (tmp_path / "b" / "checkpoints" / "step_2").mkdir(parents=True)
     assert "trainer.resume=auto" in queue.command(tmp_path, "b", [], [])
+
+
+def test_the_queue_runs_jobs_on_free_gpus_in_order_and_stops_at_the_deadline(tmp_path, monkeypatch):
+    """Each job gets the lowest free GPUs; one that needs more waits (and the jobs behind it);
+    a finished job is marked done and skipped next time; at the deadline a running job gets SIGTERM."""
+    import sys
+
+    queue = load_queue()
+    script = (
+        "import os, sys, time, pathlib; d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True); "
+        "(d / 'gpus').write_text(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(float(sys.argv[2]))"
+    )
+    monkeypatch.setattr(
+        queue,
+        "command",
+        lambda root, name, overrides, common: [sys.executable, "-c", script, str(root / name), *overrides],
+    )
+    jobs = tmp_path / "jobs.txt"
+    jobs.write_text("a 1 0.5\nb 2 0.1\nc 1 0.1\nlong 1 60\n")
+    root = tmp_path / "runs"
+    argv = ["gpu_queue.py", str(jobs), "--dir", str(root), "--gpus", "2", "--min-start", "0", "--stagger", "0"]
+    monkeypatch.setattr(sys, "argv", argv + ["--deadline", "8", "--grace", "5"])
+    queue.main()
+    assert [(root / n / "gpus").read_text() for n in "abc"] == ["0", "0,1", "0"]
+    assert [(root / f"{n}.done").exists() for n in ("a", "b", "c", "long")] == [True, True, True, False]
+    log = (root / "commands.txt").read_text()
+    assert log.index("a rc=0") < log.index("start b on GPU 0,1") < log.index("b rc=0") < log.index("start c on GPU 0")
+    assert "long: deadline, SIGTERM" in log and "long rc=-15" in log
+    (root / "c" / "gpus").unlink()
+    monkeypatch.setattr(sys, "argv", argv + ["--deadline", "1", "--grace", "5"])
+    queue.main()  # a, b and c are done: only `long` starts again
+    assert not (root / "c" / "gpus").exists() and log.count("start long") + 1 == (
+        root / "commands.txt"
+    ).read_text().count("start long")
