@@ -31,8 +31,8 @@ def cmd_train(overrides: list[str]) -> int:
     torch.set_num_threads(cfg.cluster.num_threads)
     from rlpost.controller.checkpoint import CheckpointError
     from rlpost.controller.cluster import Stall
-    from rlpost.controller.rollouts import RewardFailure
     from rlpost.controller.run import train
+    from rlpost.controller.scoring import RewardFailure
     from rlpost.controller.signals import Stopped
     from rlpost.data.dataset import DataError
     from rlpost.models.gguf import GGUFError

@@ -1,6 +1,6 @@
 """The house's size goals, kept by a test so they cannot slip unseen: no Python file over 400
 lines (rlpost/, tests/, benchmarks/, scripts/), the step loop (controller/loop.py) under 250 and
-its class under 200, no function or method over 60 in rlpost/ and tests/. (The benchmark drivers'
+no class in rlpost/ over 200, no function or method over 60 in rlpost/ and tests/. (The benchmark drivers'
 `main`s are not held to 60 lines yet. Who may import whom: tests/test_imports.py.)"""
 
 import ast
@@ -21,7 +21,7 @@ def python_files(roots):
 
 
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
-LOOP, MAX_LOOP_LINES, MAX_LOOP_CLASS_LINES = RLPOST / "controller" / "loop.py", 250, 200
+LOOP, MAX_LOOP_LINES, MAX_CLASS_LINES = RLPOST / "controller" / "loop.py", 250, 200
 
 
 def test_no_file_is_over_400_lines():
@@ -48,5 +48,16 @@ def test_the_step_loop_stays_short():
     """A reader who opens the step sees the step: lifecycle, run loop and probes live elsewhere."""
     text = LOOP.read_text()
     assert len(text.splitlines()) < MAX_LOOP_LINES, f"{LOOP.name} has {len(text.splitlines())} lines"
-    classes = {n.name: n.end_lineno - n.lineno + 1 for n in ast.parse(text).body if isinstance(n, ast.ClassDef)}
-    assert all(n < MAX_LOOP_CLASS_LINES for n in classes.values()), classes
+    assert "class Controller" in text
+
+
+def test_no_class_is_over_200_lines():
+    """A class that grows past a screenful of jobs is split by job (the engine's adapter, the
+    actor's weight export, the scorer of a batch each live apart)."""
+    long = {
+        f"{p.relative_to(REPO)}:{node.lineno} {node.name}": node.end_lineno - node.lineno + 1
+        for p in python_files([RLPOST])
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+    }
+    assert not long, f"classes over {MAX_CLASS_LINES} lines (split them by job): {long}"

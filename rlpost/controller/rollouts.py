@@ -17,20 +17,15 @@ import torch
 
 from rlpost.config import Colocation, TrainConfig
 from rlpost.controller.cluster import WorkerGroup
+from rlpost.controller.scoring import Scorer
 from rlpost.controller.step import env_metrics, group_ids, sampling_params, shape_rewards, timed
 from rlpost.controller.stream import Scored, Stream
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptLoader, PromptRow
 from rlpost.data.padding import check_masks, concat_generations
 from rlpost.envs import EpisodeRow
-from rlpost.rewards import RewardInput
-from rlpost.rewards.executor import RewardPool, Scores
-from rlpost.rewards.model import combine
+from rlpost.rewards.executor import RewardPool
 from rlpost.rollout.base import SamplingParams
-
-
-class RewardFailure(RuntimeError):
-    """Too many samples failed to score for too long: the reward function is broken."""
 
 
 def _fill(rounds: list[Scored], keeps: list[torch.Tensor], wanted: int, n: int, pad_id: int) -> Scored:
@@ -82,9 +77,8 @@ class Rollouts:
         reward_models: WorkerGroup | None = None,
     ):
         self.cfg, self.group, self.loader, self.pad_id = cfg, group, loader, pad_id
-        self.tokenizer, self.rewards, self.log = tokenizer, rewards, log
-        self.failing = 0  # consecutive training batches of which too many samples failed to score
-        self.reward_models = reward_models
+        self.scorer = Scorer(cfg, tokenizer, rewards, reward_models, log)
+        self.score = self.scorer.score
         self.overlap = Colocation.of(cfg).overlapping
         self.pending: deque[Pending] = deque()
         self.stream = Stream(self) if cfg.algo.async_rollouts else None
@@ -193,70 +187,6 @@ class Rollouts:
             rounds.append(Scored(rows, batch, *self.score(rows, batch, n)))
             keeps.append(keep_groups(shape_rewards(batch, rounds[-1].scores, cfg), batch["group_ids"])[::n])
         return _fill(rounds, keeps, wanted, n, self.pad_id)
-
-    def score(self, rows: list[PromptRow], batch: Batch, n: int, rule_only: bool = False):
-        """(rewards [N], how many samples failed to score, the decoded responses). The reward is
-        `reward.rule_weight` x the rule score + `reward.model.weight` x the reward model's score
-        (when one is configured; its parts go into `batch` as `rule_scores` and `model_scores`);
-        `rule_only`: the rule score alone (validation). A non-finite model score counts as an error
-        and scores 0."""
-        # (multi-turn: the reward function reads the model's last turn, its answer)
-        starts = batch["last_turn_start"].tolist() if "last_turn_start" in batch else [0] * len(batch)
-        responses = self.tokenizer.batch_decode(
-            [ids[m][s:].tolist() for ids, m, s in zip(batch["response_ids"], batch["response_mask"], starts)],
-            skip_special_tokens=True,
-        )
-        samples = [
-            RewardInput(rows[i // n].prompt_text, text, rows[i // n].ground_truth, rows[i // n].data_source)
-            for i, text in enumerate(responses)
-        ]
-        result = self.rewards.score(samples)
-        rule, errors = torch.tensor(result.scores, dtype=torch.float32), result.counts
-        if result.first_error:
-            kinds = ", ".join(f"{v} {k}" for k, v in errors.items() if v and k != "errors")
-            first = result.first_error.splitlines()[-1]
-            self.log(f"reward: {errors['errors']} samples failed ({kinds}); first: {first}")
-        if rule_only:
-            return rule, errors, responses
-        self._check_failures(result, len(samples))
-        model = None
-        if self.reward_models is not None:
-            model = self.model_scores(samples)
-            bad = ~torch.isfinite(model)
-            if bad.any():
-                first = int(bad.nonzero()[0, 0])
-                self.log(f"reward model: {int(bad.sum())} non-finite scores this step (first: sample {first})")
-                model = model.masked_fill(bad, 0.0)
-                errors = {**errors, "errors": errors["errors"] + int(bad.sum())}
-                errors["bad_values"] += int(bad.sum())
-            batch["rule_scores"], batch["model_scores"] = rule, model
-        reward = combine(rule, model, self.cfg.reward.rule_weight, self.cfg.reward.model.weight)
-        if "env_reward" in batch:  # multi-turn: the environment's rewards of the episode's turns
-            reward = reward + batch["env_reward"]
-        return reward, errors, responses
-
-    def _check_failures(self, result: Scores, samples: int) -> None:
-        """Stop the run when more than `reward.max_error_fraction` of the samples failed to score
-        in `reward.max_error_steps` training batches in a row."""
-        r = self.cfg.reward
-        self.failing = self.failing + 1 if result.counts["errors"] > r.max_error_fraction * samples else 0
-        if self.failing >= r.max_error_steps:
-            raise RewardFailure(
-                f"{result.counts['errors']} of {samples} samples failed to score, more than "
-                f"reward.max_error_fraction={r.max_error_fraction} for {self.failing} batches in a row "
-                f"(reward.max_error_steps={r.max_error_steps}). The first, {result.first_error}"
-            )
-
-    def model_scores(self, samples: list[RewardInput]) -> torch.Tensor:
-        """The reward model's score of each sample, the samples split over its workers."""
-        k = len(self.reward_models)
-        parts = [samples[i * len(samples) // k : (i + 1) * len(samples) // k] for i in range(k)]
-        refs = [
-            self.reward_models.submit(i, "score", [s.prompt for s in part], [s.response for s in part])
-            for i, part in enumerate(parts)
-            if part
-        ]
-        return torch.tensor([x for out in self.reward_models.get(refs) for x in out], dtype=torch.float32)
 
     def validate(self, rows: list[PromptRow], params: SamplingParams) -> dict[str, float]:
         """Accuracy and mean reward of `params` (one sample each) on the validation rows."""

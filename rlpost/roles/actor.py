@@ -27,17 +27,14 @@ from rlpost.config import TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import padded_tokens, split_shard
 from rlpost.models.loading import load_causal_lm
-from rlpost.models.lora import ADAPTER_DTYPE, adapter_named_parameters, base_named_parameters, save_adapter
+from rlpost.models.lora import ADAPTER_DTYPE, save_adapter
+from rlpost.roles.actor_weights import ActorWeights
 from rlpost.trainer.engine import EngineSpec, FSDPEngine
-from rlpost.trainer.fsdp import full_tensor
 from rlpost.trainer.logprobs import resolve_layout, response_logprobs
-from rlpost.trainer.lora import adapter_weights, adapters_off, base_weights, merged_weights
+from rlpost.trainer.lora import adapter_weights, adapters_off
 from rlpost.trainer.stats import Stats
-from rlpost.weightsync.checksums import checksum
-from rlpost.weightsync.kinds import sync_kinds
-from rlpost.weightsync.manifest import spec_of
-from rlpost.weightsync.sync import SyncStats, send_weights
-from rlpost.weightsync.transport import SyncGroup, stacks_if_stuck
+from rlpost.weightsync.sync import SyncStats
+from rlpost.weightsync.transport import SyncGroup
 
 
 class ActorWorker:
@@ -57,8 +54,7 @@ class ActorWorker:
         self.loss_fn = POLICY_LOSSES.get(algorithm.policy_loss)
         self.kl_in_loss = cfg.algo.kl_coef if algorithm.kl == "loss" else 0.0  # else it is in the reward
         self.layout = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation, cfg.trainer.device)
-        self.sync_group: SyncGroup | None = None
-        self.manifests = self._manifests()
+        self.weights = ActorWeights(cfg, e)
         e.offload_params()
 
     # ------------------------------------------------------------------------------ log-probs
@@ -170,84 +166,18 @@ class ActorWorker:
         return logp.detach(), ratio_dev.clamp(min=0.0)
 
     # ---------------------------------------------------------------------------- weight sync
-    def _manifests(self) -> dict:
-        """The manifest of each sync kind this run sends."""
-
-        def meta(named, dtype):
-            return [spec_of(n, torch.empty(p.shape, dtype=dtype, device="meta")) for n, p in named]
-
-        dtype = self.engine.compute_dtype
-        if self.lora is None:
-            return {"full": meta(self.model.named_parameters(), dtype)}
-        base = meta(base_named_parameters(self.model), dtype)
-        if self.lora.mode == "merge":
-            return {"merged": base}
-        return {"base": base, "adapter": meta(adapter_named_parameters(self.model), ADAPTER_DTYPE)}
-
-    @property
-    def manifest(self):
-        """The manifest of the sync that carries the whole model (a rollout's first sync)."""
-        return self.manifests[sync_kinds(self.cfg, first=True)[0]]
-
     def init_weight_sync(self, host: str, port: int, world_size: int, transport: str) -> None:
-        """Called on the ranks that send (rank 0; with the ipc transport every rank that shares
-        its GPU with a rollout actor)."""
-        self.sync_group = SyncGroup(
-            host, port, 0, world_size, str(self.device), self.cfg.weight_sync.timeout_s, transport
-        )
-
-    def _export(self, kind: str):
-        """The full tensors of one sync `kind`, in its manifest's order (a generator of
-        collectives: every rank runs it to the end)."""
-        if kind not in self.manifests:
-            raise ValueError(
-                f"weight sync kind {kind!r} does not fit this run (model.lora.rank="
-                f"{self.cfg.model.lora.rank}, mode={self.cfg.model.lora.mode}): it sends "
-                f"{sorted(self.manifests)}"
-            )
-        dtype = self.engine.compute_dtype
-        if kind == "full":
-            # `.to(device)`: with `optim.offload=cpu` FSDP keeps the shards on the host for good
-            return (full_tensor(p.detach().to(self.device)).to(dtype) for _, p in self.model.named_parameters())
-        # merged: W + scale B A computed out of place per parameter; the shards are never written
-        named = {
-            "merged": lambda: merged_weights(self.model, dtype),
-            "base": lambda: base_weights(self.model, dtype),
-            "adapter": lambda: adapter_weights(self.model, ADAPTER_DTYPE),
-        }[kind]()
-        return (t for _, t in named)
+        self.weights.join(host, port, world_size, transport)
 
     def push_weights(self, version: int, keep_on_gpu: bool = False, kind: str | None = None) -> SyncStats | None:
-        """All ranks gather full tensors (FSDP all-gather); rank 0 sends them to the rollouts.
-        `kind` (`rlpost.weightsync.kinds`; default: the one that carries the whole model) says
-        what the sync carries. Offloaded shards (`trainer.param_offload`) come to the device for
-        the gather and go back afterwards unless `keep_on_gpu`. Returns the sync's stats (None on a
-        rank that does not send)."""
-        kind = kind or sync_kinds(self.cfg, first=True)[0]
-        timeout = self.cfg.weight_sync.timeout_s
-        with stacks_if_stuck(timeout / 2), self.engine.resident(self.model, keep=keep_on_gpu):
-            tensors = self._export(kind)
-            if self.sync_group is None:  # this rank only takes part in the gathers
-                for _ in tensors:
-                    pass
-                return None
-            ws = self.cfg.weight_sync
-            cuda = self.device.type == "cuda"
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(self.device)
-                before = torch.cuda.memory_allocated(self.device)
-            stats = send_weights(
-                self.sync_group, self.manifests[kind], tensors, version, ws.bucket_mb * 2**20, ws.verify
-            )
-        if cuda:  # what the export needs beyond the trainer's own memory (gathers, buckets)
-            stats.peak_bytes = torch.cuda.max_memory_allocated(self.device) - before
-        return stats
+        return self.weights.push(version, keep_on_gpu, kind)
 
     def base_checksums(self) -> list[int]:
-        """Checksums of this rank's shards of the base (non-adapter) parameters: syncs and LoRA
-        updates must leave them bitwise as they were."""
-        named = base_named_parameters(self.model) if self.lora is not None else self.model.named_parameters()
-        return [checksum(p.detach().to_local() if hasattr(p, "to_local") else p.detach()) for _, p in named]
+        return self.weights.base_checksums()
+
+    @property
+    def sync_group(self) -> SyncGroup | None:
+        return self.weights.group
 
     # ----------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, folder: str) -> None:

@@ -31,22 +31,18 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from typing import Iterator
 
 import torch
 
 from rlpost.data.batch import Batch
-from rlpost.data.padding import left_pad, right_pad
 from rlpost.rollout.base import Pauser, SamplingParams
-from rlpost.rollout.vllm_requests import REQUESTS, VLLMTurns, sampling
+from rlpost.rollout.vllm_adapter import ServedAdapter
+from rlpost.rollout.vllm_requests import VLLMTurns, generate_stepped, samples_batch, sampling
 from rlpost.rollout.vllm_shards import Layer
 from rlpost.rollout.vllm_weights import (
-    expected_adapter_manifest,
     expected_manifest,
     shard_view,
-    shm_dir,
     vllm_lora_rank,
 )
 from rlpost.rollout.vllm_worker import base_layer_name, held_parameters, refresh_tied_head
@@ -145,13 +141,8 @@ class VLLMRolloutEngine:
         self.manifest = expected_manifest(model_path, dtype, trust_remote_code)
         self._by_name = {s.name: s for s in self.manifest}
         self.tp = tensor_parallel_size
-        self.lora, self.model_path = lora, model_path
-        self.lora_request = None  # the adapter generation runs with (adapter mode)
-        self._adapter_dir: str | None = None
-        self._adapter_saved: dict[str, torch.Tensor] = {}
-        self._adapters_loaded = 0
-        if lora is not None:
-            self._adapter_manifest = expected_adapter_manifest(model_path, lora, trust_remote_code)
+        self.lora = lora
+        self.adapter = None if lora is None else ServedAdapter(lora, model_path, trust_remote_code)
         kwargs = engine_kwargs(
             device, gpu_memory_utilization, sleep_mode, kv_cache_gb, pausable, max_model_len * max_num_seqs,
             tensor_parallel_size, lora,
@@ -175,11 +166,11 @@ class VLLMRolloutEngine:
 
     # ------------------------------------------------------------------------------ generate
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
+        self.wake_up()
         if self.pausable:
-            return self._generate_stepped(prompts, params)
+            return samples_batch(*generate_stepped(self, prompts, params), self.pad_id, self.weight_version)
         from vllm.inputs import TokensPrompt
 
-        self.wake_up()
         # vLLM seeds sample j of a prompt with seed + j
         per_prompt = [
             sampling(params, params.n, params.max_tokens, params.seed + i * params.n, self.eos_id)
@@ -198,78 +189,8 @@ class VLLMRolloutEngine:
                 rows.append(prompt)
                 responses.append(list(c.token_ids))
                 logprobs.append([d[t].logprob for d, t in zip(c.logprobs, c.token_ids)])
-        return self._batch(rows, responses, logprobs, [[self.weight_version] * len(r) for r in responses])
-
-    def _generate_stepped(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
-        """`pausable`: one request per sample (sample j of prompt i seeded `seed + i * n + j`, as
-        vLLM seeds the j-th child of a request of n), decoded by stepping the engine as
-        `LLM.generate` does:
-        a sync lands between two scheduler steps (`pauser`; the requests keep their KV cache and
-        go on with the new weights). Where the version changed, the tokens each request had so
-        far are noted: they are the older version's (`token_versions`)."""
-        from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
-        self.wake_up()
-        core, n = self.llm.llm_engine, params.n
-        rows = [p for p in prompts for _ in range(n)]
-        owner: dict[str, int] = {}  # request id -> row
-        for k, prompt in enumerate(rows):
-            sp = sampling(params, 1, params.max_tokens, params.seed + k, self.eos_id)
-            sp.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
-            request_id = f"rlpost-sample-{next(REQUESTS)}"
-            assigned = core.add_request(
-                request_id, TokensPrompt(prompt_token_ids=prompt), sp, lora_request=self.lora_request
-            )
-            owner[request_id] = owner[assigned or request_id] = k
-        started = version = self.weight_version
-        switches: list[tuple[int, dict[int, int]]] = []  # (new version, row -> its tokens before it)
-        done: dict[int, object] = {}
-        while core.has_unfinished_requests():
-            with self.pauser.generating():
-                if self.weight_version != version:  # a sync landed since the last step
-                    switches.append((self.weight_version, self._tokens_so_far(core, owner)))
-                    version = self.weight_version
-                for out in core.step():
-                    done[owner[out.request_id]] = out.outputs[0]
-        responses = [list(done[k].token_ids) for k in range(len(rows))]
-        logprobs = [[d[t].logprob for d, t in zip(done[k].logprobs, responses[k])] for k in range(len(rows))]
-        versions = [[started] * len(r) for r in responses]
-        for new, before in switches:  # (a row not in flight then had ended: its tokens are older)
-            for k, row in enumerate(versions):
-                cut = before.get(k, len(row))
-                row[cut:] = [new] * (len(row) - cut)
-        return self._batch(rows, responses, logprobs, versions)
-
-    def _batch(self, rows, responses, logprobs, versions) -> Batch:
-        prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
-        response_ids, response_mask = right_pad(responses, self.pad_id)
-        rollout_logprobs, _ = right_pad(logprobs, 0.0, dtype=torch.float32)
-        token_versions, _ = right_pad(versions, 0, dtype=torch.long)
-        return Batch(
-            {
-                "prompt_ids": prompt_ids,
-                "prompt_mask": prompt_mask,
-                "response_ids": response_ids,
-                "response_mask": response_mask,  # every generated token, the stop token included
-                "loss_mask": response_mask.clone(),  # single-turn: every response token is the model's
-                "rollout_logprobs": rollout_logprobs,
-                "weight_version": torch.tensor([v[0] if v else self.weight_version for v in versions]),
-                "token_versions": token_versions,
-            }
-        )
-
-    @staticmethod
-    def _tokens_so_far(core, owner: dict[str, int]) -> dict[int, int]:
-        """row -> tokens generated so far, of every request in flight: vLLM's output processor holds
-        a state per request from `add_request` until it ends."""
-        out = {}
-        for key, state in core.output_processor.request_states.items():
-            ids = (key, getattr(state, "request_id", None), getattr(state, "external_req_id", None))
-            row = next((owner[i] for i in ids if i in owner), None)
-            if row is not None:
-                out[row] = state.detokenizer.num_output_tokens()
-        return out
+        versions = [[self.weight_version] * len(r) for r in responses]
+        return samples_batch(rows, responses, logprobs, versions, self.pad_id, self.weight_version)
 
     def turns(self, params: SamplingParams) -> VLLMTurns:
         """Multi-turn episodes' turns, batched continuously (`rlpost.rollout.episodes`)."""
@@ -328,42 +249,28 @@ class VLLMRolloutEngine:
 
     # ------------------------------------------------------------- adapter (model.lora.mode=adapter)
     def adapter_manifest(self) -> Manifest:
-        if self.lora is None:
+        if self.adapter is None:
             raise RuntimeError("this vllm engine serves no adapter (built without model.lora, mode=adapter)")
-        return self._adapter_manifest
+        return self.adapter.manifest
 
     def load_adapter(self, named_tensors: Iterator[tuple[str, torch.Tensor]]) -> None:
-        """Write the adapter as a peft folder (in memory-backed /dev/shm where there is one) and
-        serve it from the next `generate` on, under a new LoRA id."""
-        from safetensors.torch import load_file
-        from vllm.lora.request import LoRARequest
-
-        from rlpost.models.lora import save_adapter
-
-        folder = tempfile.mkdtemp(prefix="rlpost-lora-", dir=shm_dir(sum(s.nbytes for s in self._adapter_manifest)))
-        save_adapter(named_tensors, self.lora, folder, self.model_path)
-        old_request, old_dir = self.lora_request, self._adapter_dir
-        self._adapters_loaded += 1
-        self.lora_request = LoRARequest(f"rlpost-{self._adapters_loaded}", self._adapters_loaded, folder)
-        self._adapter_dir = folder
-        # what vLLM will read: the checksums of the sync are taken of these
-        self._adapter_saved = load_file(os.path.join(folder, "adapter_model.safetensors"))
-        if old_request is not None:
-            self.llm.llm_engine.remove_lora(old_request.lora_int_id)  # False if already evicted
-        if old_dir is not None:
-            shutil.rmtree(old_dir, ignore_errors=True)
+        self.adapter_manifest()  # (the error where the engine serves no adapter)
+        self.adapter.load(named_tensors, self.llm.llm_engine)
 
     def loaded_adapter_tensor(self, name: str) -> torch.Tensor | None:
-        """The tensor in the adapter file vLLM loads (vLLM reads the file at the next generate)."""
-        return self._adapter_saved.get(name)
+        return self.adapter.tensor(name)
+
+    @property
+    def lora_request(self):
+        """The adapter generation runs with (adapter mode, after the first sync), else None."""
+        return None if self.adapter is None else self.adapter.request
 
     def close(self) -> None:
         if self.tp > 1 and getattr(self, "llm", None) is not None:  # end the shards' processes now, not at exit
             self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
-        if self._adapter_dir is not None:
-            shutil.rmtree(self._adapter_dir, ignore_errors=True)
-            self._adapter_dir = None
+        if getattr(self, "adapter", None) is not None:
+            self.adapter.close()
 
     def __del__(self):
         try:

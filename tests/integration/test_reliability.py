@@ -10,8 +10,8 @@ import time
 import pytest
 
 from rlpost.config import load_config
-from rlpost.controller.rollouts import RewardFailure
 from rlpost.controller.run import train
+from rlpost.controller.scoring import RewardFailure
 from tests.helpers import assert_equal, trainer_state
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

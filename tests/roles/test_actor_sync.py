@@ -270,7 +270,7 @@ def test_base_checksums_move_with_full_fine_tuning_only(base, make_worker, lora)
 def test_push_sends_with_the_configured_buckets_and_verification(base, make_worker, monkeypatch, verify):
     """`weight_sync.bucket_mb` (MiB) and `weight_sync.verify` reach the sender; without
     verification the receiver reads nothing back."""
-    import rlpost.roles.actor as actor
+    import rlpost.roles.actor_weights as actor
 
     calls, send_weights = [], actor.send_weights
 
