@@ -4,6 +4,7 @@ model's vocabulary), saved as a Hugging Face folder: for GPU benchmarks on machi
 download a model. Shapes follow the public Qwen2.5 configs.
 
     python3 benchmarks/random_model.py --shape 0.5b --out /tmp/qwen2-0.5b
+    python3 benchmarks/random_model.py --shape 72b --out /tmp/qwen2-72b --config-only   # for `rlpost plan`
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ SHAPES = {  # hidden, intermediate, layers, heads, kv heads, tied embeddings
     "1.5b": (1536, 8960, 28, 12, 2, True),
     "3b": (2048, 11008, 36, 16, 2, True),
     "7b": (3584, 18944, 28, 28, 4, False),
+    "14b": (5120, 13824, 48, 40, 8, False),
+    "32b": (5120, 27648, 64, 40, 8, False),
+    "72b": (8192, 29568, 80, 64, 8, False),
     "test": (128, 256, 2, 4, 2, True),  # for trying the scripts on a CPU
 }
 
 
-def build(shape: str, out: str, dtype: str = "bfloat16", seed: int = 0) -> str:
+def build(shape: str, out: str, dtype: str = "bfloat16", seed: int = 0, config_only: bool = False) -> str:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     hidden, inter, layers, heads, kv, tied = SHAPES[shape]
@@ -47,6 +51,10 @@ def build(shape: str, out: str, dtype: str = "bfloat16", seed: int = 0) -> str:
         bos_token_id=tok.eos_token_id,
         torch_dtype=dtype,
     )
+    if config_only:  # enough for `rlpost plan` and a sync's manifest: no weights to build
+        config.save_pretrained(out)
+        tok.save_pretrained(out)
+        return out
     torch.manual_seed(seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
@@ -61,5 +69,6 @@ if __name__ == "__main__":
     ap.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
     ap.add_argument("--out", required=True)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--config-only", action="store_true", help="config and tokenizer only (plans, manifests)")
     args = ap.parse_args()
-    print(build(args.shape, args.out, args.dtype))
+    print(build(args.shape, args.out, args.dtype, config_only=args.config_only))

@@ -79,3 +79,42 @@ def test_the_queue_runs_jobs_on_free_gpus_in_order_and_stops_at_the_deadline(tmp
     assert not (root / "c" / "gpus").exists() and log.count("start long") + 1 == (
         root / "commands.txt"
     ).read_text().count("start long")
+
+
+def load_script(relative: str):
+    spec = importlib.util.spec_from_file_location(Path(relative).stem, REPO / relative)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_scale_figures_count_the_matmul_parameters_and_the_mfu_by_hand(tmp_path, tied):
+    """The parameters in MFU's 6 N are the model's, less the norms and the input embedding's lookup;
+    MFU, tokens per GPU and the sync's GB/s follow from a run's metrics as written by hand."""
+    import json
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    scale = load_script("benchmarks/multi_gpu/scale_shapes.py")
+    config = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4)
+    config |= dict(num_key_value_heads=2, vocab_size=300, tie_word_embeddings=tied)
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**config))
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    total = sum(p.numel() for p in model.parameters())  # a tied head counts once
+    assert scale.matmul_params(config) == total - norms - (0 if tied else 300 * 64)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    row = {"timing_s/step": 4.0, "timing_s/update": 2.0, "perf/tokens_per_s": 1000.0, "weight_sync/bytes": 3e9}
+    row |= {"timing_s/weight_sync": 1.5, "weight_sync/verified": 1.0}
+    lines = [{"step": 0}, {"step": 1, **row, "timing_s/update": 99.0}, {"step": 2, **row}, {"step": 3, **row}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    lay = scale.layout([f"model.path={tmp_path / 'm'}", "cluster.placement=split", "trainer.world_size=2"])
+    assert (lay["gpus"], lay["trainer_gpus"], lay["rollout_gpus"]) == (3, 2, 1)
+    out = scale.run_figures(tmp_path, lay, peak_flops=1e12)
+    n = scale.matmul_params(config)
+    assert out["steps"] == [2, 3] and out["tokens_per_step"] == 4000.0
+    assert out["update_mfu"] == pytest.approx(6 * n * 4000 / 2.0 / (2 * 1e12))
+    assert out["tokens_per_s_per_gpu"] == pytest.approx(1000 / 3) and out["sync_gb_per_s"] == pytest.approx(2.0)

@@ -21,10 +21,13 @@
 #                                            # world 4's checkpoint resumed at world 2) by benchmarks/gpu_queue.py
 #   bash benchmarks/real_model/gpu.sh x4b    # the same for jobs_x4b.txt: steps_lora seeds 0-2 to step 30, the seeds
 #                                            # left of x4, split TP 2, and 1-GPU scale shapes (0.5B, 1.5B, 3B)
+#   bash benchmarks/real_model/gpu.sh scale  # a 4-GPU machine, several calls: benchmarks/multi_gpu/jobs_scale.txt
+#                                            # (0.5B, 1.5B, 3B random weights on 1, 2, 4 GPUs, colocated and split)
+#   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4 or x4b}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -57,6 +60,19 @@ headroom() {  # the start model's greedy accuracy and pass@8 on candidate tasks 
     CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/real_model/headroom.py --task "$task" ${set:+--set $set} --problems 256 \
       --k 8 --max-tokens 384 --temperature "$temp" --reward last_number --cache $CACHE 2>> "$W/headroom.log" | grep '^{' >> "$W/headroom.jsonl"
   done
+}
+
+scale_setup() {  # random-weight Qwen2 shapes (benchmarks/random_model.py), a reward they can move, and $SCALE
+  printf 'def score(sample):\n    text = sample.response\n    return sum(c.isdigit() for c in text) / max(len(text), 1)\n' > /tmp/digit_share.py
+  for shape in 0.5b 1.5b 3b; do  # the first before the queue starts, the others while the first jobs run
+    [ -f /tmp/qwen2-$shape/config.json ] && continue
+    python3 benchmarks/random_model.py --shape $shape --out /tmp/qwen2-$shape > "$W/build_$shape.log" 2>&1 &
+    [ $shape = 0.5b ] && wait $!
+  done
+  export SCALE="model.dtype=bfloat16 model.attn_implementation=rlpost_varlen trainer.device=cuda rollout.backend=vllm \
+data.task=arithmetic data.max_prompt_length=32 data.train_batch_size=32 rollout.n=8 rollout.max_response_length=512 \
+trainer.micro_batch_size=256 trainer.max_tokens_per_microbatch=4096 trainer.total_steps=6 trainer.val_every=0 \
+trainer.optim.lr=1e-6 algo.kl_coef=0.001 reward.fn=/tmp/digit_share.py:score"
 }
 
 case "$STAGE" in
@@ -105,23 +121,26 @@ case "$STAGE" in
     python3 -m rlpost.cli plan +recipe=smollm2_sums $COMMON > "$W/plan1.txt" 2>&1
     for s in 0 1 2; do run sums_w2_s$s 0,1 +recipe=smollm2_sums run.seed=$s trainer.world_size=2 rollout.num_workers=2; waitruns; done
     ;;
-  x4|x4b)  # over several calls on one warm machine: each call goes on where the last stopped (jobs_$STAGE.txt);
+  x4|x4b|x4c)  # over several calls on one warm machine: each call goes on where the last stopped (jobs_$STAGE.txt);
            # x4b's scale jobs use random-weight Qwen2 shapes (benchmarks/random_model.py) and a reward they can move
-    printf 'def score(sample):\n    text = sample.response\n    return sum(c.isdigit() for c in text) / max(len(text), 1)\n' > /tmp/digit_share.py
-    for shape in 0.5b 1.5b 3b; do  # the first before the queue starts, the others while the first jobs run
-      [ -f /tmp/qwen2-$shape/config.json ] && continue
-      python3 benchmarks/random_model.py --shape $shape --out /tmp/qwen2-$shape > "$W/build_$shape.log" 2>&1 &
-      [ $shape = 0.5b ] && wait $!
-    done
-    export SCALE="model.dtype=bfloat16 model.attn_implementation=rlpost_varlen trainer.device=cuda rollout.backend=vllm \
-data.task=arithmetic data.max_prompt_length=32 data.train_batch_size=32 rollout.n=8 rollout.max_response_length=512 \
-trainer.micro_batch_size=256 trainer.max_tokens_per_microbatch=4096 trainer.total_steps=6 trainer.val_every=0 \
-trainer.optim.lr=1e-6 algo.kl_coef=0.001 reward.fn=/tmp/digit_share.py:score"
+    scale_setup
     python3 -m rlpost.cli plan +recipe=smollm2_sums trainer.world_size=4 rollout.num_workers=4 $COMMON > "$W/plan4.txt" 2>&1
     python3 -m rlpost.cli plan +recipe=smollm2_sums trainer.world_size=2 rollout.num_workers=2 $COMMON > "$W/plan2.txt" 2>&1
     python3 -m rlpost.cli plan +recipe=smollm2_sums $COMMON > "$W/plan1.txt" 2>&1
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
+    ;;
+  scale)  # issue 37's scale figures over several calls (benchmarks/multi_gpu/jobs_scale.txt)
+    scale_setup
+    python3 benchmarks/gpu_queue.py benchmarks/multi_gpu/jobs_scale.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --deadline $((LIMIT - (SECONDS - START) - 50))
+    ;;
+  scale_sync)  # rlpost's verified sync against a raw NCCL broadcast of the same bytes, GPU 0 -> GPU 1, per shape
+    for shape in 0.5b 1.5b 3b 7b; do
+      python3 benchmarks/random_model.py --shape $shape --out /tmp/cfg-$shape --config-only > /dev/null
+      python3 benchmarks/bench_weight_sync.py --model /tmp/cfg-$shape --bucket-mb 256 --reps 5 \
+        --out "$W/weight_sync_$shape.json" > "$W/weight_sync_$shape.log" 2>&1
+    done
     ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
