@@ -13,7 +13,7 @@ from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS, RewardInput
-from rlpost.rewards.base import TRUSTED
+from rlpost.rewards.base import is_trusted
 from rlpost.rewards.executor import RewardPool
 
 
@@ -104,7 +104,7 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print) -> N
     the run goes (it may fail on this made-up response only). Multi-turn runs score in their
     environment."""
     r = cfg.reward
-    untrusted = [row for row in rows if not (r.fn in TRUSTED or (r.fn == "auto" and row.data_source in TRUSTED))]
+    untrusted = [row for row in rows if not is_trusted(r.fn, row.data_source)]
     if not untrusted or cfg.env.name:
         return
     row = untrusted[0]

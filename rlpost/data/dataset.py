@@ -20,6 +20,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlpost.data.scalars import unwrap_scalar
+
 
 class DataError(ValueError):
     """A data row or file is malformed: the message names file, row and field."""
@@ -88,9 +90,7 @@ def check_row(row: dict, where: str) -> dict:
         raise DataError(
             f"{where}: field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}"
         )
-    gt = row["ground_truth"]
-    if hasattr(gt, "item") and getattr(gt, "size", None) == 1:  # a numpy scalar (pandas, datasets)
-        gt = gt.item()
+    gt = unwrap_scalar(row["ground_truth"])  # a numpy scalar (pandas, datasets)
     if isinstance(gt, bool) or not isinstance(gt, (str, numbers.Real)):
         raise DataError(f"{where}: field 'ground_truth' must be a string or number, got {type(gt).__name__}")
     if not isinstance(gt, str):

@@ -31,6 +31,12 @@ REWARDS: Registry[RewardFn] = Registry("reward", key="reward.fn", others="'auto'
 TRUSTED: set[str] = REWARDS.flagged("trusted")  # registered scorers that run in the controller's process
 
 
+def is_trusted(spec: str, data_source: str) -> bool:
+    """Whether `reward.fn=spec` scores a sample of `data_source` with one of rlpost's own scorers
+    (in the controller's process), not the user's code (in the reward pool's workers)."""
+    return spec in TRUSTED or (spec == "auto" and data_source in TRUSTED)
+
+
 def load_user_fn(spec: str) -> RewardFn:
     """`path/to/file.py:name` -> the function `name` defined in that file."""
     return load_from_file(spec, "reward.fn")

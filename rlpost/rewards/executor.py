@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, get_reward_fn
+from rlpost.data.scalars import unwrap_scalar
+from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, get_reward_fn, is_trusted
 
 ERROR_KINDS = ("errors", "timeouts", "bad_values", "crashes")  # `reward/<kind>` (errors: all of them)
 GRACE_S = 2.0  # on top of the timeouts: pickling, a busy machine
@@ -158,19 +159,10 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
 def checked(raw) -> float:
     """A reward function's value as a float: an int or float, a numpy scalar (`np.float32(1.0)`) or
     a one-element array or tensor; `BadValue` if it is not a finite number (a bool is not one)."""
-    if _one_element(raw):
-        raw = raw.item()
+    raw = unwrap_scalar(raw)
     if isinstance(raw, bool) or not isinstance(raw, numbers.Real) or not math.isfinite(raw):
         raise BadValue(f"returned {raw!r} ({type(raw).__name__}), not a finite number")
     return float(raw)
-
-
-def _one_element(raw) -> bool:
-    """A numpy scalar or one-element array, or a one-element torch tensor: `.item()` is its number."""
-    if not hasattr(raw, "item"):
-        return False
-    numel = getattr(raw, "numel", None)
-    return (numel() if callable(numel) else getattr(raw, "size", None)) == 1
 
 
 def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:
@@ -342,7 +334,7 @@ class RewardPool:
         self.pool = WorkerPool(setup, workers, memory_mb, "reward", "reward.timeout_s")
 
     def trusted(self, sample: RewardInput) -> bool:
-        return self.spec in TRUSTED or (self.spec == "auto" and sample.data_source in TRUSTED)
+        return is_trusted(self.spec, sample.data_source)
 
     def score(self, samples: list[RewardInput]) -> Scores:
         if self.spec in TRUSTED:  # all of them here, checked as one batch when nothing fails

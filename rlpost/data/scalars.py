@@ -1,0 +1,14 @@
+"""One number from the containers it arrives in: pandas and `datasets` hand a column's values as
+numpy scalars, and reward functions often return numpy or torch scalars."""
+
+from __future__ import annotations
+
+
+def unwrap_scalar(value):
+    """A numpy scalar or one-element array, or a one-element torch tensor, as its Python number
+    (`.item()`); anything else as it is."""
+    if not hasattr(value, "item"):
+        return value
+    numel = getattr(value, "numel", None)
+    size = numel() if callable(numel) else getattr(value, "size", None)
+    return value.item() if size == 1 else value
