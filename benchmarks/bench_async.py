@@ -18,13 +18,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+from provenance import commit, with_provenance  # noqa: E402
 from quickstart_seeds import cpu_model, train  # noqa: E402
 from summarize_run import summarize  # noqa: E402
 
@@ -70,7 +70,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("overrides", nargs="*", help="more config overrides for every run")
     args = ap.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    tree = commit()  # the tree measured (+dirty: rlpost/ or benchmarks/ changed), before the runs
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
@@ -98,12 +98,12 @@ def main() -> None:
     out = {
         "command": f"python benchmarks/bench_async.py --seeds {' '.join(map(str, args.seeds))} --out {args.out}"
         + (" " + " ".join(args.overrides) if args.overrides else ""),
-        "commit": commit.stdout.strip(),
+        "commit": tree,
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "summary": summary,
         "runs": results,
     }
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(with_provenance(out), indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 
 

@@ -27,6 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from provenance import with_provenance  # noqa: E402
+
 from rlpost.data.batch import Batch  # noqa: E402
 from rlpost.data.microbatch import padding_fraction, plan_shards  # noqa: E402
 from rlpost.data.padding import left_pad, right_pad, trim_padding  # noqa: E402
@@ -93,7 +95,7 @@ def run(model, micro_batches: list[Batch], layout: str, sync) -> tuple[float, li
     return time.perf_counter() - start, out
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
@@ -110,29 +112,31 @@ def main() -> int:
     args = p.parse_args()
     if args.min_len <= args.prompt_len:
         p.error(f"--min-len ({args.min_len}) must exceed --prompt-len ({args.prompt_len})")
+    return args
 
-    cuda = args.device.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    model = make_model(args)
-    if args.attn == "auto":
+
+def packed_attention(attn: str) -> str:
+    """The packed layout's attention: `auto` is flash_attention_2 where flash_attn is installed, else
+    rlpost's varlen kernel where it is available, else sdpa; rlpost_varlen is registered first."""
+    if attn == "auto":
         from rlpost.models import varlen
 
         try:
             import flash_attn  # noqa: F401
 
-            args.attn = "flash_attention_2"
+            return "flash_attention_2"
         except ImportError:
-            args.attn = varlen.register() if varlen.varlen_available() else "sdpa"
-    elif args.attn == "rlpost_varlen":
+            return varlen.register() if varlen.varlen_available() else "sdpa"
+    if attn == "rlpost_varlen":
         from rlpost.models import varlen
 
         varlen.register()
-    batch = make_batch(args, model.config.vocab_size)
-    lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
-    # the same micro-batches (same rows, same token budget) for every layout
-    plan = plan_shards(lengths, 1, max_tokens=args.max_tokens)[0]
-    micro = [trim_padding(batch.select(rows)) for rows in plan]  # each padded to its own longest row
-    real_tokens = sum(lengths)
+    return attn
+
+
+def measure(model, micro: list[Batch], args, real_tokens: int, cuda: bool, sync) -> dict:
+    """Every layout over the same micro-batches: `--repeats` timed runs after one warm-up, each
+    layout's median, tokens/s, peak memory and the last run's log-probs."""
     results = {}
     layouts = (("padded", "sdpa"), ("shared_prompt", "sdpa"), ("packed", args.attn))
     for name, attn in layouts:
@@ -154,12 +158,18 @@ def main() -> int:
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
             "logprobs": logps,
         }
+    return results
+
+
+def make_report(args, model, cuda: bool, lengths: list[int], plan, micro: list[Batch], results: dict) -> dict:
+    """The JSON: the setting, each layout's speed over padded's and its largest log-prob difference
+    from padded's (the log-probs themselves are dropped from `results`), and `results`."""
     reference = results["padded"].pop("logprobs")
     diffs = {
         name: max(float((a.float() - b.float()).abs().max()) for a, b in zip(reference, results[name].pop("logprobs")))
         for name in ("shared_prompt", "packed")
     }
-    report = {
+    return {
         "command": " ".join(sys.argv),
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
         "torch": torch.__version__,
@@ -169,7 +179,7 @@ def main() -> int:
         "group_size": args.group_size,
         "prompt_len": args.prompt_len,
         "lengths": [args.min_len, args.max_len],
-        "real_tokens": real_tokens,
+        "real_tokens": sum(lengths),
         "micro_batches": len(micro),
         "max_tokens": args.max_tokens,
         "padding_fraction": padding_fraction(lengths, [plan]),
@@ -180,7 +190,21 @@ def main() -> int:
         "max_abs_logprob_diff_from_padded": diffs,
         **results,
     }
-    text = json.dumps(report, indent=2)
+
+
+def main() -> int:
+    args = parse_args()
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    model = make_model(args)
+    args.attn = packed_attention(args.attn)
+    batch = make_batch(args, model.config.vocab_size)
+    lengths = (batch["prompt_mask"].sum(-1) + batch["response_mask"].sum(-1)).tolist()
+    # the same micro-batches (same rows, same token budget) for every layout
+    plan = plan_shards(lengths, 1, max_tokens=args.max_tokens)[0]
+    micro = [trim_padding(batch.select(rows)) for rows in plan]  # each padded to its own longest row
+    results = measure(model, micro, args, sum(lengths), cuda, sync)
+    text = json.dumps(with_provenance(make_report(args, model, cuda, lengths, plan, micro, results)), indent=2)
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from provenance import with_provenance  # noqa: E402
+
 from rlpost.trainer.optim import LayerwiseAdamW  # noqa: E402
 
 
@@ -98,7 +100,7 @@ def bandwidth(nbytes: int) -> dict:
     return res
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=26)
     p.add_argument("--hidden", type=int, default=2048)
@@ -108,7 +110,78 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--cpu-steps", type=int, default=3)
     p.add_argument("--out", default="")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def measure_layerwise(units, args, hyper: dict) -> dict:
+    """layerwise: states pinned on the host, streamed through the GPU. Its extra GPU memory is the
+    device slots it keeps for the whole run plus the step's temporaries: both are counted,
+    from the memory in use before the optimizer was built."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    opt = LayerwiseAdamW(units, prefetch_layers=args.prefetch, **hyper)
+    slots = torch.cuda.memory_allocated() - base
+    opt.step()  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    times = timed(opt.step, args.steps, True)
+    result = {
+        "step_s_median": sorted(times)[len(times) // 2],
+        "step_s_all": times,
+        "extra_peak_gb": (torch.cuda.max_memory_allocated() - base) / 2**30,
+        "slots_gb": slots / 2**30,
+        "prefetch_layers": args.prefetch,
+    }
+    del opt
+    torch.cuda.empty_cache()
+    return result
+
+
+def measure_fused(params, steps: int, hyper: dict, numel: int) -> dict:
+    """none: fused AdamW with states on the GPU."""
+    opt = torch.optim.AdamW(params, fused=True, **hyper)
+    opt.step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    times = timed(opt.step, steps, True)
+    result = {
+        "step_s_median": sorted(times)[len(times) // 2],
+        "step_s_all": times,
+        "extra_peak_gb": (torch.cuda.max_memory_allocated() - before) / 2**30,
+        "resident_state_gb": numel * 8 / 2**30,
+    }
+    del opt
+    torch.cuda.empty_cache()
+    return result
+
+
+def measure_cpu(cpu_params, steps: int, hyper: dict) -> dict:
+    """cpu: everything on the host, torch AdamW foreach with all cores."""
+    opt = torch.optim.AdamW(cpu_params, foreach=True, **hyper)
+    opt.step()
+    times = timed(opt.step, steps, False)
+    return {
+        "step_s_median": sorted(times)[len(times) // 2],
+        "step_s_all": times,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def goals(report: dict, prefetch: int) -> dict:
+    lw = report["layerwise"]
+    return {
+        "layerwise_over_floor": lw["step_s_median"] / report["transfer_floor_s"],
+        "layerwise_over_floor_goal": 1.15,
+        "cpu_over_layerwise": report["cpu"]["step_s_median"] / lw["step_s_median"],
+        "cpu_over_layerwise_goal": 4.0,
+        "extra_peak_gb": lw["extra_peak_gb"],
+        "extra_peak_budget_gb": (prefetch + 1) * report["unit_state_gb"] * 1.1,
+    }
+
+
+def main() -> int:
+    args = parse_args()
     hyper = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
     report: dict = {
         "command": " ".join(sys.argv),
@@ -121,76 +194,26 @@ def main() -> int:
     numel = sum(p.numel() for u in units for p in u)
     unit_state_bytes = max(sum(p.numel() for p in u) for u in units) * 8
     report.update(params=numel, layers=args.layers, state_bytes=numel * 8, unit_state_gb=unit_state_bytes / 2**30)
-
-    # layerwise: states pinned on the host, streamed through the GPU. Its extra GPU memory is the
-    # device slots it keeps for the whole run plus the step's temporaries: both are counted,
-    # from the memory in use before the optimizer was built.
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    opt = LayerwiseAdamW(units, prefetch_layers=args.prefetch, **hyper)
-    slots = torch.cuda.memory_allocated() - base
-    opt.step()  # warm-up
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    times = timed(opt.step, args.steps, True)
-    report["layerwise"] = {
-        "step_s_median": sorted(times)[len(times) // 2],
-        "step_s_all": times,
-        "extra_peak_gb": (torch.cuda.max_memory_allocated() - base) / 2**30,
-        "slots_gb": slots / 2**30,
-        "prefetch_layers": args.prefetch,
-    }
-    del opt
-    torch.cuda.empty_cache()
-
-    # none: fused AdamW with states on the GPU
+    report["layerwise"] = measure_layerwise(units, args, hyper)
     params = [p for u in units for p in u]
-    opt = torch.optim.AdamW(params, fused=True, **hyper)
-    opt.step()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    times = timed(opt.step, args.steps, True)
-    report["none"] = {
-        "step_s_median": sorted(times)[len(times) // 2],
-        "step_s_all": times,
-        "extra_peak_gb": (torch.cuda.max_memory_allocated() - before) / 2**30,
-        "resident_state_gb": numel * 8 / 2**30,
-    }
-    del opt
-    torch.cuda.empty_cache()
+    report["none"] = measure_fused(params, args.steps, hyper, numel)
 
     # bandwidth and the transfer floor of the layerwise step
     bw = bandwidth(1 << 30)
     report["bandwidth"] = bw
     report["transfer_floor_s"] = numel * 8 / (bw["both_gb_s"] * 1e9)
 
-    # cpu: everything on the host, torch AdamW foreach with all cores
+    # cpu: the states copied to the host, the GPU's copies freed
     torch.set_num_threads(os.cpu_count())
     cpu_params = [torch.nn.Parameter(p.detach().cpu()) for p in params]
     for cp, p in zip(cpu_params, params):
         cp.grad = p.grad.cpu()
     del units, params
     torch.cuda.empty_cache()
-    opt = torch.optim.AdamW(cpu_params, foreach=True, **hyper)
-    opt.step()
-    times = timed(opt.step, args.cpu_steps, False)
-    report["cpu"] = {
-        "step_s_median": sorted(times)[len(times) // 2],
-        "step_s_all": times,
-        "threads": torch.get_num_threads(),
-    }
+    report["cpu"] = measure_cpu(cpu_params, args.cpu_steps, hyper)
 
-    lw = report["layerwise"]
-    report["goals"] = {
-        "layerwise_over_floor": lw["step_s_median"] / report["transfer_floor_s"],
-        "layerwise_over_floor_goal": 1.15,
-        "cpu_over_layerwise": report["cpu"]["step_s_median"] / lw["step_s_median"],
-        "cpu_over_layerwise_goal": 4.0,
-        "extra_peak_gb": lw["extra_peak_gb"],
-        "extra_peak_budget_gb": (args.prefetch + 1) * report["unit_state_gb"] * 1.1,
-    }
-    text = json.dumps(report, indent=2)
+    report["goals"] = goals(report, args.prefetch)
+    text = json.dumps(with_provenance(report), indent=2)
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
+from provenance import with_provenance  # noqa: E402
 from quickstart_seeds import cpu_model  # noqa: E402
 
 SETTING = [
@@ -356,15 +356,12 @@ def main() -> None:
     model_path = resolve_model_path(cfg.model, cfg.data)
     batch = make_batch(cfg, model_path)
     tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+    width = batch["prompt_ids"].shape[1] + batch["response_ids"].shape[1]
     result = {
         "command": f"python benchmarks/bench_overhead.py --out {args.out} --repeats {args.repeats}",
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "setting": SETTING,
-        "batch": {
-            "rows": len(batch),
-            "tokens": tokens,
-            "width": batch["prompt_ids"].shape[1] + batch["response_ids"].shape[1],
-        },
+        "batch": {"rows": len(batch), "tokens": tokens, "width": width},
         "steps": args.steps,
         "repeats": args.repeats,
     }
@@ -392,6 +389,7 @@ def main() -> None:
     result["ratios"] = {k: statistics.median(r["ratios"][k] for r in repeats) for k in middle["ratios"]}
     result["ratios_each_repeat"] = [r["ratios"] for r in repeats]
     result["update_in_actor_by_niceness_ms"] = niceness_ab(cfg, model_path, batch, args.steps, args.warmup)
+    result = with_provenance(result)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 

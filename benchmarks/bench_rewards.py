@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
+from provenance import with_provenance  # noqa: E402
 from quickstart_seeds import cpu_model  # noqa: E402
 
 HEAVY = """
@@ -114,7 +115,7 @@ def main() -> None:
         "median_of": args.reps,
         "results": results,
     }
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(with_provenance(out), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from provenance import with_provenance  # noqa: E402
+
 from rlpost.rollout.base import SamplingParams  # noqa: E402
 from rlpost.rollout.vllm_engine import VLLMRolloutEngine  # noqa: E402
 
@@ -146,7 +148,7 @@ def count_tokens(outputs) -> int:
     return sum(len(c.token_ids) for o in outputs for c in o.outputs)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="bfloat16")
@@ -162,10 +164,13 @@ def main() -> None:
     ap.add_argument("--skip-rlpost", action="store_true", help="only raw (merged) vs adapter")
     ap.add_argument("--partial", action="store_true", help="a load lands part-way through a generation")
     ap.add_argument("--out", default="")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def make_inputs(args):
+    """Random prompts, rlpost's sampling params and exactly what rlpost's engine asks vLLM for:
+    (prompts, params, vLLM's params, vLLM's prompts)."""
     from transformers import AutoConfig
-    from vllm import LLM
     from vllm import SamplingParams as VSamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -191,6 +196,13 @@ def main() -> None:
         for i in range(len(prompts))
     ]
     tprompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    return prompts, params, vparams, tprompts
+
+
+def start_engines(args, prompts, params, vparams, tprompts):
+    """Every engine of the run, each start timed: ({name: one generation, its token count},
+    {name: start seconds}, the engine of async rollouts where `--partial` asks for it, else None)."""
+    from vllm import LLM
 
     t = time.perf_counter()
     raw = LLM(**engine_kwargs(args))
@@ -202,32 +214,48 @@ def main() -> None:
         ours = rlpost_engine(args)
         start["rlpost"] = time.perf_counter() - t
         engines["rlpost"] = lambda: int(ours.generate(prompts, params)["response_mask"].sum())
+    pausable = None
     if args.partial and not args.skip_rlpost:  # the engine of async rollouts (no async scheduling)
         pausable = rlpost_engine(args, pausable=True)
         engines["rlpost_pausable"] = lambda: int(pausable.generate(prompts, params)["response_mask"].sum())
     if args.lora_rank:
-        from vllm.lora.request import LoRARequest
+        engines["adapter"], start["adapter"] = adapter_engine(args, vparams, tprompts)
+    return engines, start, pausable
 
-        adapter = random_adapter(args.model, args.lora_rank, tempfile.mkdtemp(prefix="rlpost-lora-"))
-        max_rank = min(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= args.lora_rank)  # vLLM's choices
-        t = time.perf_counter()
-        lora_llm = LLM(**engine_kwargs(args), enable_lora=True, max_lora_rank=max_rank, max_loras=1)
-        start["adapter"] = time.perf_counter() - t
-        request = LoRARequest("bench", 1, adapter)
-        engines["adapter"] = lambda: count_tokens(
-            lora_llm.generate(tprompts, vparams, use_tqdm=False, lora_request=request)
-        )
+
+def adapter_engine(args, vparams, tprompts):
+    """vLLM serving a random rank-`--lora-rank` adapter: (one generation, its token count; start seconds)."""
+    from vllm import LLM
+    from vllm.lora.request import LoRARequest
+
+    adapter = random_adapter(args.model, args.lora_rank, tempfile.mkdtemp(prefix="rlpost-lora-"))
+    max_rank = min(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= args.lora_rank)  # vLLM's choices
+    t = time.perf_counter()
+    lora_llm = LLM(**engine_kwargs(args), enable_lora=True, max_lora_rank=max_rank, max_loras=1)
+    took = time.perf_counter() - t
+    request = LoRARequest("bench", 1, adapter)
+    return lambda: count_tokens(lora_llm.generate(tprompts, vparams, use_tqdm=False, lora_request=request)), took
+
+
+def measure(engines: dict, rounds: int) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """One warm-up generation of each engine, then `rounds` rounds taking turns: (tokens/s of each
+    round, tokens of the last round) per engine."""
     for fn in engines.values():  # warm-up (first-call compilation, allocator)
         fn()
     rates: dict[str, list[float]] = {k: [] for k in engines}
     tokens: dict[str, int] = {}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, fn in engines.items():
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             t = time.perf_counter()
             tokens[name] = fn()
             rates[name].append(tokens[name] / (time.perf_counter() - t))
+    return rates, tokens
+
+
+def make_result(args, start: dict, rates: dict, tokens: dict, pausable, prompts, params) -> dict:
+    """The JSON: medians and ratios; with `--partial`, the partial rollout is run here, last."""
     med = {k: statistics.median(v) for k, v in rates.items()}
     result = {
         "command": "python3 " + " ".join(sys.argv),
@@ -246,6 +274,15 @@ def main() -> None:
         result["pausable_over_raw"] = med["rlpost_pausable"] / med["raw"]
         after_s = 0.4 * tokens["rlpost_pausable"] / med["rlpost_pausable"]
         result["partial"] = partial_rollout(pausable, args.model, prompts, params, after_s)
+    return result
+
+
+def main() -> None:
+    args = parse_args()
+    prompts, params, vparams, tprompts = make_inputs(args)
+    engines, start, pausable = start_engines(args, prompts, params, vparams, tprompts)
+    rates, tokens = measure(engines, args.rounds)
+    result = with_provenance(make_result(args, start, rates, tokens, pausable, prompts, params))
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from provenance import with_provenance
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS, N, WARMUP = 16, 8, 10
 RLPOST = [
@@ -61,23 +63,17 @@ def cpu_model() -> str:
 
 
 # ----------------------------------------------------------------------------------------- TRL
-def run_trl(steps: int, lr: float, seed: int, out: str) -> None:
-    """In the TRL venv: GRPOTrainer on the same model, prompts and reward."""
-    import torch
+def trl_work(lr: float):
+    """In the TRL venv: the work's config, model path, tokenizer, training set (a `datasets.Dataset`)
+    and held-out rows, read as rlpost reads them."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
-    sys.path.insert(0, str(REPO))
     from rlpost.config import load_config
     from rlpost.controller.setup import data_sources
     from rlpost.data.dataset import read_rows
     from rlpost.models.loading import load_tokenizer
-    from rlpost.rewards import RewardInput
-    from rlpost.rewards.builtin import arithmetic
-    from rlpost.tiny.build import evaluate_start, resolve_model_path
+    from rlpost.tiny.build import resolve_model_path
 
-    torch.set_num_threads(1)
     cfg = load_config([*RLPOST, f"trainer.optim.lr={lr}"])
     path = resolve_model_path(cfg.model, cfg.data)
     tok = load_tokenizer(path)
@@ -85,6 +81,49 @@ def run_trl(steps: int, lr: float, seed: int, out: str) -> None:
     train_rows = [r for src in train_src for r in read_rows(src)]
     val_rows = [r for src in val_src for r in read_rows(src)]
     dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": str(r["ground_truth"])} for r in train_rows])
+    return cfg, path, tok, dataset, val_rows
+
+
+def grpo_config(cfg, output_dir: str, steps: int, lr: float, seed: int):
+    """TRL's settings for the same GRPO as rlpost's."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=PROMPTS * N,
+        num_generations=N,
+        max_completion_length=cfg.rollout.max_response_length,
+        max_steps=steps,
+        learning_rate=lr,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=WARMUP,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="dapo",  # token-mean over the batch, as rlpost's token-mean
+        scale_rewards="group",
+        temperature=cfg.rollout.temperature,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=50,
+        seed=seed,
+    )
+
+
+def run_trl(steps: int, lr: float, seed: int, out: str) -> None:
+    """In the TRL venv: GRPOTrainer on the same model, prompts and reward."""
+    import torch
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOTrainer
+
+    sys.path.insert(0, str(REPO))
+    from rlpost.rewards import RewardInput
+    from rlpost.rewards.builtin import arithmetic
+    from rlpost.tiny.build import evaluate_start
+
+    torch.set_num_threads(1)
+    cfg, path, tok, dataset, val_rows = trl_work(lr)
 
     def reward(prompts, completions, ground_truth, **_):
         return [arithmetic(RewardInput(p, c, g, "arithmetic")) for p, c, g in zip(prompts, completions, ground_truth)]
@@ -100,27 +139,7 @@ def run_trl(steps: int, lr: float, seed: int, out: str) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with tempfile.TemporaryDirectory() as tmp:
-        args = GRPOConfig(
-            output_dir=tmp,
-            per_device_train_batch_size=PROMPTS * N,
-            num_generations=N,
-            max_completion_length=cfg.rollout.max_response_length,
-            max_steps=steps,
-            learning_rate=lr,
-            lr_scheduler_type="constant_with_warmup",
-            warmup_steps=WARMUP,
-            max_grad_norm=1.0,
-            beta=0.0,
-            loss_type="dapo",  # token-mean over the batch, as rlpost's token-mean
-            scale_rewards="group",
-            temperature=cfg.rollout.temperature,
-            use_cpu=True,
-            bf16=False,
-            report_to="none",
-            save_strategy="no",
-            logging_steps=50,
-            seed=seed,
-        )
+        args = grpo_config(cfg, tmp, steps, lr, seed)
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=reward,
@@ -156,7 +175,7 @@ def run_rlpost(steps: int, lr: float, seed: int, placement: str) -> dict:
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out")
     ap.add_argument("--trl-python", help="the python of a venv with trl installed")
@@ -166,45 +185,66 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="TRL, colocate and split, this many times in turn")
     ap.add_argument("--trl-only", help=argparse.SUPPRESS)  # internal: run TRL, write to this file
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # internal: TRL's seed
-    args = ap.parse_args()
-    if args.trl_only:
-        run_trl(args.steps, args.lr, args.seed, args.trl_only)
-        return
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    rounds, start_accuracy = [], None
-    for seed in range(args.rounds):  # TRL, colocate, split in turn: a slow spell of the VM falls on one round
-        results = {}
-        with tempfile.TemporaryDirectory() as tmp:
-            trl_out = f"{tmp}/trl.json"
-            cmd = [args.trl_python, __file__, "--trl-only", trl_out, "--steps", str(args.steps), "--lr", str(args.lr)]
-            cmd += ["--seed", str(seed)]
-            subprocess.run(cmd, cwd=REPO, env=env, check=True)
-            results["trl"] = json.loads(Path(trl_out).read_text())
-        for placement in PLACEMENTS:
-            results[f"rlpost_{placement}"] = run_rlpost(args.steps, args.lr, seed, placement)
-        start_accuracy = results["rlpost_colocate"]["start_accuracy"]
-        summary = {}
-        for name, r in results.items():
-            summary[name] = {
-                "median_step_s": round(statistics.median(r["step_s"][args.skip :]), 4),
-                "val_accuracy": r["val_accuracy"],
-                **({"phases_median_s": r["phases_median_s"]} if "phases_median_s" in r else {}),
-            }
-        trl = summary["trl"]["median_step_s"]
-        for placement in PLACEMENTS:
-            summary[f"rlpost_{placement}"]["vs_trl"] = round(summary[f"rlpost_{placement}"]["median_step_s"] / trl, 3)
-        rounds.append({"seed": seed, **summary})
-        print(json.dumps({k: v.get("vs_trl", v["median_step_s"]) for k, v in summary.items()}), flush=True)
+    return ap.parse_args()
+
+
+def one_round(args, seed: int, env: dict) -> dict:
+    """TRL (in its venv), then rlpost colocated, then split, all with `seed`: each one's results."""
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        trl_out = f"{tmp}/trl.json"
+        cmd = [args.trl_python, __file__, "--trl-only", trl_out, "--steps", str(args.steps), "--lr", str(args.lr)]
+        cmd += ["--seed", str(seed)]
+        subprocess.run(cmd, cwd=REPO, env=env, check=True)
+        results["trl"] = json.loads(Path(trl_out).read_text())
+    for placement in PLACEMENTS:
+        results[f"rlpost_{placement}"] = run_rlpost(args.steps, args.lr, seed, placement)
+    return results
+
+
+def round_summary(results: dict, skip: int) -> dict:
+    """One round: each runner's median step (and phases) and held-out accuracy, rlpost's step over TRL's."""
+    summary = {}
+    for name, r in results.items():
+        summary[name] = {
+            "median_step_s": round(statistics.median(r["step_s"][skip:]), 4),
+            "val_accuracy": r["val_accuracy"],
+            **({"phases_median_s": r["phases_median_s"]} if "phases_median_s" in r else {}),
+        }
+    trl = summary["trl"]["median_step_s"]
+    for placement in PLACEMENTS:
+        summary[f"rlpost_{placement}"]["vs_trl"] = round(summary[f"rlpost_{placement}"]["median_step_s"] / trl, 3)
+    return summary
+
+
+def over_rounds(rounds: list[dict], names) -> dict:
     summary = {  # each runner's median over rounds; each ratio the median of the rounds' ratios
         name: {
             key: round(statistics.median(r[name][key] for r in rounds), 4)
             for key in rounds[0][name]
             if key != "phases_median_s"
         }
-        for name in results
+        for name in names
     }
-    for name in results:  # and every seed's held-out accuracy
+    for name in names:  # and every seed's held-out accuracy
         summary[name]["val_accuracy_by_seed"] = [r[name]["val_accuracy"] for r in rounds]
+    return summary
+
+
+def main() -> None:
+    args = parse_args()
+    if args.trl_only:
+        run_trl(args.steps, args.lr, args.seed, args.trl_only)
+        return
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    rounds, start_accuracy = [], None
+    for seed in range(args.rounds):  # TRL, colocate, split in turn: a slow spell of the VM falls on one round
+        results = one_round(args, seed, env)
+        start_accuracy = results["rlpost_colocate"]["start_accuracy"]
+        summary = round_summary(results, args.skip)
+        rounds.append({"seed": seed, **summary})
+        print(json.dumps({k: v.get("vs_trl", v["median_step_s"]) for k, v in summary.items()}), flush=True)
+    summary = over_rounds(rounds, results)
     version = subprocess.run(
         [args.trl_python, "-c", "import trl; print(trl.__version__)"], capture_output=True, text=True
     ).stdout.strip()
@@ -220,6 +260,7 @@ def main() -> None:
         "summary": summary,
         "rounds": rounds,
     }
+    out = with_provenance(out)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out, indent=1))
 

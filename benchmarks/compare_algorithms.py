@@ -22,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+from provenance import with_provenance  # noqa: E402
 from quickstart_seeds import cpu_model, train  # noqa: E402
 from summarize_run import summarize  # noqa: E402
 
@@ -84,7 +85,7 @@ def main() -> None:
         "summary": summary,
         "runs": results,
     }
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(with_provenance(out), indent=1) + "\n")
     plot_json(args.out)  # the curves (one line per seed, a colour per recipe) and the gains, as a PNG beside it
     print(json.dumps(summary, indent=1))
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
+from provenance import with_provenance  # noqa: E402
 from summarize_run import summarize  # noqa: E402
 
 
@@ -123,7 +124,7 @@ def main() -> None:
         },
         "runs": results,
     }
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(with_provenance(out), indent=1) + "\n")
     print(json.dumps(out["summary"]))
 
 

@@ -67,7 +67,10 @@ def main() -> None:
         "plan_at_measured_tokens_over_measured": at_measured / measured if measured and at_measured else None,
         "measured_gpu_used_gib_at_start": start.get("rollout/gpu_used_gb"),
     }
-    print(json.dumps(out, indent=1))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from provenance import with_provenance
+
+    print(json.dumps(with_provenance(out), indent=1))
 
 
 if __name__ == "__main__":

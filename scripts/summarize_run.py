@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Summarise a run folder's metrics.jsonl as JSON: per metric, the mean and max over the
 training steps after the first `--skip` (warm-up), every step's value of a few keys, the
-validation curve, the start model's pass@k (tiny models) and the seconds spent in each phase.
+validation curve, the start model's pass@k (tiny models) and the seconds spent in each phase;
+run as a script, with the commit, machine, command and date on top (benchmarks/provenance.py).
 
     python3 scripts/summarize_run.py runs/a --skip 1 > summary.json
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 
 PER_STEP = (
@@ -60,4 +62,7 @@ if __name__ == "__main__":
     ap.add_argument("run_dir")
     ap.add_argument("--skip", type=int, default=1, help="leading steps left out of mean/max (warm-up)")
     args = ap.parse_args()
-    print(json.dumps(summarize(args.run_dir, args.skip), indent=2))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from provenance import with_provenance
+
+    print(json.dumps(with_provenance(summarize(args.run_dir, args.skip)), indent=2))

@@ -1,7 +1,8 @@
 """The house's size goals, kept by a test so they cannot slip unseen: no Python file over 400
-lines (rlpost/, tests/, benchmarks/, scripts/), the step loop (controller/loop.py) under 250 and
-no class in rlpost/ over 200, no function or method over 60 in rlpost/ and tests/. (The benchmark drivers'
-`main`s are not held to 60 lines yet. Who may import whom: tests/test_imports.py.)"""
+lines and no function or method over 60 (rlpost/, tests/, benchmarks/, scripts/: a benchmark
+driver's `main` names its phases too: parsing, building, measuring, writing), the step loop
+(controller/loop.py) under 250 and no class in rlpost/ over 200. (Who may import whom:
+tests/test_imports.py.)"""
 
 import ast
 from pathlib import Path
@@ -13,7 +14,7 @@ pytestmark = pytest.mark.source  # the mutation run mutates (and so grows) the f
 REPO = Path(__file__).resolve().parent.parent
 RLPOST = REPO / "rlpost"
 SIZED = [REPO / d for d in ("rlpost", "tests", "benchmarks", "scripts")]
-SHORT_FUNCTIONS = [REPO / "rlpost", REPO / "tests"]
+SHORT_FUNCTIONS = SIZED
 
 
 def python_files(roots):

@@ -1,11 +1,17 @@
 """Every result under benchmarks/ says what it measured (issue 40): the commit, the machine, the command
 and the date, as top-level keys. A JSON written without them fails here, naming the file and the keys.
 The drivers that write a CPU figure record `machine` as {"cpu": ..., "cores": ...}, so a mapping of
-non-empty values counts as well as a string there."""
+non-empty values counts as well as a string there. The drivers stamp their JSON through
+benchmarks/provenance.py, tested at the end."""
 
+import importlib.util
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
+
+import pytest
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 KEYS = ("commit", "machine", "command", "date")
@@ -73,3 +79,94 @@ def test_the_check_names_what_is_missing():
         "commit does not start with 7-40 hex digits: 'abc12'",
         "date does not start with YYYY-MM-DD: '2026-13-01'",
     ]
+
+
+# ---- the drivers write it: benchmarks/provenance.py
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("provenance", REPO / "benchmarks" / "provenance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def git(cwd: Path, *args: str) -> str:
+    ident = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    return subprocess.run(["git", *ident, *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_four_keys_of_this_checkout():
+    p = load()
+    found = p.provenance()
+    assert list(found) == ["commit", "machine", "command", "date"]
+    assert problems(found) == []  # what tests/test_provenance.py asks of a committed result
+    head = git(REPO, "rev-parse", "--short", "HEAD")
+    assert found["commit"] in (head, head + "+dirty")
+    assert found["command"].startswith("python3 ")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", found["date"])
+    assert p.provenance("python benchmarks/x.py --out a.json")["command"] == "python benchmarks/x.py --out a.json"
+
+
+def test_git_wins_over_the_commit_variable_where_there_is_git(monkeypatch):
+    p = load()
+    monkeypatch.setenv("COMMIT", "0000000")
+    assert p.commit(REPO).split("+")[0] == git(REPO, "rev-parse", "--short", "HEAD")
+
+
+def test_without_git_the_commit_variable_else_unknown_and_why(tmp_path, monkeypatch):
+    """A copy of the tree without .git (a GPU machine): COMMIT where the caller set it."""
+    p = load()
+    monkeypatch.setenv("COMMIT", "1a2b3c4")
+    assert p.commit(tmp_path) == "1a2b3c4"
+    assert p.provenance(repo=tmp_path)["commit"] == "1a2b3c4"
+    monkeypatch.delenv("COMMIT")
+    assert re.fullmatch(r"unknown \(.*not a git repository.*; set COMMIT\)", p.commit(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no git binary at all
+    assert p.commit(tmp_path).startswith("unknown (no git")
+
+
+def test_dirty_means_tracked_changes_under_rlpost_or_the_scripts_folder(tmp_path):
+    p = load()
+    for name in ("rlpost/a.py", "benchmarks/b.py", "docs/c.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-qm", "start")
+    head = git(tmp_path, "rev-parse", "--short", "HEAD")
+    (tmp_path / "rlpost" / "new.py").write_text("untracked\n")
+    (tmp_path / "docs" / "c.md").write_text("changed elsewhere\n")
+    assert p.commit(tmp_path, ["benchmarks"]) == head
+    (tmp_path / "benchmarks" / "b.py").write_text("changed\n")
+    assert p.commit(tmp_path, ["benchmarks"]) == head + "+dirty"
+    assert p.commit(tmp_path, []) == head
+    (tmp_path / "rlpost" / "a.py").write_text("changed\n")
+    assert p.commit(tmp_path, []) == head + "+dirty"
+
+
+def test_machine_names_the_cores_and_the_gpus(monkeypatch):
+    p = load()
+    cores = f"{os.cpu_count()} CPU cores ({p.cpu_model()})"
+    monkeypatch.setattr(p, "gpus", lambda: "")
+    assert p.machine() == cores
+    monkeypatch.setattr(p, "gpus", lambda: "2 x NVIDIA H100 80GB HBM3")
+    assert p.machine() == f"2 x NVIDIA H100 80GB HBM3, {cores}"
+    assert p.cpu_model()
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"command": "python benchmarks/x.py --out a.json", "x": 1},  # a driver's own command
+        {"machine": {"cpu": "AMD EPYC", "cores": 2}, "commit": "abc1234+changes"},  # its own machine and commit
+        {"commit": None, "x": 1},  # left None by the driver: filled
+    ],
+)
+def test_a_drivers_own_values_stay(record):
+    p = load()
+    out = p.with_provenance(record)
+    assert list(out)[:4] == ["commit", "machine", "command", "date"]
+    assert problems(out) == []
+    assert {k: out[k] for k, v in record.items() if v is not None} == {k: v for k, v in record.items() if v is not None}

@@ -19,11 +19,7 @@ at 7B-72B and at world 64 is assumed. Times are not predicted here.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -32,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from provenance import provenance  # noqa: E402
 from random_model import build  # noqa: E402
 
 from rlpost.config import ConfigError, load_config  # noqa: E402
@@ -96,17 +93,6 @@ def row(path: str, gpus: int, gpu_gib: float) -> dict:
     return out
 
 
-def provenance(command: str) -> dict:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    return {
-        "commit": commit.stdout.strip() or os.environ.get("COMMIT", "unknown"),
-        "machine": f"{cpu}, {os.cpu_count()} cores ({platform.machine()}; no GPU: the plan is arithmetic)",
-        "command": command,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gpu-gib", type=float, default=80.0)
@@ -117,8 +103,7 @@ def main() -> None:
         for shape in ("7b", "32b", "72b"):
             path = build(shape, f"{tmp}/{shape}", config_only=True)
             rows += [{"shape": shape} | row(path, gpus, a.gpu_gib) for gpus in (8, 16, 64)]
-    command = "python3 benchmarks/multi_gpu/plan_table.py " + " ".join(sys.argv[1:])
-    out = {**provenance(command), "gpu_gib": a.gpu_gib, "run": RUN, "note": __doc__.split("\n\n")[0], "rows": rows}
+    out = {**provenance(), "gpu_gib": a.gpu_gib, "run": RUN, "note": __doc__.split("\n\n")[0], "rows": rows}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     for r in rows:
         best = r[r["first_that_fits"]] if r["first_that_fits"] else {}

@@ -23,6 +23,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -33,6 +34,9 @@ from rlpost.models.loading import load_tokenizer
 from rlpost.rollout.base import SamplingParams
 from rlpost.rollout.episodes import run_episodes
 from rlpost.rollout.vllm_engine import VLLMRolloutEngine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from provenance import with_provenance  # noqa: E402
 
 
 class Delayed:
@@ -159,7 +163,7 @@ def main() -> None:
         result["settings"][f"tool_delay_mean_{delay:g}s"] = setting
         print(json.dumps({f"tool_delay_mean_{delay:g}s": setting}))
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(with_provenance(result), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from provenance import commit  # noqa: E402
+
 NOTES = Path(__file__).resolve().parent / "mutation_notes.json"
 STATUS = {
     1: "killed",
@@ -81,7 +84,7 @@ def show(mutant: str) -> str:
     return proc.stdout.strip()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
@@ -92,16 +95,20 @@ def main() -> None:
         help="no run: the report of what mutants/ holds (e.g. of a run stopped early; unchecked mutants counted)",
     )
     ap.add_argument("names", nargs="*", help="mutant name patterns to run (default: all)")
-    args = ap.parse_args()
-    if not args.keep and not args.report_only:
-        shutil.rmtree(REPO / "mutants", ignore_errors=True)
-    commit_file = REPO / "mutants" / "rlpost-commit.txt"  # the code the mutants were made from
-    if not args.report_only:
-        git = ["git", "-C", str(REPO)]
-        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run([*git, "status", "--porcelain", "rlpost", "tests"], capture_output=True, text=True)
-        commit_file.parent.mkdir(exist_ok=True)
-        commit_file.write_text(commit + ("+changes" if dirty.stdout.strip() else ""))
+    return ap.parse_args()
+
+
+def record_commit(commit_file: Path) -> None:
+    """The code the mutants are made from: HEAD, "+changes" where rlpost/ or tests/ differ from it."""
+    git = ["git", "-C", str(REPO)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "rlpost", "tests"], capture_output=True, text=True)
+    commit_file.parent.mkdir(exist_ok=True)
+    commit_file.write_text(head + ("+changes" if dirty.stdout.strip() else ""))
+
+
+def run_mutmut(args) -> float:
+    """mutmut's run (none with --report-only): its wall seconds."""
     start = time.time()
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "RLPOST_MUTATION": "1"}
     cmd = [sys.executable, "-c", MUTMUT, "run", "--max-children", str(args.max_children), *args.names]
@@ -110,9 +117,12 @@ def main() -> None:
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
         raise SystemExit(f"mutmut run failed (exit code {proc.returncode})")
-    wall_file = REPO / "mutants" / "rlpost-wall-s.txt"  # the run's time, for a later --report-only
-    if not args.report_only:
-        wall_file.write_text(str(round(wall)))
+    return wall
+
+
+def tally() -> tuple[dict, list[dict]]:
+    """Per module the count of each status and its score; every survivor (and equivalent, untested
+    or suspicious mutant) with its note and diff."""
     notes = json.loads(NOTES.read_text()) if NOTES.is_file() else {}
     by_module: dict[str, Counter] = defaultdict(Counter)
     survivors = []
@@ -139,11 +149,17 @@ def main() -> None:
             **{k: counts[k] for k in ("killed", "survived", "timeout", "equivalent", "no_tests", "not_checked")},
             "score": round((counts["killed"] + counts["timeout"]) / tested, 4) if tested else None,
         }
-    out = {
+    return modules, survivors
+
+
+def report(args, commit_file: Path, wall_file: Path, modules: dict, survivors: list[dict]) -> dict:
+    """The JSON; its commit is that of the code the mutants were made from (this tree's, where
+    mutants/ does not say)."""
+    return {
         "command": "python benchmarks/mutation/mutation.py --out " + args.out + "".join(f" {n}" for n in args.names),
         "tool": "mutmut "
         + subprocess.run([sys.executable, "-m", "mutmut", "--version"], capture_output=True, text=True).stdout.strip(),
-        "commit": commit_file.read_text() if commit_file.is_file() else None,
+        "commit": commit_file.read_text() if commit_file.is_file() else commit(),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "date": time.strftime("%Y-%m-%d", time.gmtime(commit_file.stat().st_mtime if commit_file.is_file() else None)),
         "wall_s": int(wall_file.read_text()) if wall_file.is_file() else None,
@@ -152,6 +168,21 @@ def main() -> None:
         "modules": modules,
         "survivors": survivors,
     }
+
+
+def main() -> None:
+    args = parse_args()
+    if not args.keep and not args.report_only:
+        shutil.rmtree(REPO / "mutants", ignore_errors=True)
+    commit_file = REPO / "mutants" / "rlpost-commit.txt"  # the code the mutants were made from
+    if not args.report_only:
+        record_commit(commit_file)
+    wall = run_mutmut(args)
+    wall_file = REPO / "mutants" / "rlpost-wall-s.txt"  # the run's time, for a later --report-only
+    if not args.report_only:
+        wall_file.write_text(str(round(wall)))
+    modules, survivors = tally()
+    out = report(args, commit_file, wall_file, modules, survivors)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     for module, m in modules.items():
         print(f"{module:40s} {m}")

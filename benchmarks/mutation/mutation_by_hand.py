@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from provenance import with_provenance  # noqa: E402
+
 BATCH = ("rlpost/data/batch.py", ["tests/data/test_dataset.py", "-k", "pickled"])
 FSDP = ("rlpost/trainer/fsdp.py", ["tests/trainer/test_fsdp.py"])
 PORTS = ("rlpost/weightsync/transport.py", ["tests/weightsync/test_weightsync.py", "-k", "free_ports"])
@@ -180,7 +183,7 @@ def main() -> None:
         "survived": len(results) - killed,
         "mutants": results,
     }
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(with_provenance(out), indent=1) + "\n")
 
 
 if __name__ == "__main__":

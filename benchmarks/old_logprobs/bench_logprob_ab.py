@@ -19,20 +19,13 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from provenance import with_provenance  # noqa: E402
 
 
-def gpu_logprob_ab(model_dir: str, reps: int) -> dict:
-    """On one GPU, in one process, alternating: (A) a separate log-prob pass, then the update with
-    those old log-probs; (B) the update that takes them from its own forward. The batch of the
-    colocate GRPO run of benchmarks/gpu_session.sh: 32 prompts x 8 samples, 32 + 256 tokens each."""
-    from rlpost.config import load_config
-    from rlpost.controller.step import step_plan
-    from rlpost.data.batch import Batch
-    from rlpost.data.microbatch import shard_batch
-    from rlpost.roles.actor import ActorWorker
-    from rlpost.weightsync.transport import free_port
-
-    overrides = [
+def setting(model_dir: str) -> list[str]:
+    """The config of the colocate GRPO run of benchmarks/gpu_session.sh, on one GPU."""
+    return [
         f"model.path={model_dir}",
         "model.dtype=bfloat16",
         "model.attn_implementation=rlpost_varlen",
@@ -45,10 +38,15 @@ def gpu_logprob_ab(model_dir: str, reps: int) -> dict:
         "trainer.max_tokens_per_microbatch=8192",
         "trainer.optim.lr=1e-6",
     ]
-    cfg = load_config(overrides)
+
+
+def random_batch():
+    """Its batch: 32 prompts x 8 samples, 32 + 256 random tokens each."""
+    from rlpost.data.batch import Batch
+
     g = torch.Generator().manual_seed(0)
     rows, prompt, response = 256, 32, 256
-    batch = Batch(
+    return Batch(
         {
             "prompt_ids": torch.randint(100, 20000, (rows, prompt), generator=g),
             "prompt_mask": torch.ones(rows, prompt, dtype=torch.bool),
@@ -59,8 +57,10 @@ def gpu_logprob_ab(model_dir: str, reps: int) -> dict:
             "advantages": torch.randn(rows, generator=g),
         }
     )
-    shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
-    worker = ActorWorker(cfg, model_dir, 0, 1, "127.0.0.1", free_port())
+
+
+def alternate(worker, shard, reps: int) -> dict[str, list[float]]:
+    """`reps` timed rounds after an untimed one, (A) then (B) in each: the seconds of each part."""
     times: dict[str, list[float]] = {"separate_logprob": [], "separate_update": [], "separate": [], "fused": []}
 
     def timed(fn):
@@ -81,6 +81,25 @@ def gpu_logprob_ab(model_dir: str, reps: int) -> dict:
             times["separate_update"].append(t_up)
             times["separate"].append(t_lp + t_up)
             times["fused"].append(t_fused)
+    return times
+
+
+def gpu_logprob_ab(model_dir: str, reps: int) -> dict:
+    """On one GPU, in one process, alternating: (A) a separate log-prob pass, then the update with
+    those old log-probs; (B) the update that takes them from its own forward. The batch of the
+    colocate GRPO run of benchmarks/gpu_session.sh: 32 prompts x 8 samples, 32 + 256 tokens each."""
+    from rlpost.config import load_config
+    from rlpost.controller.step import step_plan
+    from rlpost.data.microbatch import shard_batch
+    from rlpost.roles.actor import ActorWorker
+    from rlpost.weightsync.transport import free_port
+
+    overrides = setting(model_dir)
+    cfg = load_config(overrides)
+    batch = random_batch()
+    shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
+    worker = ActorWorker(cfg, model_dir, 0, 1, "127.0.0.1", free_port())
+    times = alternate(worker, shard, reps)
     worker.shutdown()
     med = {k: round(statistics.median(v), 4) for k, v in times.items()}
     return {
@@ -101,6 +120,7 @@ def main() -> None:
     script = "benchmarks/old_logprobs/bench_logprob_ab.py"
     result = {"command": f"python {script} {args.model_dir} --reps {args.reps} --out {args.out}"}
     result.update(gpu_logprob_ab(args.model_dir, args.reps))
+    result = with_provenance(result)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
 

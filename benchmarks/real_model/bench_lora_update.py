@@ -14,7 +14,9 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -24,6 +26,9 @@ from rlpost.models.loading import load_causal_lm, resolve_path
 from rlpost.models.lora import apply_lora
 from rlpost.trainer.fsdp import shard_model
 from rlpost.trainer.lora import use_merged_forward
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from provenance import with_provenance  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -104,7 +109,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     result["device"] = torch.cuda.get_device_name(0) if DEVICE.type == "cuda" else "cpu"
     with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(with_provenance(result), f, indent=1)
     dist.destroy_process_group()
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -29,15 +29,15 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--reward", default="", help="a registered reward instead of each row's data_source")
     p.add_argument("--kv-cache-gb", type=float, default=4.0, help="sized, not profiled: runs may share the GPU")
-    a = p.parse_args()
+    return p.parse_args()
 
+
+def load(a):
+    """The task's validation rows (the first `--problems`), the tokenizer and a vLLM engine of the model."""
     from rlpost.config import load_config
     from rlpost.controller.setup import data_sources
     from rlpost.data.dataset import load_prompts
-    from rlpost.metrics.passk import pass_at_ks
     from rlpost.models.loading import load_tokenizer, resolve_path
-    from rlpost.rewards import RewardInput, get_reward_fn
-    from rlpost.rollout.base import SamplingParams
     from rlpost.rollout.vllm_engine import VLLMRolloutEngine
 
     overrides = [
@@ -65,27 +65,39 @@ def main() -> None:
         sleep_mode=False,
         kv_cache_gb=a.kv_cache_gb,
     )
+    return rows, tok, engine
+
+
+def verdicts(engine, tok, rows, params, reward: str):
+    """Every row's `params.n` answers: (texts, right or not, response lengths, seconds)."""
+    from rlpost.rewards import RewardInput, get_reward_fn
+
     prompts = [r.prompt_ids for r in rows]
+    t = time.time()
+    batch = engine.generate(prompts, params)
+    texts, right, lengths = [], [], []
+    for i in range(len(batch)):
+        m = batch["response_mask"][i]
+        ids = batch["response_ids"][i][m].tolist()
+        text = tok.decode(ids, skip_special_tokens=True)
+        row = rows[i // params.n]
+        fn = get_reward_fn(reward or row.data_source)
+        right.append(fn(RewardInput(row.prompt_text, text, row.ground_truth, row.data_source)) >= 1.0)
+        texts.append(text)
+        lengths.append(len(ids))
+    return texts, right, lengths, time.time() - t
 
-    def verdicts(params):
-        t = time.time()
-        batch = engine.generate(prompts, params)
-        texts, right, lengths = [], [], []
-        for i in range(len(batch)):
-            m = batch["response_mask"][i]
-            ids = batch["response_ids"][i][m].tolist()
-            text = tok.decode(ids, skip_special_tokens=True)
-            row = rows[i // params.n]
-            fn = get_reward_fn(a.reward or row.data_source)
-            right.append(fn(RewardInput(row.prompt_text, text, row.ground_truth, row.data_source)) >= 1.0)
-            texts.append(text)
-            lengths.append(len(ids))
-        return texts, right, lengths, time.time() - t
 
-    g_texts, g_right, g_len, g_s = verdicts(SamplingParams(n=1, max_tokens=a.max_tokens, greedy=True))
-    s_texts, s_right, s_len, s_s = verdicts(
-        SamplingParams(n=a.k, temperature=a.temperature, max_tokens=a.max_tokens, seed=1)
-    )
+def main() -> None:
+    a = parse_args()
+    from rlpost.metrics.passk import pass_at_ks
+    from rlpost.rollout.base import SamplingParams
+
+    rows, tok, engine = load(a)
+    greedy = SamplingParams(n=1, max_tokens=a.max_tokens, greedy=True)
+    g_texts, g_right, g_len, g_s = verdicts(engine, tok, rows, greedy, a.reward)
+    sampled = SamplingParams(n=a.k, temperature=a.temperature, max_tokens=a.max_tokens, seed=1)
+    s_texts, s_right, s_len, s_s = verdicts(engine, tok, rows, sampled, a.reward)
     per = [s_right[i * a.k : (i + 1) * a.k] for i in range(len(rows))]
     out = {
         "task": a.task,

@@ -1,6 +1,7 @@
 """Each algorithm's recipe through the real controller (Ray, 2 gloo trainer ranks, 1 hf rollout
-actor): two steps, the first PPO ratio exactly 1, every sync verified with the next version, and
-the metrics the algorithm's parts add. Every algorithm without a critic trains on multi-turn
+actor): two steps, the first PPO ratio exactly 1 (and ratios away from 1 in the later mini-batches of
+the recipes that take several optimizer steps a batch), every sync verified with the next version,
+and the metrics the algorithm's parts add. Every algorithm without a critic trains on multi-turn
 episodes (`env.name=retry`: the environment's "try again" tokens get no loss); PPO on single turns."""
 
 import json
@@ -31,10 +32,13 @@ def test_each_algorithm_trains_through_the_controller(ray_session, base_override
     overrides = [f"+recipe={recipe}" if o == "+recipe=quickstart" else o for o in base_overrides(run_dir)]
     warmup = 1 if recipe == "ppo" else 0  # PPO: the first step trains the critic only
     episodes = [] if recipe == "ppo" else ["env.name=retry", "env.max_turns=2", "rollout.max_response_length=48"]
+    recipe_cfg = load_config([f"+recipe={recipe}"])  # its optimizer steps a batch, kept at the test's batch size
+    steps_per_batch = min(recipe_cfg.data.train_batch_size // (recipe_cfg.algo.ppo_mini_batch_size or 10**9) or 1, 4)
+    mini = [f"algo.ppo_mini_batch_size={8 // steps_per_batch}"] if steps_per_batch > 1 else []
     cfg = load_config(
-        overrides + ["trainer.total_steps=2", "trainer.val_every=0", f"critic.warmup_steps={warmup}", *episodes]
+        overrides + ["trainer.total_steps=2", "trainer.val_every=0", f"critic.warmup_steps={warmup}", *episodes, *mini]
     )
-    assert cfg.algo.name == recipe
+    assert cfg.algo.name == recipe and cfg.data.train_batch_size == 8
     train(cfg)
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r["step"] > 0]
@@ -47,9 +51,14 @@ def test_each_algorithm_trains_through_the_controller(ray_session, base_override
         assert not missing, f"{recipe}: metrics missing {missing}"
         assert r["actor/first_ratio_dev"] <= 1e-6, recipe  # on-policy: the first ratio is exactly 1
         assert r["rollout/logprob_diff_max"] <= 1e-4, recipe
-        assert ("timing_s/logprob" in r) == separate_pass, recipe
+        assert ("timing_s/logprob" in r) == (separate_pass or steps_per_batch > 1), recipe
         if episodes:  # some answers are wrong: their episodes take a second turn after "try again"
             assert 1 < r["env/turns_mean"] <= 2 and 0 < r["env/model_token_frac"] < 1, recipe
+    if steps_per_batch > 1:  # the optimizer steps once a mini-batch (the warm-up's lr counts them) and
+        o = cfg.trainer.optim  # the later mini-batches train off the policy that generated: ratios move
+        assert steps[warmup]["actor/lr"] == pytest.approx(o.lr * (steps_per_batch + 1) / o.warmup_steps), recipe
+        trained = [r for r in steps[warmup:] if r["actor/grad_norm"] > 1e-6]  # (tied groups: no gradient)
+        assert all(max(r["actor/ppo_ratio_max"] - 1, 1 - r["actor/ppo_ratio_min"]) > 1e-4 for r in trained), recipe
     if warmup:
         assert "actor/pg_loss" not in steps[0] and "critic/vf_loss" in steps[0]
     if recipe == "dapo":  # the batch still holds train_batch_size prompts after filtering
