@@ -45,6 +45,10 @@ def run(recipe: str, seed: int, cache: Path, run_dir: Path, extra: list[str]) ->
         "end_accuracy": curve[-1][1],
         "gain": curve[-1][1] - curve[0][1],
         "steps_s": round(s["phase_s"].get("step", 0.0), 1),
+        # off-policy within a batch (several optimizer steps a batch): ratios leave 1, clipping acts
+        "ratio_max_mean": s["mean"].get("actor/ppo_ratio_max"),
+        "ratio_min_mean": s["mean"].get("actor/ppo_ratio_min"),
+        "clipfrac_mean": s["mean"].get("actor/pg_clipfrac"),
         "wall_s": round(wall, 1),
         "command": " ".join(cmd[1:]),
     }

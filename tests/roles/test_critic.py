@@ -14,6 +14,7 @@ COMMON = [
     "+recipe=ppo",
     "trainer.world_size=1",
     "data.train_batch_size=4",
+    "algo.ppo_mini_batch_size=0",  # one optimizer step a batch (the recipe takes 4, of 16 prompts each)
     "rollout.n=2",
     "trainer.micro_batch_size=3",  # three micro-batches of unequal size
     "critic.value_clip=0.05",
