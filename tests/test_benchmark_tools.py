@@ -66,7 +66,7 @@ def test_the_queue_runs_jobs_on_free_gpus_in_order_and_stops_at_the_deadline(tmp
     jobs.write_text("a 1 0.5\nb 2 0.1\nc 1 0.1\nlong 1 60\n")
     root = tmp_path / "runs"
     argv = ["gpu_queue.py", str(jobs), "--dir", str(root), "--gpus", "2", "--min-start", "0", "--stagger", "0"]
-    monkeypatch.setattr(sys, "argv", argv + ["--deadline", "8", "--grace", "5"])
+    monkeypatch.setattr(sys, "argv", argv + ["--deadline", "5", "--grace", "5"])
     queue.main()
     assert [(root / n / "gpus").read_text() for n in "abc"] == ["0", "0,1", "0"]
     assert [(root / f"{n}.done").exists() for n in ("a", "b", "c", "long")] == [True, True, True, False]

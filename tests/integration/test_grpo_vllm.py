@@ -49,6 +49,9 @@ def test_grpo_steps_with_vllm_rollouts(ray_session, base_overrides, tmp_path):
     assert 0 <= rows[-1]["val/accuracy"] <= 1
 
 
+# out of CI for time: stepped vLLM generation is tests/rollout/test_vllm_engine.py's, async in the
+# loop tests/integration/test_async.py's
+@pytest.mark.demo
 def test_async_rollouts_with_vllm(ray_session, base_overrides, tmp_path):
     """Async rollouts on vLLM: the engine is stepped by rlpost (`pausable`), syncs arrive on the
     actor's control thread beside the generation, and the run trains within the bound."""

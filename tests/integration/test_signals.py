@@ -89,6 +89,7 @@ def test_sigterm_checkpoints_and_the_run_resumes_from_there(tiny_cache, tmp_path
     assert [s for s in steps if s > 0] == list(range(1, step + 3))  # each step once
 
 
+@pytest.mark.demo  # out of CI for time: a single SIGTERM to the run is checked above (checkpoint and resume)
 @pytest.mark.timeout(300)
 def test_sigterm_to_the_whole_process_group_also_stops_cleanly_and_at_once(tiny_cache, tmp_path):
     """`timeout`, Slurm and `kill -- -PGID` signal every process of the group, Ray's own too: the
