@@ -367,3 +367,15 @@ def metrics_batch() -> Batch:
             "weight_version": torch.tensor([2, 2, 3, 3]),
         }
     )
+
+
+def load_benchmark(relative: str):
+    """A script under benchmarks/ (not a package) as a module, e.g. `load_benchmark("benchmarks/gpu_queue.py")`."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_benchmark
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def load_queue():
-    spec = importlib.util.spec_from_file_location("gpu_queue", REPO / "benchmarks" / "gpu_queue.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_jobs_read_with_shared_overrides_from_the_environment(tmp_path, monkeypatch):
-    queue = load_queue()
+    queue = load_benchmark("benchmarks/gpu_queue.py")
     jobs = tmp_path / "jobs.txt"
     jobs.write_text("# comment\na 1 x=1 $SHARED  # trailing\n\nb 4 y=2\n")
     monkeypatch.setenv("SHARED", "p=3 q=4")
@@ -26,7 +20,7 @@ def test_jobs_read_with_shared_overrides_from_the_environment(tmp_path, monkeypa
 
 
 def test_a_variable_not_set_names_the_line(tmp_path, monkeypatch):
-    queue = load_queue()
+    queue = load_benchmark("benchmarks/gpu_queue.py")
     jobs = tmp_path / "jobs.txt"
     jobs.write_text("a 1 x=1\nb 2 $NOT_SET_ANYWHERE\n")
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
@@ -38,7 +32,7 @@ def test_a_variable_not_set_names_the_line(tmp_path, monkeypatch):
 
 
 def test_a_job_waits_for_the_job_it_names_and_resumes_its_own_checkpoints(tmp_path):
-    queue = load_queue()
+    queue = load_benchmark("benchmarks/gpu_queue.py")
     assert queue.command(tmp_path, "b", ["trainer.resume=@a/checkpoints/step_6"], []) is None
     (tmp_path / "a.done").touch()
     cmd = queue.command(tmp_path, "b", ["trainer.resume=@a/checkpoints/step_6"], ["c=1"])
@@ -52,7 +46,7 @@ def test_the_queue_runs_jobs_on_free_gpus_in_order_and_stops_at_the_deadline(tmp
     a finished job is marked done and skipped next time; at the deadline a running job gets SIGTERM."""
     import sys
 
-    queue = load_queue()
+    queue = load_benchmark("benchmarks/gpu_queue.py")
     script = (
         "import os, sys, time, pathlib; d = pathlib.Path(sys.argv[1]); d.mkdir(parents=True, exist_ok=True); "
         "(d / 'gpus').write_text(os.environ['CUDA_VISIBLE_DEVICES']); time.sleep(float(sys.argv[2]))"
@@ -81,13 +75,6 @@ def test_the_queue_runs_jobs_on_free_gpus_in_order_and_stops_at_the_deadline(tmp
     ).read_text().count("start long")
 
 
-def load_script(relative: str):
-    spec = importlib.util.spec_from_file_location(Path(relative).stem, REPO / relative)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("tied", [True, False])
 def test_scale_figures_count_the_matmul_parameters_and_the_mfu_by_hand(tmp_path, tied):
     """The parameters in MFU's 6 N are the model's, less the norms and the input embedding's lookup;
@@ -97,7 +84,7 @@ def test_scale_figures_count_the_matmul_parameters_and_the_mfu_by_hand(tmp_path,
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    scale = load_script("benchmarks/multi_gpu/scale_shapes.py")
+    scale = load_benchmark("benchmarks/multi_gpu/scale_shapes.py")
     config = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4)
     config |= dict(num_key_value_heads=2, vocab_size=300, tie_word_embeddings=tied)
     with torch.device("meta"):

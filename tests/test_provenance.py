@@ -4,7 +4,6 @@ The drivers that write a CPU figure record `machine` as {"cpu": ..., "cores": ..
 non-empty values counts as well as a string there. The drivers stamp their JSON through
 benchmarks/provenance.py, tested at the end."""
 
-import importlib.util
 import json
 import os
 import re
@@ -12,6 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import load_benchmark
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 KEYS = ("commit", "machine", "command", "date")
@@ -85,20 +86,13 @@ def test_the_check_names_what_is_missing():
 REPO = Path(__file__).resolve().parent.parent
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("provenance", REPO / "benchmarks" / "provenance.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def git(cwd: Path, *args: str) -> str:
     ident = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     return subprocess.run(["git", *ident, *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_the_four_keys_of_this_checkout():
-    p = load()
+    p = load_benchmark("benchmarks/provenance.py")
     found = p.provenance()
     assert list(found) == ["commit", "machine", "command", "date"]
     assert problems(found) == []  # what tests/test_provenance.py asks of a committed result
@@ -110,14 +104,14 @@ def test_the_four_keys_of_this_checkout():
 
 
 def test_git_wins_over_the_commit_variable_where_there_is_git(monkeypatch):
-    p = load()
+    p = load_benchmark("benchmarks/provenance.py")
     monkeypatch.setenv("COMMIT", "0000000")
     assert p.commit(REPO).split("+")[0] == git(REPO, "rev-parse", "--short", "HEAD")
 
 
 def test_without_git_the_commit_variable_else_unknown_and_why(tmp_path, monkeypatch):
     """A copy of the tree without .git (a GPU machine): COMMIT where the caller set it."""
-    p = load()
+    p = load_benchmark("benchmarks/provenance.py")
     monkeypatch.setenv("COMMIT", "1a2b3c4")
     assert p.commit(tmp_path) == "1a2b3c4"
     assert p.provenance(repo=tmp_path)["commit"] == "1a2b3c4"
@@ -128,7 +122,7 @@ def test_without_git_the_commit_variable_else_unknown_and_why(tmp_path, monkeypa
 
 
 def test_dirty_means_tracked_changes_under_rlpost_or_the_scripts_folder(tmp_path):
-    p = load()
+    p = load_benchmark("benchmarks/provenance.py")
     for name in ("rlpost/a.py", "benchmarks/b.py", "docs/c.md"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x\n")
@@ -147,7 +141,7 @@ def test_dirty_means_tracked_changes_under_rlpost_or_the_scripts_folder(tmp_path
 
 
 def test_machine_names_the_cores_and_the_gpus(monkeypatch):
-    p = load()
+    p = load_benchmark("benchmarks/provenance.py")
     cores = f"{os.cpu_count()} CPU cores ({p.cpu_model()})"
     monkeypatch.setattr(p, "gpus", lambda: "")
     assert p.machine() == cores
@@ -165,7 +159,7 @@ def test_machine_names_the_cores_and_the_gpus(monkeypatch):
     ],
 )
 def test_a_drivers_own_values_stay(record):
-    p = load()
+    p = load_benchmark("benchmarks/provenance.py")
     out = p.with_provenance(record)
     assert list(out)[:4] == ["commit", "machine", "command", "date"]
     assert problems(out) == []

@@ -141,7 +141,6 @@ class VLLMRolloutEngine:
         self.manifest = expected_manifest(model_path, dtype, trust_remote_code)
         self._by_name = {s.name: s for s in self.manifest}
         self.tp = tensor_parallel_size
-        self.lora = lora
         self.adapter = None if lora is None else ServedAdapter(lora, model_path, trust_remote_code)
         kwargs = engine_kwargs(
             device, gpu_memory_utilization, sleep_mode, kv_cache_gb, pausable, max_model_len * max_num_seqs,
@@ -284,7 +283,7 @@ class VLLMRolloutEngine:
         weights, since the next sync rewrites all of them; in adapter mode the next sync sends
         the adapter only, so level 1 keeps the base weights (in host memory)."""
         if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1 if self.lora is not None else 2)
+            self.llm.sleep(level=1 if self.adapter is not None else 2)
             self.asleep = True
             self.awake_tags: set[str] = set()
 
