@@ -2,7 +2,7 @@
 """Runs a list of `rlpost train` jobs over the GPUs of one machine until a deadline, so that a set
 of runs larger than one 10-minute device call goes on over several calls on the same warm machine.
 
-    python3 benchmarks/gpu_queue.py JOBS --dir /tmp/runs/x4 --deadline 540 --common "model.cache_dir=..."
+    python3 benchmarks/gpu_queue.py JOBS [JOBS...] --dir /tmp/runs/x4 --deadline 540 --common "model.cache_dir=..."
 
 JOBS has one job a line, `NAME GPUS overrides...` (`#` starts a comment). Jobs start in their
 order, each on the lowest-numbered GPUs that are free; a job waits for the one before it to start
@@ -68,7 +68,7 @@ def command(root: Path, name: str, overrides: list[str], common: list[str]) -> l
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("jobs", type=Path)
+    p.add_argument("jobs", type=Path, nargs="+", help="job lists, run as one list in their order")
     p.add_argument("--dir", type=Path, required=True, help="where the run folders and logs go")
     p.add_argument("--deadline", type=float, required=True, help="seconds from now")
     p.add_argument("--grace", type=float, default=50.0, help="seconds after the SIGTERM")
@@ -79,7 +79,7 @@ def main() -> None:
     a = p.parse_args()
     a.dir.mkdir(parents=True, exist_ok=True)
     end, free = time.monotonic() + a.deadline, list(range(a.gpus or gpu_count()))
-    todo = [j for j in read_jobs(a.jobs) if not (a.dir / f"{j[0]}.done").exists()]
+    todo = [j for path in a.jobs for j in read_jobs(path) if not (a.dir / f"{j[0]}.done").exists()]
     running: dict[str, tuple[subprocess.Popen, list[int]]] = {}
     last_start = -float("inf")
     while (todo or running) and time.monotonic() < end:

@@ -57,9 +57,11 @@ def test_the_queue_runs_jobs_on_free_gpus_in_order_and_stops_at_the_deadline(tmp
         lambda root, name, overrides, common: [sys.executable, "-c", script, str(root / name), *overrides],
     )
     jobs = tmp_path / "jobs.txt"
-    jobs.write_text("a 1 0.5\nb 2 0.1\nc 1 0.1\nlong 1 60\n")
+    jobs.write_text("a 1 0.5\nb 2 0.1\n")
+    (tmp_path / "more.txt").write_text("c 1 0.1\nlong 1 60\n")  # a second list goes on after the first
     root = tmp_path / "runs"
-    argv = ["gpu_queue.py", str(jobs), "--dir", str(root), "--gpus", "2", "--min-start", "0", "--stagger", "0"]
+    argv = ["gpu_queue.py", str(jobs), str(tmp_path / "more.txt"), "--dir", str(root), "--gpus", "2"]
+    argv += ["--min-start", "0", "--stagger", "0"]
     monkeypatch.setattr(sys, "argv", argv + ["--deadline", "5", "--grace", "5"])
     queue.main()
     assert [(root / n / "gpus").read_text() for n in "abc"] == ["0", "0,1", "0"]

@@ -23,11 +23,12 @@
 #                                            # left of x4, split TP 2, and 1-GPU scale shapes (0.5B, 1.5B, 3B)
 #   bash benchmarks/real_model/gpu.sh scale  # a 4-GPU machine, several calls: benchmarks/multi_gpu/jobs_scale.txt
 #                                            # (0.5B, 1.5B, 3B random weights on 1, 2, 4 GPUs, colocated and split)
+#   bash benchmarks/real_model/gpu.sh x4d    # jobs_x4c.txt, then jobs_scale.txt, in one queue over several calls
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -130,9 +131,13 @@ case "$STAGE" in
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
-  scale)  # issue 37's scale figures over several calls (benchmarks/multi_gpu/jobs_scale.txt)
+  scale|x4d)  # issue 37's scale figures over several calls (benchmarks/multi_gpu/jobs_scale.txt); x4d: after jobs_x4c.txt
     scale_setup
-    python3 benchmarks/gpu_queue.py benchmarks/multi_gpu/jobs_scale.txt --dir "$W" --grace 50 --common "$COMMON" \
+    [ "$STAGE" = x4d ] && for w in 4 2; do
+      python3 -m rlpost.cli plan +recipe=smollm2_sums trainer.world_size=$w rollout.num_workers=$w $COMMON > "$W/plan$w.txt" 2>&1
+    done
+    python3 benchmarks/gpu_queue.py $([ "$STAGE" = x4d ] && echo benchmarks/real_model/jobs_x4c.txt) \
+      benchmarks/multi_gpu/jobs_scale.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   scale_sync)  # rlpost's verified sync against a raw NCCL broadcast of the same bytes, GPU 0 -> GPU 1, per shape

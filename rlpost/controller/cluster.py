@@ -72,11 +72,21 @@ def start_ray(cfg: TrainConfig) -> None:
     needed = cfg.trainer.world_size + cfg.rollout.num_workers
     ray.init(
         num_cpus=max(os.cpu_count() or 1, needed),
+        num_gpus=visible_gpus() if cfg.trainer.device == "cuda" else None,
         include_dashboard=False,
         runtime_env={"env_vars": actor_env(cfg)},
         log_to_driver=True,  # the actors' warnings and errors, with their name and pid
         logging_level=level,
     )
+
+
+def visible_gpus() -> int:
+    """The GPUs this process sees (CUDA_VISIBLE_DEVICES honoured), counted by CUDA itself: a local
+    Ray told this number does not depend on its own NVML probe, which counts 0 when it fails to
+    start (seen with four runs starting at once on one machine: a placement that never came)."""
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def check_cluster_answers(address: str, timeout_s: float = 10.0) -> None:

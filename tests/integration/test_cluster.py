@@ -39,6 +39,25 @@ def test_start_ray_sets_the_niceness_for_a_local_ray_only(monkeypatch):
     assert seen[-1] == (None, "5")
 
 
+def test_a_local_ray_is_told_the_gpus_cuda_sees(monkeypatch):
+    """A local Ray's GPU count comes from CUDA (not Ray's NVML probe, which says 0 when it fails);
+    on the CPU it is left to Ray."""
+    import ray
+
+    from rlpost.config import load_config
+    from rlpost.controller import cluster
+
+    seen = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.append(kw.get("num_gpus", "absent")))
+    monkeypatch.setattr(cluster, "visible_gpus", lambda: 3)
+    cfg = load_config(["+recipe=quickstart", "trainer.device=cpu"])
+    cluster.start_ray(cfg)
+    cfg.trainer.device = "cuda"  # (a config of a machine with GPUs; this one has none to check it against)
+    cluster.start_ray(cfg)
+    assert seen == [None, 3]
+
+
 def test_a_placement_ray_cannot_make_is_refused_with_what_it_asked_and_what_is_free(ray_session):
     """A local Ray with too few GPUs in all is refused at once (it never grows); a group that other
     jobs keep from being placed stops after the timeout, saying what is free; neither hangs."""
