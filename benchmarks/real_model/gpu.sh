@@ -70,7 +70,7 @@ scale_setup() {  # random-weight Qwen2 shapes (benchmarks/random_model.py), a re
     python3 benchmarks/random_model.py --shape $shape --out /tmp/qwen2-$shape > "$W/build_$shape.log" 2>&1 &
     [ $shape = 0.5b ] && wait $!
   done
-  export SCALE="model.dtype=bfloat16 model.attn_implementation=rlpost_varlen trainer.device=cuda rollout.backend=vllm \
+  export SCALE="trainer.world_size=1 rollout.num_workers=1 model.dtype=bfloat16 model.attn_implementation=rlpost_varlen trainer.device=cuda rollout.backend=vllm \
 data.task=arithmetic data.max_prompt_length=32 data.train_batch_size=32 rollout.n=8 rollout.max_response_length=512 \
 trainer.micro_batch_size=256 trainer.max_tokens_per_microbatch=4096 trainer.total_steps=6 trainer.val_every=0 \
 trainer.optim.lr=1e-6 algo.kl_coef=0.001 reward.fn=/tmp/digit_share.py:score"
