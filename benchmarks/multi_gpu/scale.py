@@ -42,6 +42,8 @@ def plan_of(folder: Path, command: str, gpu_gib: float, extra: list[str]) -> dic
         "plan_update_peak_gib": d["plan_gib"]["peak"],
         "measured_update_peak_gib": d["measured_update_peak_gib"],
         "plan_over_measured": d["plan_over_measured"],
+        # the plan sizes micro-batches by full-length rows; a run whose answers stay short never fills them
+        "plan_at_measured_microbatch_over_measured": d["plan_at_measured_tokens_over_measured"],
         "plan_gpu_peak_gib": d["plan_gpus_gib"],  # the whole GPU: trainer and vLLM, without CUDA contexts
     }
 
@@ -74,6 +76,32 @@ def world_summary(runs: dict[str, dict]) -> dict:
     }
 
 
+def resume_record(stage: Path, name: str, runs: dict[str, dict]) -> dict:
+    """A checkpoint saved at one world size going on at another (`wA_to_wB`, trainer.resume=@RUN/...):
+    the step it resumed from (the run's log), the saving run's accuracy there, and the resumed run's
+    steps: accuracy, reward and whether every sync was verified."""
+    log = (stage / f"{name}.log").read_text(errors="replace")
+    m = re.search(r"resumed from (\S+) \(step (\d+)", log)
+    source = m.group(1).split("/")[-3] if m else None
+    step = int(m.group(2)) if m else None
+    curve = dict(runs[source]["val_accuracy"]) if source in runs else {}
+    r = runs[name]
+    return {
+        "from_run": source,
+        "from_step": step,
+        "val_accuracy_at_save": curve.get(step),
+        "val_accuracy_after": r["val_accuracy"],
+        "steps": r["per_step"]["step"],
+        "reward": r["per_step"]["reward"],
+        "every_sync_verified": all(v == 1.0 for v in (read_verified(stage / name))),
+    }
+
+
+def read_verified(folder: Path) -> list[float]:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r["weight_sync/verified"] for r in rows if "weight_sync/verified" in r]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("stage", type=Path)
@@ -85,7 +113,7 @@ def main() -> None:
     a = p.parse_args()
     commands = {}
     for line in (a.stage / "commands.txt").read_text().splitlines():
-        m = re.match(r"^\S+ start (sums_w\d_s\d) on GPU ([\d,]+): (.*)$", line)
+        m = re.match(r"^\S+ start (sums_w\d_s\d|w\d_to_w\d) on GPU ([\d,]+): (.*)$", line)
         if m and m.group(1) not in commands:
             commands[m.group(1)] = f"CUDA_VISIBLE_DEVICES={m.group(2)} rlpost train {m.group(3)}"
     runs = {}
@@ -103,7 +131,9 @@ def main() -> None:
     }
     for w, s in worlds.items():  # a speed-up only against 1 GPU of the same machine
         s["speed_up_over_1_gpu"] = worlds[1]["median_step_s_mean"] / s["median_step_s_mean"] if 1 in worlds else None
-    out = {**machine(a.stage), "command": a.command, "note": a.note, "by_world_size": worlds, "runs": runs}
+    resumed = {n: resume_record(a.stage, n, runs) for n in runs if "_to_" in n}
+    out = {**machine(a.stage), "command": a.command, "note": a.note, "by_world_size": worlds, "resumed": resumed}
+    out["runs"] = runs
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     for w, s in worlds.items():
         print(w, round(s["median_step_s_mean"], 3), s["speed_up_over_1_gpu"], s["final_val_accuracy"])

@@ -2,7 +2,7 @@
 """Issue 37's scale figures from one unpacked `gpu.sh scale` stage (and `scale_sync`, when given):
 per run of benchmarks/multi_gpu/jobs_scale.txt the step time by phase (median over the steps after
 the first), tokens per second per GPU, the update's model FLOPs utilisation, the verified sync's
-time and GB/s, and the update's memory peak beside `rlpost plan`'s; with `--sync`, the raw NCCL
+time and GB/s, and the update's memory peak beside `rlpost plan`'s (scale.py's `plan_of`); with `--sync`, the raw NCCL
 broadcast of the same bytes on the same GPUs (benchmarks/bench_weight_sync.py).
 
 MFU = 6 x N x tokens / update time / (trainer GPUs x the GPU's dense bf16 peak): N the parameters
@@ -25,9 +25,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "real_model"))
+sys.path.insert(0, str(REPO / "benchmarks" / "multi_gpu"))
 sys.path.insert(0, str(REPO))
 
 from collect import machine  # noqa: E402
+from scale import gpu_peaks, plan_of  # noqa: E402
 
 PHASES = ("gen", "reward", "logprob", "update", "weight_sync", "step")
 
@@ -103,13 +105,13 @@ def raw_broadcasts(folder: Path | None) -> dict:
     return out
 
 
-def jobs(stage: Path) -> dict[str, list[str]]:
-    """Each job's overrides, from the queue's first start line."""
+def jobs(stage: Path) -> dict[str, tuple[str, list[str]]]:
+    """Each scale job's GPUs and overrides (a job with `model.path`; the last attempt's start line)."""
     out = {}
     for line in (stage / "commands.txt").read_text().splitlines():
-        m = re.match(r"^\S+ start (\S+) on GPU [\d,]+: (.*)$", line)
-        if m and m.group(1) not in out:
-            out[m.group(1)] = m.group(2).split()
+        m = re.match(r"^\S+ start (\S+) on GPU ([\d,]+): (.*)$", line)
+        if m and "model.path=" in m.group(3):
+            out[m.group(1)] = (m.group(2), [w for w in m.group(3).split() if not w.startswith("trainer.resume")])
     return out
 
 
@@ -118,20 +120,28 @@ def main() -> None:
     p.add_argument("stage", type=Path)
     p.add_argument("--sync", type=Path, help="an unpacked `gpu.sh scale_sync` stage")
     p.add_argument("--peak-tflops", type=float, required=True, help="the GPU's dense bf16 peak (H100/H200 SXM: 989.4)")
+    p.add_argument("--gpu-gib", type=float, required=True, help="the GPU's memory, for the plan (H200: 140.4)")
     p.add_argument("--command", required=True)
     p.add_argument("--note", default="")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     runs = {}
-    for name, overrides in jobs(a.stage).items():
+    for name, (gpus, overrides) in jobs(a.stage).items():
         lay = layout(overrides)
         done = (a.stage / f"{name}.done").exists() and (a.stage / name / "metrics.jsonl").exists()
-        runs[name] = lay | (run_figures(a.stage / name, lay, a.peak_tflops * 1e12) if done else {"finished": False})
+        command = f"CUDA_VISIBLE_DEVICES={gpus} rlpost train {' '.join(overrides)}"
+        runs[name] = lay | {"finished": done, "command": command}
+        if done:
+            runs[name] |= run_figures(a.stage / name, lay, a.peak_tflops * 1e12)
+            memory = plan_of(a.stage / name, runs[name]["command"], a.gpu_gib, [])
+            runs[name]["memory"] = memory | {"nvidia_smi_peak_gib": gpu_peaks(a.stage, name)}
     out = {**machine(a.stage), "command": a.command, "note": a.note, "peak_tflops": a.peak_tflops}
     out |= {"raw_broadcast": raw_broadcasts(a.sync), "runs": runs}
     a.out.write_text(json.dumps(out, indent=1) + "\n")
     for name, r in runs.items():
-        print(name, {k: r.get(k) for k in ("tokens_per_s_per_gpu", "update_mfu", "sync_gb_per_s")}, r.get("phase_s"))
+        plan = r.get("memory", {}).get("plan_over_measured")
+        figures = {k: r.get(k) for k in ("tokens_per_s_per_gpu", "update_mfu", "sync_gb_per_s")}
+        print(name, figures, plan, r.get("phase_s"))
 
 
 if __name__ == "__main__":

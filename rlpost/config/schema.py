@@ -279,6 +279,13 @@ class TrainerConfig:
         ge=0,
     )
     save_every: int = knob(0, "Checkpoint every this many steps (0 = never).", ge=0)
+    profile_step: int = knob(
+        0,
+        "Profile the policy update of this step (0 = none) with torch.profiler on every trainer rank: "
+        "`profile/update_step{N}_rank{R}.txt` (operators by device, then CPU time) and a `.json.gz` trace "
+        "(Perfetto) in the run folder, on each rank's node.",
+        ge=0,
+    )
     keep_checkpoints: int = knob(2, "Complete checkpoints kept; older ones are deleted.", ge=1)
     save_on_signal: bool = knob(
         True, "On SIGTERM or SIGINT: finish the step, write a checkpoint, exit (a second signal exits at once)."

@@ -147,7 +147,7 @@ class Controller:
     def _update(self, batch: Batch, plan, probe: bool, in_update: bool, timing: dict) -> dict[str, float]:
         """The policy's update (version + 1); its own forward's log-probs into `batch` when it made them."""
         with timed(timing, "update"):
-            results = self.trainers.call_sharded("update", shard_batch(batch, plan), probe)
+            results = self.trainers.call_sharded("update", shard_batch(batch, plan), probe, self.step + 1)
         if in_update:
             put_rows(batch, [logprobs for _, logprobs in results])
         self.version += 1

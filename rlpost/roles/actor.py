@@ -32,6 +32,7 @@ from rlpost.roles.actor_weights import ActorWeights
 from rlpost.trainer.engine import EngineSpec, FSDPEngine
 from rlpost.trainer.logprobs import resolve_layout, response_logprobs
 from rlpost.trainer.lora import adapter_weights, adapters_off
+from rlpost.trainer.profile import maybe_profiled, part
 from rlpost.trainer.stats import Stats
 from rlpost.weightsync.sync import SyncStats
 from rlpost.weightsync.transport import SyncGroup
@@ -87,7 +88,7 @@ class ActorWorker:
         return Batch({k: torch.cat(v) for k, v in out.items() if v})
 
     # --------------------------------------------------------------------------------- update
-    def update(self, shard: Batch, base: bool = False) -> tuple[dict[str, float], Batch]:
+    def update(self, shard: Batch, base: bool = False, step: int = 0) -> tuple[dict[str, float], Batch]:
         """PPO epochs over this rank's planned mini-batches; one optimizer step per mini-batch.
         Returns the metrics, already reduced over ranks (identical on every rank), and the
         log-probs this update computed in place of `compute_logprobs` (an empty `Batch` when the
@@ -99,7 +100,10 @@ class ActorWorker:
         a version ago too: that lag is what TIS corrects, against `rollout_logprobs`), so the old
         log-probs are the update's own forward, detached (ratio 1), and `ref_logprobs` (with
         `base`, the base model's under LoRA) come from a forward of the reference on each
-        micro-batch. One pass over the batch instead of two."""
+        micro-batch. One pass over the batch instead of two.
+
+        In the step `trainer.profile_step` names (`step`: the one this update trains) it runs under
+        torch.profiler (rlpost/trainer/profile.py)."""
         start = time.perf_counter()
         a = self.cfg.algo
         stats = Stats(self.device)
@@ -116,7 +120,8 @@ class ActorWorker:
                 )
 
             def micro_step(mb: Batch, denominator: torch.Tensor, first: bool) -> None:
-                ref = self._ref_logprobs(mb) if fused and with_ref else None
+                with part("reference"):
+                    ref = self._ref_logprobs(mb) if fused and with_ref else None
                 logp, ratio_dev = self._micro_step(mb, denominator, stats, ref)
                 stats.max("perf/microbatch_tokens", float(padded_tokens(mb)))  # for the plan's check
                 if first:  # the first optimizer step: its ratios must all be exactly 1
@@ -127,7 +132,9 @@ class ActorWorker:
                         out["ref_logprobs"].append(ref)
                     out["row_index"].append(mb["row_index"])
 
-            self.engine.train(minis, a.ppo_epochs, a.loss_agg_mode, micro_step, stats)
+            profile = step if step == self.cfg.trainer.profile_step else 0
+            with maybe_profiled(self.cfg.run.dir, profile, self.rank, self.device.type == "cuda"):
+                self.engine.train(minis, a.ppo_epochs, a.loss_agg_mode, micro_step, stats)
             if self.device.type == "cuda":  # what the memory plan (controller/plan.py) predicts
                 stats.max("perf/update_peak_gb", self.engine.phase_peak())
             metrics = stats.reduce()
@@ -139,7 +146,8 @@ class ActorWorker:
         """Forward, the algorithm's loss, backward on one micro-batch; returns the log-probs of
         the forward (detached) and max |ratio - 1| (a tensor). Without `old_logprobs` in `mb`
         they are taken from this forward."""
-        logp, entropy = self._logprobs(self.model, mb, with_entropy=True)  # packs on the CPU first
+        with part("forward"):
+            logp, entropy = self._logprobs(self.model, mb, with_entropy=True)  # packs on the CPU first
         dev = self.device
         old = mb["old_logprobs"].to(dev) if "old_logprobs" in mb else logp.detach()
         if ref_logp is None and "ref_logprobs" in mb:
@@ -160,7 +168,8 @@ class ActorWorker:
             ),
             self.cfg.algo,
         )
-        (out.loss * self.world_size).backward()
+        with part("backward"):
+            (out.loss * self.world_size).backward()
         stats.merge(out)
         ratio_dev = torch.maximum(out.maxes["actor/ppo_ratio_max"] - 1, 1 - out.mins["actor/ppo_ratio_min"])
         return logp.detach(), ratio_dev.clamp(min=0.0)

@@ -39,6 +39,7 @@ from rlpost.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.trainer.fsdp import fsdp_units, full_tensor, params_on, shard_model
 from rlpost.trainer.lora import use_merged_forward
 from rlpost.trainer.optim import LayerwiseAdamW
+from rlpost.trainer.profile import part
 from rlpost.trainer.stats import Stats
 
 
@@ -152,7 +153,8 @@ class FSDPEngine:
             for mini, denominator in zip(minis, denominators):
                 for mb in mini:
                     micro_step(mb, denominator, first)
-                self.optimizer_step(stats)
+                with part("optimizer_step"):
+                    self.optimizer_step(stats)
                 first = False
         stats.set(f"{self.spec.prefix}/lr", self.scheduler.get_last_lr()[0])
 

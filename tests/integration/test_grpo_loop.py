@@ -49,9 +49,12 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
             "algo.kl_coef=0.01",
             "algo.entropy_coef=0.01",  # a gradient even when no sample is rewarded
             "logger.backends=[console,jsonl,tensorboard,wandb]",
+            "trainer.profile_step=2",  # the loop hands each rank the step it trains
         ]
     )
     train(cfg)
+    profiled = sorted(p.name for p in (run_dir / "profile").glob("*.txt"))
+    assert profiled == ["update_step2_rank0.txt", "update_step2_rank1.txt"]
     rows = read_metrics(run_dir)
     assert rows[0]["step"] == 0 and "val/accuracy" in rows[0]  # validation before training
     steps = [r for r in rows if r["step"] > 0]
