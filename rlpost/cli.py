@@ -1,6 +1,7 @@
 """`rlpost train | data | export | plan | plot | doctor`.
 
 rlpost train +recipe=quickstart trainer.total_steps=20     # Hydra overrides after the verb
+rlpost train --help | --cfg job | -m run.seed=0,1,2 ...     # usage; the composed config; a sweep
 rlpost data arithmetic --out data/arithmetic                # write an offline task as jsonl
 rlpost export RUN_DIR [--step N] --out DIR                  # checkpoint -> Hugging Face folder
 rlpost plan +recipe=grpo_lora [--gpu-gb 80]                # memory per GPU, before renting it
@@ -15,7 +16,27 @@ import os
 import sys
 
 
-def cmd_train(overrides: list[str]) -> int:
+def cmd_train(argv: list[str]) -> int:
+    """`rlpost train [OVERRIDE ...] [--cfg job] [-m] [-h]` (rlpost/config/command_line.py)."""
+    from rlpost.config import ConfigError
+    from rlpost.config.command_line import parse_train_args, train_help
+    from rlpost.config.compose import RECIPE_DIR
+
+    try:
+        args = parse_train_args(argv)
+    except ConfigError as e:
+        print(f"rlpost: {e}", file=sys.stderr)
+        return 2
+    if args.help:
+        print(train_help(sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))))
+        return 0
+    if args.multirun:
+        return train_sweep(args.overrides, args.show_config)
+    return train_once(args.overrides, args.show_config)
+
+
+def checked_config(overrides: list[str]):
+    """The validated config with its reward function found, or None after saying what is wrong."""
     from rlpost.config import ConfigError, load_config
     from rlpost.rewards import get_reward_fn
 
@@ -23,12 +44,68 @@ def cmd_train(overrides: list[str]) -> int:
         cfg = load_config(overrides)
         get_reward_fn(cfg.reward.fn)  # a bad reward.fn fails here, before anything starts
     except (ConfigError, FileNotFoundError, KeyError, AttributeError, ValueError) as e:
+        hint = " (or sweep over the values with -m/--multirun)" if "Ambiguous value" in str(e) else ""
+        print(f"rlpost: config error: {e}{hint}", file=sys.stderr)
+        return None
+    return cfg
+
+
+def train_sweep(overrides: list[str], show_config: bool) -> int:
+    """Hydra's multirun: every combination of the swept values, checked first, then one run after
+    another (each its own process) in SWEEP/0, SWEEP/1, ...; stops at the first run that fails."""
+    import subprocess
+
+    import yaml
+
+    from rlpost.config import ConfigError, compose, to_yaml
+    from rlpost.config.command_line import sweep_folder, sweep_jobs
+
+    try:
+        jobs = sweep_jobs(overrides)
+        folder = sweep_folder(compose(jobs[0]).run.dir)
+    except ConfigError as e:
         print(f"rlpost: config error: {e}", file=sys.stderr)
         return 2
+    if (folder / "multirun.yaml").exists():
+        print(
+            f"rlpost: a sweep already ran in {folder} (multirun.yaml); give the new one another run.dir",
+            file=sys.stderr,
+        )
+        return 2
+    jobs = [
+        [o for o in job if not o.startswith("run.dir=")] + [f"run.dir={folder / str(i)}"] for i, job in enumerate(jobs)
+    ]
+    configs = [checked_config(job) for job in jobs]
+    if any(c is None for c in configs):
+        return 2
+    if show_config:
+        print("\n".join(f"# job {i}: {' '.join(job)}\n{to_yaml(c)}" for i, (job, c) in enumerate(zip(jobs, configs))))
+        return 0
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "multirun.yaml").write_text(yaml.safe_dump([{"job": i, "overrides": j} for i, j in enumerate(jobs)]))
+    for i, job in enumerate(jobs):
+        print(f"rlpost: sweep job {i + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
+        code = subprocess.run([sys.executable, "-m", "rlpost.cli", "train", *job]).returncode
+        if code != 0:
+            print(f"rlpost: sweep job {i} failed (exit {code}); jobs {i + 1}.. did not run ({folder})", file=sys.stderr)
+            return code
+    return 0
+
+
+def train_once(overrides: list[str], show_config: bool = False) -> int:
+    cfg = checked_config(overrides)
+    if cfg is None:
+        return 2
+    if show_config:
+        from rlpost.config import to_yaml
+
+        print(to_yaml(cfg), end="")
+        return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
     torch.set_num_threads(cfg.cluster.num_threads)
+    from rlpost.config import ConfigError
     from rlpost.controller.checkpoint import CheckpointError
     from rlpost.controller.cluster import Stall
     from rlpost.controller.run import train

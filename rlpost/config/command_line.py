@@ -1,0 +1,94 @@
+"""`rlpost train`'s own flags beside the Hydra overrides, as Hydra's apps have them: `--help`,
+`--cfg job` (the composed config) and `-m`/`--multirun` (a sweep: each `key=a,b`, `range()` or
+`choice()` override expands with Hydra's own parser, and the runs go one after another into
+numbered folders under one sweep folder). Pure functions; the CLI runs what they return."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+
+from rlpost.config.schema import ConfigError, TrainConfig
+
+FLAGS = ("-h", "--help", "--cfg", "-c", "-m", "--multirun")
+
+
+@dataclass
+class TrainArgs:
+    overrides: list[str] = field(default_factory=list)
+    help: bool = False
+    show_config: bool = False
+    multirun: bool = False
+
+
+def parse_train_args(argv: list[str]) -> TrainArgs:
+    """Split `rlpost train`'s arguments into its flags and the Hydra overrides."""
+    args, words = TrainArgs(), list(argv)
+    while words:
+        word = words.pop(0)
+        if word in ("-h", "--help"):
+            args.help = True
+        elif word in ("-m", "--multirun"):
+            args.multirun = True
+        elif word in ("--cfg", "-c") or word.startswith("--cfg="):
+            what = word.split("=", 1)[1] if "=" in word else (words.pop(0) if words else "")
+            if what != "job":
+                raise ConfigError(
+                    f"--cfg {what or '(nothing)'}: rlpost prints only the run's own config, `--cfg job` "
+                    "(Hydra's `hydra` and `all` parts are not rlpost's: it composes without Hydra's app)"
+                )
+            args.show_config = True
+        elif word.startswith("-"):
+            raise ConfigError(
+                f"unknown option {word!r} for `rlpost train`: it takes Hydra overrides (key=value, "
+                f"+recipe=NAME) and {', '.join(FLAGS)}; see `rlpost train --help`"
+            )
+        else:
+            args.overrides.append(word)
+    return args
+
+
+def sweep_jobs(overrides: list[str]) -> list[list[str]]:
+    """Every combination of a sweep's values, as one override list a run (Hydra's basic sweeper's
+    order: the first swept key changes slowest)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+    except Exception as e:  # Hydra's grammar errors
+        raise ConfigError(f"cannot read the sweep {overrides}: {e}") from e
+    choices = []
+    for o in parsed:
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        else:
+            choices.append([o.input_line])
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def sweep_folder(run_dir: str) -> Path:
+    """Where a sweep's runs go: `run.dir` as given, else runs/<date>_<time>_multirun."""
+    return Path(run_dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}_multirun").expanduser().resolve()
+
+
+def train_help(recipes: list[str]) -> str:
+    sections = "\n".join(f"  {f.name:12s} {f.metadata.get('help', '')}" for f in fields(TrainConfig))
+    return f"""usage: rlpost train [OVERRIDE ...] [--cfg job] [-m | --multirun] [-h | --help]
+
+Train with Hydra overrides: `+recipe=NAME` picks a recipe, `section.key=value` sets a key
+(e.g. rlpost train +recipe=quickstart trainer.total_steps=20).
+
+options:
+  --cfg job       print the composed config (YAML) and exit
+  -m, --multirun  a sweep: each `key=a,b` (or range(1,4), choice(a,b)) expands; the runs go one after
+                  another into RUN_DIR/0, RUN_DIR/1, ... (RUN_DIR: run.dir, else runs/<date>_<time>_multirun)
+  -h, --help      this help
+
+recipes (+recipe=NAME): {", ".join(recipes)}
+
+config sections (every key: docs/configuration.md, or `rlpost doctor --config-docs`):
+{sections}
+"""

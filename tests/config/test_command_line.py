@@ -1,0 +1,94 @@
+"""`rlpost train`'s Hydra conventions: --help, --cfg job and -m/--multirun, or a clear refusal."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from rlpost import cli
+from rlpost.config import ConfigError, load_config, to_yaml
+from rlpost.config.command_line import parse_train_args, sweep_jobs
+
+
+def test_help_lists_the_options_the_recipes_and_the_sections(capsys):
+    assert cli.main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rlpost train [OVERRIDE ...]")
+    for text in ("--cfg job", "-m, --multirun", "quickstart, reinforce_pp", "  trainer      FSDP2 trainer."):
+        assert text in out, text
+
+
+def test_cfg_job_prints_the_composed_config_and_starts_nothing(capsys):
+    overrides = ["+recipe=quickstart", "trainer.total_steps=7"]
+    assert cli.main(["train", *overrides, "--cfg", "job"]) == 0
+    out = capsys.readouterr().out
+    assert out == to_yaml(load_config(overrides)) and "total_steps: 7" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--cfg", "hydra"], "--cfg hydra: rlpost prints only the run's own config, `--cfg job`"),
+        (["--cfg"], "--cfg (nothing)"),
+        (["--info"], "unknown option '--info' for `rlpost train`"),
+    ],
+)
+def test_flags_rlpost_does_not_have_are_refused_by_name(argv, message, capsys):
+    with pytest.raises(ConfigError, match="rlpost"):
+        parse_train_args(["+recipe=quickstart", *argv])
+    assert cli.main(["train", "+recipe=quickstart", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_sweep_without_multirun_says_how_to_ask_for_one(capsys):
+    assert cli.main(["train", "+recipe=quickstart", "run.seed=1,2"]) == 2
+    assert "sweep over the values with -m/--multirun" in capsys.readouterr().err
+
+
+def test_sweep_jobs_expand_as_hydra_does():
+    jobs = sweep_jobs(["+recipe=quickstart", "run.seed=1,2", "trainer.total_steps=range(3,5)", "data.x=[1,2]"])
+    assert jobs == [
+        ["+recipe=quickstart", f"run.seed={s}", f"trainer.total_steps={t}", "data.x=[1,2]"]
+        for s in (1, 2)
+        for t in (3, 4)
+    ]
+
+
+def test_multirun_checks_every_job_then_runs_them_one_by_one_into_numbered_folders(tmp_path, monkeypatch, capsys):
+    ran = []
+
+    def fake_run(command):
+        ran.append(command)
+        return subprocess.CompletedProcess(command, 0 if len(ran) < 3 else 7)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    sweep = tmp_path / "sweep"
+    argv = ["train", "-m", "+recipe=quickstart", f"run.dir={sweep}", "run.seed=0,1", "trainer.total_steps=1,2"]
+    assert cli.main(argv) == 7  # the third job fails: the fourth does not run
+    assert [c[:4] for c in ran] == [[sys.executable, "-m", "rlpost.cli", "train"]] * 3
+    assert [c[4:] for c in ran] == [
+        ["+recipe=quickstart", f"run.seed={s}", f"trainer.total_steps={t}", f"run.dir={sweep / str(i)}"]
+        for i, (s, t) in enumerate([(0, 1), (0, 2), (1, 1)])
+    ]
+    listed = yaml.safe_load((sweep / "multirun.yaml").read_text())
+    assert [j["job"] for j in listed] == [0, 1, 2, 3] and listed[3]["overrides"][-1] == f"run.dir={sweep / '3'}"
+    assert "sweep job 2 failed (exit 7); jobs 3.. did not run" in capsys.readouterr().err
+    assert cli.main(argv) == 2  # the folder holds a sweep: a second one is refused, nothing overwritten
+    assert "a sweep already ran in" in capsys.readouterr().err and len(ran) == 3
+
+
+def test_multirun_refuses_before_any_run_when_one_job_is_bad(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(subprocess, "run", lambda command: pytest.fail("a run started"))
+    argv = ["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path / 's'}", "trainer.world_size=1,3"]
+    assert cli.main(argv) == 2
+    assert "trainer.world_size=3 must divide" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
+
+
+def test_multirun_with_cfg_job_prints_each_job(tmp_path, capsys):
+    argv = ["train", "-m", "--cfg", "job", "+recipe=quickstart", f"run.dir={tmp_path}", "run.seed=3,4"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("# job ") == 2 and "seed: 3" in out and "seed: 4" in out
+    assert not (tmp_path / "multirun.yaml").exists()
