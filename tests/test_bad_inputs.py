@@ -33,8 +33,8 @@ CONFIG = [
     ("reward.max_error_fraction=1.5", "reward.max_error_fraction=1.5 must be <= 1"),
     (
         "trainer.wrold_size=2",
-        "unknown config key 'trainer.wrold_size'; did you mean: trainer.world_size, trainer.micro_batch_size, "
-        "trainer.total_steps?",
+        "unknown config key 'trainer.wrold_size'; did you mean: trainer.world_size, trainer.profile_step, "
+        "trainer.micro_batch_size?",
     ),
     (
         "trainer.total_steps=abc",
