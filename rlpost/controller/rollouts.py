@@ -77,8 +77,7 @@ class Rollouts:
         reward_models: WorkerGroup | None = None,
     ):
         self.cfg, self.group, self.loader, self.pad_id = cfg, group, loader, pad_id
-        self.scorer = Scorer(cfg, tokenizer, rewards, reward_models, log)
-        self.score = self.scorer.score
+        self.score = Scorer(cfg, tokenizer, rewards, reward_models, log).score
         self.overlap = Colocation.of(cfg).overlapping
         self.pending: deque[Pending] = deque()
         self.stream = Stream(self) if cfg.algo.async_rollouts else None

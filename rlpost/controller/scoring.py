@@ -23,13 +23,8 @@ class Scorer:
     def __init__(
         self, cfg: TrainConfig, tokenizer, rewards: RewardPool, reward_models: WorkerGroup | None = None, log=print
     ):
-        self.cfg, self.tokenizer, self.rewards, self.reward_models, self.log = (
-            cfg,
-            tokenizer,
-            rewards,
-            reward_models,
-            log,
-        )
+        self.cfg, self.tokenizer, self.log = cfg, tokenizer, log
+        self.rewards, self.reward_models = rewards, reward_models
         self.failing = 0  # consecutive training batches of which too many samples failed to score
 
     def score(self, rows: list[PromptRow], batch: Batch, n: int, rule_only: bool = False):

@@ -132,8 +132,8 @@ class ActorWorker:
                         out["ref_logprobs"].append(ref)
                     out["row_index"].append(mb["row_index"])
 
-            profile = step if step == self.cfg.trainer.profile_step else 0
-            with maybe_profiled(self.cfg.run.dir, profile, self.rank, self.device.type == "cuda"):
+            cuda, profile_step = self.device.type == "cuda", self.cfg.trainer.profile_step
+            with maybe_profiled(self.cfg.run.dir, profile_step, step, self.rank, cuda):
                 self.engine.train(minis, a.ppo_epochs, a.loss_agg_mode, micro_step, stats)
             if self.device.type == "cuda":  # what the memory plan (controller/plan.py) predicts
                 stats.max("perf/update_peak_gb", self.engine.phase_peak())

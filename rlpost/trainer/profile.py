@@ -28,8 +28,6 @@ def profiled(folder: Path, name: str, cuda: bool):
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         yield
-    if cuda:
-        torch.cuda.synchronize()
     folder.mkdir(parents=True, exist_ok=True)
     averages = prof.key_averages()
     tables = [("self CPU time", averages.table(sort_by="self_cpu_time_total", row_limit=ROWS))]
@@ -44,8 +42,9 @@ def profiled(folder: Path, name: str, cuda: bool):
     trace.unlink()
 
 
-def maybe_profiled(run_dir: str, step: int, rank: int, cuda: bool):
-    """`profiled` into `run_dir/profile/update_step{step}_rank{rank}` when `step` > 0, else nothing."""
-    if step <= 0:
+def maybe_profiled(run_dir: str, profile_step: int, step: int, rank: int, cuda: bool):
+    """`profiled` into `run_dir/profile/update_step{step}_rank{rank}` in the step `trainer.profile_step`
+    names (`profile_step`; 0: none), else nothing."""
+    if step != profile_step or profile_step <= 0:
         return nullcontext()
     return profiled(Path(run_dir) / "profile", f"update_step{step}_rank{rank}", cuda)
