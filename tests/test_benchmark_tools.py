@@ -107,3 +107,19 @@ def test_scale_figures_count_the_matmul_parameters_and_the_mfu_by_hand(tmp_path,
     assert out["steps"] == [2, 3] and out["tokens_per_step"] == 4000.0
     assert out["update_mfu"] == pytest.approx(6 * n * 4000 / 2.0 / (2 * 1e12))
     assert out["tokens_per_s_per_gpu"] == pytest.approx(1000 / 3) and out["sync_gb_per_s"] == pytest.approx(2.0)
+
+
+def test_a_run_is_recorded_with_its_last_attempts_overrides_less_the_queues_resume(tmp_path):
+    """The command a collected run records: its last start line (a first attempt may have been refused
+    and its job line fixed), without the `trainer.resume=auto` gpu_queue.py adds on going on; a job's
+    own `trainer.resume=PATH` stays."""
+    collect = load_benchmark("benchmarks/real_model/collect.py")
+    (tmp_path / "commands.txt").write_text(
+        "01:00:00 start a on GPU 0: x=1\n"
+        "01:00:01 a rc=2\n"
+        "01:00:02 start b on GPU 1,2: trainer.resume=/r/step_60 y=2\n"
+        "01:01:00 start a on GPU 3: x=1 w=1\n"
+        "01:09:00 start a on GPU 0: x=1 w=1 trainer.resume=auto\n"
+    )
+    assert collect.started(tmp_path) == {"a": ("0", ["x=1", "w=1"]), "b": ("1,2", ["trainer.resume=/r/step_60", "y=2"])}
+    assert collect.train_command("0", ["x=1", "w=1"]) == "CUDA_VISIBLE_DEVICES=0 rlpost train x=1 w=1"

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "real_model"))
 sys.path.insert(0, str(REPO))
 
-from collect import machine, run_record  # noqa: E402
+from collect import machine, run_record, started, train_command  # noqa: E402
 
 WARM_UP = 5  # steps left out of the step time: compilation, the allocator's first growth
 
@@ -93,13 +93,8 @@ def resume_record(stage: Path, name: str, runs: dict[str, dict]) -> dict:
         "val_accuracy_after": r["val_accuracy"],
         "steps": r["per_step"]["step"],
         "reward": r["per_step"]["reward"],
-        "every_sync_verified": all(v == 1.0 for v in (read_verified(stage / name))),
+        "every_sync_verified": all(v == 1.0 for v in r["per_step"]["sync_verified"]),
     }
-
-
-def read_verified(folder: Path) -> list[float]:
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r["weight_sync/verified"] for r in rows if "weight_sync/verified" in r]
 
 
 def main() -> None:
@@ -111,11 +106,9 @@ def main() -> None:
     p.add_argument("--as-run", nargs="*", default=[], help="overrides that give the config as the runs had it")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
-    commands = {}
-    for line in (a.stage / "commands.txt").read_text().splitlines():
-        m = re.match(r"^\S+ start (sums_w\d_s\d|w\d_to_w\d) on GPU ([\d,]+): (.*)$", line)
-        if m and m.group(1) not in commands:
-            commands[m.group(1)] = f"CUDA_VISIBLE_DEVICES={m.group(2)} rlpost train {m.group(3)}"
+    commands = {
+        n: train_command(*job) for n, job in started(a.stage).items() if re.match(r"sums_w\d_s\d$|w\d_to_w\d$", n)
+    }
     runs = {}
     for name, command in commands.items():
         record = run_record(a.stage, name, command)

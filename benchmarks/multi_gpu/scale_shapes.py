@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "real_model"))
 sys.path.insert(0, str(REPO / "benchmarks" / "multi_gpu"))
 sys.path.insert(0, str(REPO))
 
-from collect import machine  # noqa: E402
+from collect import machine, started, train_command  # noqa: E402
 from scale import gpu_peaks, plan_of  # noqa: E402
 
 PHASES = ("gen", "reward", "logprob", "update", "weight_sync", "step")
@@ -105,16 +104,6 @@ def raw_broadcasts(folder: Path | None) -> dict:
     return out
 
 
-def jobs(stage: Path) -> dict[str, tuple[str, list[str]]]:
-    """Each scale job's GPUs and overrides (a job with `model.path`; the last attempt's start line)."""
-    out = {}
-    for line in (stage / "commands.txt").read_text().splitlines():
-        m = re.match(r"^\S+ start (\S+) on GPU ([\d,]+): (.*)$", line)
-        if m and "model.path=" in m.group(3):
-            out[m.group(1)] = (m.group(2), [w for w in m.group(3).split() if not w.startswith("trainer.resume")])
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("stage", type=Path)
@@ -126,11 +115,11 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     runs = {}
-    for name, (gpus, overrides) in jobs(a.stage).items():
+    scale_jobs = {n: job for n, job in started(a.stage).items() if any(w.startswith("model.path=") for w in job[1])}
+    for name, (gpus, overrides) in scale_jobs.items():
         lay = layout(overrides)
         done = (a.stage / f"{name}.done").exists() and (a.stage / name / "metrics.jsonl").exists()
-        command = f"CUDA_VISIBLE_DEVICES={gpus} rlpost train {' '.join(overrides)}"
-        runs[name] = lay | {"finished": done, "command": command}
+        runs[name] = lay | {"finished": done, "command": train_command(gpus, overrides)}
         if done:
             runs[name] |= run_figures(a.stage / name, lay, a.peak_tflops * 1e12)
             memory = plan_of(a.stage / name, runs[name]["command"], a.gpu_gib, [])

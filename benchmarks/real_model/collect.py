@@ -27,6 +27,7 @@ PER_STEP = {
     "tokens_per_s": "perf/tokens_per_s",
     "step_s": "timing_s/step",
     "update_peak_gb": "perf/update_peak_gb",
+    "sync_verified": "weight_sync/verified",
 }
 
 
@@ -66,6 +67,22 @@ def run_record(stage: Path, name: str, command: str) -> dict:
     }
 
 
+def started(stage: Path) -> dict[str, tuple[str, list[str]]]:
+    """Each run's GPUs and overrides from the start lines of commands.txt: its last attempt's, less
+    the `trainer.resume=auto` that gpu_queue.py adds to a run going on in a later call (a first
+    attempt may have been refused and its job line fixed before the run went on)."""
+    out = {}
+    for line in (stage / "commands.txt").read_text().splitlines():
+        m = re.match(r"^\S+ start (\S+) on GPU ([\d,]+): (.*)$", line)
+        if m:
+            out[m.group(1)] = (m.group(2), [w for w in m.group(3).split() if w != "trainer.resume=auto"])
+    return out
+
+
+def train_command(gpus: str, overrides: list[str]) -> str:
+    return f"CUDA_VISIBLE_DEVICES={gpus} rlpost train {' '.join(overrides)}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("stage", type=Path, help="an unpacked stage folder of gpu.sh")
@@ -75,12 +92,7 @@ def main() -> None:
     p.add_argument("--runs", nargs="*", help="only these runs (default: every run of the stage)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
-    commands = {}
-    for line in (a.stage / "commands.txt").read_text().splitlines():
-        m = re.match(r"^\S+ start (\S+) on GPU ([\d,]+): (.*)$", line)
-        if m and (a.runs is None or m.group(1) in a.runs):
-            first = commands.get(m.group(1))  # a run gone on in a later call (gpu_queue.py) keeps its first command
-            commands[m.group(1)] = first or f"CUDA_VISIBLE_DEVICES={m.group(2)} rlpost train {m.group(3)}"
+    commands = {n: train_command(*job) for n, job in started(a.stage).items() if a.runs is None or n in a.runs}
     out = {
         **machine(a.stage),
         **({"commit": a.commit} if a.commit else {}),
