@@ -91,6 +91,7 @@ def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *ident, *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
 
 
+@pytest.mark.source  # reads this checkout's git HEAD (the mutation run's copy is no git checkout)
 def test_the_four_keys_of_this_checkout():
     p = load_benchmark("benchmarks/provenance.py")
     found = p.provenance()
@@ -103,6 +104,7 @@ def test_the_four_keys_of_this_checkout():
     assert p.provenance("python benchmarks/x.py --out a.json")["command"] == "python benchmarks/x.py --out a.json"
 
 
+@pytest.mark.source  # reads this checkout's git HEAD
 def test_git_wins_over_the_commit_variable_where_there_is_git(monkeypatch):
     p = load_benchmark("benchmarks/provenance.py")
     monkeypatch.setenv("COMMIT", "0000000")
@@ -158,7 +160,8 @@ def test_machine_names_the_cores_and_the_gpus(monkeypatch):
         {"commit": None, "x": 1},  # left None by the driver: filled
     ],
 )
-def test_a_drivers_own_values_stay(record):
+def test_a_drivers_own_values_stay(record, monkeypatch):
+    monkeypatch.setenv("COMMIT", "0123abc")  # what is filled, also where this copy is no git checkout
     p = load_benchmark("benchmarks/provenance.py")
     out = p.with_provenance(record)
     assert list(out)[:4] == ["commit", "machine", "command", "date"]
