@@ -7,6 +7,7 @@ outcomes at the level that decides them, quickly. Nothing may hang: every test h
 import json
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -270,6 +271,13 @@ def test_a_cluster_address_where_no_ray_answers_is_named_at_once():
         check_cluster_answers(f"127.0.0.1:{port}")
     with pytest.raises(ConfigError, match=r"^cluster.address='headnode': want host:port"):
         check_cluster_answers("headnode")
+    for address in (":6379", "headnode:", "ray://headnode"):  # a host and a port, both
+        with pytest.raises(ConfigError, match="want host:port"):
+            check_cluster_answers(address)
+    check_cluster_answers("auto")  # Ray's to find: nothing to try here
+    with socket.create_server(("127.0.0.1", 0)) as server:  # something answers: as plain and as a client address
+        check_cluster_answers(f"127.0.0.1:{server.getsockname()[1]}")
+        check_cluster_answers(f"ray://127.0.0.1:{server.getsockname()[1]}")
 
 
 # --------------------------------------------------------------------------------- checkpoints

@@ -44,3 +44,16 @@ def test_what_the_user_set_wins(clean_env, monkeypatch):
     quiet_libraries(False)
     assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
     assert actor_env(load_config([]))["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+def test_the_actors_environment_exactly(clean_env, monkeypatch):
+    """cluster.num_threads for the math libraries, no tokenizer threads, and of the driver's own
+    variables exactly the NCCL_*, VLLM_*, HF_HUB_OFFLINE and PYTHONPATH ones."""
+    for key in [k for k in os.environ if k.startswith(("NCCL_", "VLLM_", "nccl_", "vllm_"))]:
+        monkeypatch.delenv(key)
+    mine = {"NCCL_NVLS_ENABLE": "0", "VLLM_USE_V1": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": "/x"}
+    for key, value in (mine | {"nccl_lower": "1", "vllm_lower": "1", "HF_HOME": "/h", "MY_OWN": "1"}).items():
+        monkeypatch.setenv(key, value)
+    env = actor_env(load_config(["cluster.num_threads=3", "logger.verbose=true"]))
+    threads = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "TOKENIZERS_PARALLELISM": "false"}
+    assert env == threads | mine

@@ -158,3 +158,28 @@ def test_a_colocated_tensor_parallel_engine_runs_on_its_trainer_ranks_gpus():
         engine_devices(cfg, ["0", "1", "0", "0"], ["a", "a", "a", "b"])
     cfg.rollout.tensor_parallel_size = 1  # one GPU each: the one Ray gave the actor
     assert engine_devices(cfg, ["0"] * 4, ["a"] * 4) == [None, None]
+
+
+def test_every_roles_share_of_its_bundle_on_the_cpu_and_a_colocated_engines_first_gpu():
+    """Each role's share, for every role, colocated and split, with a critic, a reward model or
+    both on the trainer bundles; CPU bundles; a colocated TP-2 engine on the bundle of its first
+    shard's rank."""
+    from rlpost.controller.placement import bundle_layout
+
+    roles = ("trainer", "critic", "reward_model", "rollout")
+    cfg = cfg_with("rollout.num_workers=2")
+    bundles, trainers, rollouts, shares = bundle_layout(cfg)
+    assert (bundles, trainers, rollouts) == ([{"CPU": 1}] * 2, [0, 1], [0, 1])
+    assert shares == dict.fromkeys(roles, 1 / 2)  # the actor and the rollout take turns
+    _, _, _, shares = bundle_layout(cfg, roles=("actor", "rollout", "reward_model"))
+    assert shares == dict.fromkeys(roles, 1 / 3)
+    cfg.cluster.placement = "split"
+    bundles, trainers, rollouts, shares = bundle_layout(cfg, roles=("actor", "rollout", "critic", "reward_model"))
+    assert (bundles, trainers, rollouts) == ([{"CPU": 1}] * 4, [0, 1], [2, 3])
+    assert shares == dict.fromkeys(roles[:3], 1 / 3) | {"rollout": 1.0}
+    _, _, _, shares = bundle_layout(cfg)
+    assert shares == dict.fromkeys(roles[:3], 1.0) | {"rollout": 1.0}
+    cfg.cluster.placement, cfg.trainer.world_size, cfg.trainer.device = "colocate", 4, "cuda"
+    cfg.rollout.tensor_parallel_size = 2
+    bundles, _, rollouts, _ = bundle_layout(cfg)
+    assert bundles == [{"CPU": 1, "GPU": 1}] * 4 and rollouts == [0, 2]

@@ -1,0 +1,126 @@
+"""The controller's scorer without Ray: which text each sample's reward function reads, the training
+reward (rule x weight + model x weight + the environment's), a reward model's non-finite scores,
+the split of samples over reward-model workers, and the stop when the reward function keeps failing.
+Every figure is worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from rlpost.config import load_config
+from rlpost.controller.scoring import RewardFailure, Scorer
+from rlpost.data.batch import Batch
+from rlpost.data.dataset import PromptRow
+from rlpost.rewards.executor import Scores
+
+
+class Tokenizer:
+    def batch_decode(self, ids, skip_special_tokens):
+        assert skip_special_tokens
+        return [" ".join(map(str, row)) for row in ids]
+
+
+class Pool:
+    """Returns the scores and error counts it is given, batch after batch; keeps what it scored."""
+
+    def __init__(self, *results):
+        self.results, self.seen = list(results), []
+
+    def score(self, samples):
+        self.seen.append(samples)
+        scores, errors = self.results.pop(0)
+        counts = {"errors": errors, "timeouts": 0, "bad_values": errors, "crashes": 0}
+        return Scores(scores, counts, "sample 0: ValueError: bad" if errors else None, list(range(errors)))
+
+
+class RewardModels:
+    """k workers; each scores a response by its length in characters (nan for the text "4")."""
+
+    def __init__(self, k):
+        self.k, self.calls = k, []
+
+    def __len__(self):
+        return self.k
+
+    def submit(self, rank, method, prompts, responses):
+        self.calls.append((rank, method, list(prompts), list(responses)))
+        return [math.nan if r == "4" else float(len(r)) for r in responses]
+
+    def get(self, refs):
+        return refs
+
+
+ROWS = [PromptRow([1], "p0", "g0", "src0"), PromptRow([2], "p1", "g1", "src1")]
+
+
+def batch_of(ids, mask, **extra):
+    return Batch({"response_ids": torch.tensor(ids), "response_mask": torch.tensor(mask), **extra})
+
+
+def config(*extra):
+    return load_config(["+recipe=quickstart", *extra])
+
+
+def test_each_sample_reads_its_own_response_and_its_prompts_row():
+    """Masked tokens are left out, a multi-turn sample is read from its last turn, sample i is of row
+    i // n; validation (`rule_only`) takes the rule score alone and counts no failing batch."""
+    pool = Pool(([1.0, 0.0, 0.5, 0.25], 0), ([1.0, 2.0, 3.0, 4.0], 4))
+    scorer = Scorer(config("reward.rule_weight=0.5"), Tokenizer(), pool)
+    ids = [[5, 6, 7], [8, 9, 0], [10, 11, 12], [13, 14, 15]]
+    mask = [[True, True, True], [True, True, False], [True, False, True], [False, True, True]]
+    batch = batch_of(ids, mask, last_turn_start=torch.tensor([1, 0, 0, 1]))
+    reward, errors, responses = scorer.score(ROWS, batch, n=2)
+    assert responses == ["6 7", "8 9", "10 12", "15"]
+    assert [(s.prompt, s.response, s.ground_truth, s.data_source) for s in pool.seen[0]] == [
+        ("p0", "6 7", "g0", "src0"),
+        ("p0", "8 9", "g0", "src0"),
+        ("p1", "10 12", "g1", "src1"),
+        ("p1", "15", "g1", "src1"),
+    ]
+    assert reward.tolist() == [0.5, 0.0, 0.25, 0.125] and errors["errors"] == 0
+    rule, errors, _ = scorer.score(ROWS, batch, n=2, rule_only=True)
+    assert rule.tolist() == [1.0, 2.0, 3.0, 4.0] and errors["errors"] == 4
+    assert scorer.failing == 0 and "rule_scores" not in batch
+
+
+def test_the_training_reward_weighs_rule_and_model_and_adds_the_environments():
+    """0.5 x rule + 2 x model + env; the model's nan scores 0 and counts as a bad value."""
+    pool = Pool(([1.0, 0.0, 1.0, 0.0], 1))
+    models = RewardModels(k=2)
+    scorer = Scorer(config("reward.rule_weight=0.5", "reward.model.weight=2"), Tokenizer(), pool, models)
+    batch = batch_of([[1, 2], [3, 0], [4, 0], [5, 6]], [[True, True], [True, False], [True, False], [True, True]])
+    batch["env_reward"] = torch.tensor([0.0, 1.0, 0.0, -1.0])
+    reward, errors, _ = scorer.score(ROWS, batch, n=2)
+    assert reward.tolist() == [0.5 + 6.0, 0.0 + 2.0 + 1.0, 0.5 + 0.0, 0.0 + 6.0 - 1.0]
+    assert errors["errors"] == 2 and errors["bad_values"] == 2  # the rule's one and the model's nan
+    assert batch["rule_scores"].tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert batch["model_scores"].tolist() == [3.0, 1.0, 0.0, 3.0]  # "1 2", "3", "4" (nan), "5 6"
+
+
+@pytest.mark.parametrize(
+    "k, parts", [(2, [[0, 1], [2, 3, 4]]), (3, [[0], [1, 2], [3, 4]]), (7, [[0], [1], [2], [3], [4]])]
+)
+def test_samples_are_split_over_the_reward_model_workers_in_order(k, parts):
+    models = RewardModels(k)
+    scorer = Scorer(config(), Tokenizer(), Pool(), models)
+    samples = [type("S", (), {"prompt": f"p{i}", "response": "x" * (i + 1)}) for i in range(5)]
+    assert scorer.model_scores(samples).tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert [call[2] for call in models.calls] == [[f"p{i}" for i in part] for part in parts]
+    assert all(call[1] == "score" for call in models.calls) and len({c[0] for c in models.calls}) == len(parts)
+
+
+def test_the_run_stops_when_too_many_samples_fail_for_max_error_steps_batches_in_a_row():
+    """More than half of 4 samples (3) failing twice in a row stops the run; exactly half (2) is
+    not too many, and a good batch between two bad ones starts the count again."""
+    bad, half, good = ([0.0] * 4, 3), ([0.0] * 4, 2), ([1.0] * 4, 0)
+    pool = Pool(bad, half, bad, good, bad, bad)
+    scorer = Scorer(config("reward.max_error_fraction=0.5", "reward.max_error_steps=2"), Tokenizer(), pool)
+    batch = batch_of([[1], [2], [3], [4]], [[True]] * 4)
+    for failing in (1, 0, 1, 0, 1):
+        scorer.score(ROWS, batch, n=2)
+        assert scorer.failing == failing
+    with pytest.raises(
+        RewardFailure, match=r"^3 of 4 samples failed to score, more than reward.max_error_fraction=0.5 "
+    ):
+        scorer.score(ROWS, batch, n=2)
