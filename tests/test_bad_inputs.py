@@ -267,7 +267,8 @@ def test_a_cluster_address_where_no_ray_answers_is_named_at_once():
     from rlpost.weightsync.transport import free_port
 
     port = free_port()
-    with pytest.raises(ConfigError, match=rf"^cluster.address='127.0.0.1:{port}': no Ray cluster answers there"):
+    refused = rf"^cluster.address='127.0.0.1:{port}': no Ray cluster answers there \(Connection refused\); start one "
+    with pytest.raises(ConfigError, match=refused + r"with `ray start --head` on that node, or fix the address$"):
         check_cluster_answers(f"127.0.0.1:{port}")
     with pytest.raises(ConfigError, match=r"^cluster.address='headnode': want host:port"):
         check_cluster_answers("headnode")

@@ -154,7 +154,8 @@ def test_a_colocated_tensor_parallel_engine_runs_on_its_trainer_ranks_gpus():
     cfg = cfg_with("rollout.num_workers=2")
     cfg.trainer.world_size, cfg.trainer.device, cfg.rollout.tensor_parallel_size = 4, "cuda", 2
     assert engine_devices(cfg, ["3", "1", "0", "2"], ["a"] * 4) == ["3,1", "0,2"]  # as Ray numbers the GPUs
-    with pytest.raises(ConfigError, match=r"rollout actor 1 would span trainer ranks 2..3 on nodes \['a', 'b'\]"):
+    spans = r"rollout actor 1 would span trainer ranks 2..3 on nodes \['a', 'b'\]; an engine's shards must share "
+    with pytest.raises(ConfigError, match=spans + "a node: use a tensor_parallel_size that divides the GPUs per node$"):
         engine_devices(cfg, ["0", "1", "0", "0"], ["a", "a", "a", "b"])
     cfg.rollout.tensor_parallel_size = 1  # one GPU each: the one Ray gave the actor
     assert engine_devices(cfg, ["0"] * 4, ["a"] * 4) == [None, None]

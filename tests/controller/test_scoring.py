@@ -31,7 +31,8 @@ class Pool:
         self.seen.append(samples)
         scores, errors = self.results.pop(0)
         counts = {"errors": errors, "timeouts": 0, "bad_values": errors, "crashes": 0}
-        return Scores(scores, counts, "sample 0: ValueError: bad" if errors else None, list(range(errors)))
+        first = "sample 0: Traceback (most recent call last):\n  ...\nValueError: bad" if errors else None
+        return Scores(scores, counts, first, list(range(errors)))
 
 
 class RewardModels:
@@ -66,7 +67,8 @@ def test_each_sample_reads_its_own_response_and_its_prompts_row():
     """Masked tokens are left out, a multi-turn sample is read from its last turn, sample i is of row
     i // n; validation (`rule_only`) takes the rule score alone and counts no failing batch."""
     pool = Pool(([1.0, 0.0, 0.5, 0.25], 0), ([1.0, 2.0, 3.0, 4.0], 4))
-    scorer = Scorer(config("reward.rule_weight=0.5"), Tokenizer(), pool)
+    said = []
+    scorer = Scorer(config("reward.rule_weight=0.5"), Tokenizer(), pool, log=said.append)
     ids = [[5, 6, 7], [8, 9, 0], [10, 11, 12], [13, 14, 15]]
     mask = [[True, True, True], [True, True, False], [True, False, True], [False, True, True]]
     batch = batch_of(ids, mask, last_turn_start=torch.tensor([1, 0, 0, 1]))
@@ -82,18 +84,25 @@ def test_each_sample_reads_its_own_response_and_its_prompts_row():
     rule, errors, _ = scorer.score(ROWS, batch, n=2, rule_only=True)
     assert rule.tolist() == [1.0, 2.0, 3.0, 4.0] and errors["errors"] == 4
     assert scorer.failing == 0 and "rule_scores" not in batch
+    assert said == ["reward: 4 samples failed (4 bad_values); first: ValueError: bad"]  # (the first: quiet)
 
 
 def test_the_training_reward_weighs_rule_and_model_and_adds_the_environments():
     """0.5 x rule + 2 x model + env; the model's nan scores 0 and counts as a bad value."""
     pool = Pool(([1.0, 0.0, 1.0, 0.0], 1))
     models = RewardModels(k=2)
-    scorer = Scorer(config("reward.rule_weight=0.5", "reward.model.weight=2"), Tokenizer(), pool, models)
+    said = []
+    cfg = config("reward.rule_weight=0.5", "reward.model.weight=2")
+    scorer = Scorer(cfg, Tokenizer(), pool, models, log=said.append)
     batch = batch_of([[1, 2], [3, 0], [4, 0], [5, 6]], [[True, True], [True, False], [True, False], [True, True]])
     batch["env_reward"] = torch.tensor([0.0, 1.0, 0.0, -1.0])
     reward, errors, _ = scorer.score(ROWS, batch, n=2)
     assert reward.tolist() == [0.5 + 6.0, 0.0 + 2.0 + 1.0, 0.5 + 0.0, 0.0 + 6.0 - 1.0]
     assert errors["errors"] == 2 and errors["bad_values"] == 2  # the rule's one and the model's nan
+    assert said == [
+        "reward: 1 samples failed (1 bad_values); first: ValueError: bad",  # its last line
+        "reward model: 1 non-finite scores this step (first: sample 2)",
+    ]
     assert batch["rule_scores"].tolist() == [1.0, 0.0, 1.0, 0.0]
     assert batch["model_scores"].tolist() == [3.0, 1.0, 0.0, 3.0]  # "1 2", "3", "4" (nan), "5 6"
 
