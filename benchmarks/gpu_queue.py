@@ -9,7 +9,8 @@ order, each on the lowest-numbered GPUs that are free; a job waits for the one b
 (so a 4-GPU job is not starved by 1-GPU jobs behind it). `$VAR` in a line is the environment's
 (overrides that several jobs share). A job that finished before (`NAME.done`)
 is skipped; one with checkpoints in its run folder goes on from them (`trainer.resume=auto`). An
-override `@NAME/...` names a path in another job's run folder; the job waits for that job. At the
+override `@NAME/...` names a path in another job's run folder; the job waits for that job. A job
+`NAME GPUS sh: COMMAND...` runs a shell command instead (the GPU tests beside the runs). At the
 deadline every job still running gets one SIGTERM (the run stops after its step, with a
 checkpoint) and `--grace` seconds to write it. Each attempt's output is appended to `NAME.log`;
 `commands.txt` says when each job started where, and how each attempt ended.
@@ -52,6 +53,8 @@ def note(root: Path, text: str) -> None:
 
 def command(root: Path, name: str, overrides: list[str], common: list[str]) -> list[str] | None:
     """The job's command line, or None while a job it names (`@NAME/...`) has not finished."""
+    if overrides[:1] == ["sh:"]:
+        return ["bash", "-c", " ".join(overrides[1:])]
     args = []
     for o in overrides:
         if "=@" in o:
@@ -98,16 +101,17 @@ def main() -> None:
             if cmd is None:
                 break
             gpus, free = free[:count], free[count:]
-            running[name] = (launch(a.dir, name, cmd, gpus, len(a.common.split())), gpus)
+            shown = cmd[2] if cmd[0] == "bash" else " ".join(cmd[4 : len(cmd) - 1 - len(a.common.split())])
+            running[name] = (launch(a.dir, name, cmd, gpus, shown), gpus)
             last_start = time.monotonic()
             todo.pop(0)
         time.sleep(2)
     stop(a.dir, running, a.grace)
 
 
-def launch(root: Path, name: str, cmd: list[str], gpus: list[int], n_common: int) -> subprocess.Popen:
+def launch(root: Path, name: str, cmd: list[str], gpus: list[int], shown: str) -> subprocess.Popen:
     where = ",".join(map(str, gpus))
-    note(root, f"start {name} on GPU {where}: {' '.join(cmd[4 : len(cmd) - 1 - n_common])}")
+    note(root, f"start {name} on GPU {where}: {shown}")
     log = open(root / f"{name}.log", "a")
     log.write(f"\n==== attempt at {time.strftime('%FT%TZ', time.gmtime())}\n")
     log.flush()

@@ -39,6 +39,11 @@ def test_a_job_waits_for_the_job_it_names_and_resumes_its_own_checkpoints(tmp_pa
     assert cmd[-3:] == [f"trainer.resume={tmp_path}/a/checkpoints/step_6", "c=1", f"run.dir={tmp_path / 'b'}"]
     (tmp_path / "b" / "checkpoints" / "step_2").mkdir(parents=True)
     assert "trainer.resume=auto" in queue.command(tmp_path, "b", [], [])
+    assert queue.command(tmp_path, "t", ["sh:", "pytest", "-q", "tests/gpu;", "true"], ["c=1"]) == [
+        "bash",
+        "-c",
+        "pytest -q tests/gpu; true",
+    ]
 
 
 def test_the_queue_runs_jobs_on_free_gpus_in_order_and_stops_at_the_deadline(tmp_path, monkeypatch):

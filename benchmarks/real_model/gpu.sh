@@ -24,18 +24,20 @@
 #   bash benchmarks/real_model/gpu.sh scale  # a 4-GPU machine, several calls: benchmarks/multi_gpu/jobs_scale.txt
 #                                            # (0.5B, 1.5B, 3B random weights on 1, 2, 4 GPUs, colocated and split)
 #   bash benchmarks/real_model/gpu.sh x4d    # jobs_x4c.txt, then jobs_scale.txt, in one queue over several calls
+#   bash benchmarks/real_model/gpu.sh x4e    # jobs_x4e.txt (GPU tests, LoRA adapter mode on the worked steps),
+#                                            # then what jobs_scale.txt has left
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 CACHE=/tmp/rlcache
 COMMON="model.cache_dir=$CACHE logger.progress_bar=false logger.plot=false"
-W=/tmp/runs/$STAGE; mkdir -p "$W"
+export W=/tmp/runs/$STAGE; mkdir -p "$W"  # exported: a queue's job line may name it
 nvidia-smi --query-gpu=timestamp,index,memory.used --format=csv,noheader,nounits -lms 500 >> "$W/gpu_memory.csv" 2>/dev/null &  # peaks
 SMI=$!
 waitruns() { for j in $(jobs -p); do [ "$j" = "$SMI" ] || wait "$j"; done; }  # every job but the sampler
@@ -131,12 +133,13 @@ case "$STAGE" in
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
-  scale|x4d)  # issue 37's scale figures over several calls (benchmarks/multi_gpu/jobs_scale.txt); x4d: after jobs_x4c.txt
+  scale|x4d|x4e)  # issue 37's scale figures over several calls (benchmarks/multi_gpu/jobs_scale.txt), after
+                  # jobs_x4c.txt (x4d) or jobs_x4e.txt (x4e)
     scale_setup
     [ "$STAGE" = x4d ] && for w in 4 2; do
       python3 -m rlpost.cli plan +recipe=smollm2_sums trainer.world_size=$w rollout.num_workers=$w $COMMON > "$W/plan$w.txt" 2>&1
     done
-    python3 benchmarks/gpu_queue.py $([ "$STAGE" = x4d ] && echo benchmarks/real_model/jobs_x4c.txt) \
+    python3 benchmarks/gpu_queue.py $([ "$STAGE" != scale ] && echo benchmarks/real_model/jobs_${STAGE/x4d/x4c}.txt) \
       benchmarks/multi_gpu/jobs_scale.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
