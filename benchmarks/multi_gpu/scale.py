@@ -52,7 +52,7 @@ def gpu_peaks(stage: Path, name: str) -> dict[str, float]:
     """nvidia-smi's peak memory (GiB) of each of the run's GPUs while it ran (the sampler of
     gpu.sh, every 0.5 s): CUDA contexts, the allocators' caches and the sleeping engine included."""
     lines = (stage / "commands.txt").read_text().splitlines()
-    start = next(m for m in (re.match(rf"^(\S+) start {name} on GPU ([\d,]+):", x) for x in lines) if m)
+    start = next(m for m in (re.match(rf"^(\S+) start {re.escape(name)} on GPU ([\d,]+):", x) for x in lines) if m)
     end = next(x.split()[0] for x in lines if x.split()[1:2] == [f"{name}"] and " rc=" in x)
     gpus, peaks = start.group(2).split(","), {}
     for line in (stage / "gpu_memory.csv").read_text().splitlines():

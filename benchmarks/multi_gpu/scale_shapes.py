@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Issue 37's scale figures from one unpacked `gpu.sh scale` stage (and `scale_sync`, when given):
 per run of benchmarks/multi_gpu/jobs_scale.txt the step time by phase (median over the steps after
-the first), tokens per second per GPU, the update's model FLOPs utilisation, the verified sync's
-time and GB/s, and the update's memory peak beside `rlpost plan`'s (scale.py's `plan_of`); with `--sync`, the raw NCCL
+the first; a run that a deadline stopped counts from two such steps, `finished` false), tokens per
+second per GPU, the update's model FLOPs utilisation, the verified sync's time and GB/s, and the
+update's memory peak beside `rlpost plan`'s (scale.py's `plan_of`); with `--sync`, the raw NCCL
 broadcast of the same bytes on the same GPUs (benchmarks/bench_weight_sync.py).
 
 MFU = 6 x N x tokens / update time / (trainer GPUs x the GPU's dense bf16 peak): N the parameters
@@ -115,13 +116,22 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
     runs = {}
-    scale_jobs = {n: job for n, job in started(a.stage).items() if any(w.startswith("model.path=") for w in job[1])}
+    scale_jobs = {  # a profiled run's figures are the profiler's too: its tables stand apart (profile/)
+        n: job
+        for n, job in started(a.stage).items()
+        if any(w.startswith("model.path=") for w in job[1]) and not any("profile_step" in w for w in job[1])
+    }
     for name, (gpus, overrides) in scale_jobs.items():
         lay = layout(overrides)
-        done = (a.stage / f"{name}.done").exists() and (a.stage / name / "metrics.jsonl").exists()
+        done = (a.stage / f"{name}.done").exists()
         runs[name] = lay | {"finished": done, "command": train_command(gpus, overrides)}
-        if done:
-            runs[name] |= run_figures(a.stage / name, lay, a.peak_tflops * 1e12)
+        figures = (
+            run_figures(a.stage / name, lay, a.peak_tflops * 1e12)
+            if (a.stage / name / "metrics.jsonl").exists()
+            else {}
+        )
+        if len(figures.get("steps", [])) >= 2:  # a run stopped early counts with two steps after the first
+            runs[name] |= figures
             memory = plan_of(a.stage / name, runs[name]["command"], a.gpu_gib, [])
             runs[name]["memory"] = memory | {"nvidia_smi_peak_gib": gpu_peaks(a.stage, name)}
     out = {**machine(a.stage), "command": a.command, "note": a.note, "peak_tflops": a.peak_tflops}
