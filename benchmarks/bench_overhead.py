@@ -10,6 +10,9 @@ one thread per process. One batch, generated once by the model, is trained on ov
   backward, gradient clipping, AdamW.
 - `inprocess`: rlpost's `ActorWorker.update` here at world size 1 (a plain module in float32),
   its phases timed by wrapping the functions it calls; `rest` is the update's time outside them.
+  Its layout is the CPU's default, `shared_prompt` (each distinct prompt runs once: less work
+  than the reference, which runs every prompt n times); `inprocess_padded` is the same update
+  with `trainer.layout=padded`, the reference's work exactly: the like-for-like overhead.
 - `ray_world1`, `ray_world2`: the trainer group as the controller drives it (Ray actors in a
   placement group, the batch sharded and shipped each step), 1 and 2 ranks, plus the weight
   sync of the 1-rank group to one hf rollout actor (verified). Ray call and object transfer =
@@ -296,9 +299,10 @@ def interleaved(runners: dict, steps: int, warmup: int) -> tuple[dict, dict[str,
     for name, m in out.items():
         if "update_call" in m:
             m["ray_call_and_transfer"] = round(m["update_call"] - m["update_in_actor"], 3)
-    if "inprocess_world1" in out:
-        m = out["inprocess_world1"]
-        m["rest"] = round(m["total"] - sum(v for k, v in m.items() if k != "total"), 3)
+    for name in ("inprocess_world1", "inprocess_padded_world1"):
+        if name in out:
+            m = out[name]
+            m["rest"] = round(m["total"] - sum(v for k, v in m.items() if k != "total"), 3)
     return out, {name: [s["total"] for s in p.steps[warmup:]] for name, p in phases.items()}
 
 
@@ -352,7 +356,7 @@ def main() -> None:
     from rlpost.controller.cluster import start_ray
     from rlpost.tiny.build import resolve_model_path
 
-    cfg = load_config(SETTING)
+    cfg, padded = load_config(SETTING), load_config([*SETTING, "trainer.layout=padded"])
     model_path = resolve_model_path(cfg.model, cfg.data)
     batch = make_batch(cfg, model_path)
     tokens = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
@@ -371,6 +375,7 @@ def main() -> None:
         runners = {
             "reference": Reference(cfg, model_path, batch),
             "inprocess_world1": InProcess(cfg, model_path, batch),
+            "inprocess_padded_world1": InProcess(padded, model_path, batch),
             "ray_world1": ThroughRay(cfg, model_path, batch, 1, sync=True),
         }
         m, totals = interleaved(runners, args.steps, args.warmup)
@@ -378,6 +383,7 @@ def main() -> None:
         m.update(interleaved({"ray_world2": world2}, args.steps, args.warmup)[0])
         ratios = {  # each round's step (sharding, update, sync) over the reference's, median
             "inprocess_update_vs_reference": paired_ratio(totals, "inprocess_world1"),
+            "inprocess_padded_update_vs_reference": paired_ratio(totals, "inprocess_padded_world1"),  # like for like
             "ray_update_and_sync_vs_reference": paired_ratio(totals, "ray_world1"),
             "ray_world2_update_vs_reference": round(m["ray_world2"]["update_call"] / m["reference"]["total"], 3),
         }

@@ -23,6 +23,7 @@ packages, and pass its python:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -155,9 +156,10 @@ def run_trl(steps: int, lr: float, seed: int, out: str) -> None:
 
 
 # -------------------------------------------------------------------------------------- rlpost
-def run_rlpost(steps: int, lr: float, seed: int, placement: str) -> dict:
+def run_rlpost(steps: int, lr: float, seed: int, placement: str, pin: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "rlpost.cli", "train", *RLPOST, f"trainer.optim.lr={lr}", *PLACEMENTS[placement]]
+        cmd = [*pin, sys.executable, "-m", "rlpost.cli", "train", *RLPOST, f"trainer.optim.lr={lr}"]
+        cmd += PLACEMENTS[placement]
         cmd += [f"trainer.total_steps={steps}", f"trainer.val_every={steps}", f"run.seed={seed}", f"run.dir={tmp}/run"]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode:
@@ -183,6 +185,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--skip", type=int, default=10, help="first steps left out of the median")
     ap.add_argument("--rounds", type=int, default=3, help="TRL, colocate and split, this many times in turn")
+    ap.add_argument(
+        "--cpus",
+        help="pin every run (TRL's process; rlpost's driver, Ray and its actors) to these cores (taskset -c)",
+    )
     ap.add_argument("--trl-only", help=argparse.SUPPRESS)  # internal: run TRL, write to this file
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # internal: TRL's seed
     return ap.parse_args()
@@ -190,15 +196,15 @@ def parse_args() -> argparse.Namespace:
 
 def one_round(args, seed: int, env: dict) -> dict:
     """TRL (in its venv), then rlpost colocated, then split, all with `seed`: each one's results."""
-    results = {}
+    results, pin = {}, (["taskset", "-c", args.cpus] if args.cpus else [])
     with tempfile.TemporaryDirectory() as tmp:
         trl_out = f"{tmp}/trl.json"
-        cmd = [args.trl_python, __file__, "--trl-only", trl_out, "--steps", str(args.steps), "--lr", str(args.lr)]
+        cmd = [*pin, args.trl_python, __file__, "--trl-only", trl_out, "--steps", str(args.steps), "--lr", str(args.lr)]
         cmd += ["--seed", str(seed)]
         subprocess.run(cmd, cwd=REPO, env=env, check=True)
         results["trl"] = json.loads(Path(trl_out).read_text())
     for placement in PLACEMENTS:
-        results[f"rlpost_{placement}"] = run_rlpost(args.steps, args.lr, seed, placement)
+        results[f"rlpost_{placement}"] = run_rlpost(args.steps, args.lr, seed, placement, pin)
     return results
 
 
@@ -228,7 +234,25 @@ def over_rounds(rounds: list[dict], names) -> dict:
     }
     for name in names:  # and every seed's held-out accuracy
         summary[name]["val_accuracy_by_seed"] = [r[name]["val_accuracy"] for r in rounds]
+        if name != "trl":
+            summary[name]["accuracy_vs_trl"] = permutation_test(
+                summary[name]["val_accuracy_by_seed"], summary["trl"]["val_accuracy_by_seed"]
+            )
     return summary
+
+
+def permutation_test(a: list[float], b: list[float]) -> dict:
+    """The difference of mean held-out accuracy (a - b) and its two-sided p-value under an exact
+    permutation test: how often relabelling the pooled seeds gives a difference at least as large."""
+    pooled, k = a + b, len(a)
+    observed = statistics.mean(a) - statistics.mean(b)
+    splits = list(itertools.combinations(range(len(pooled)), k))
+    extreme = 0
+    for chosen in splits:
+        left = [pooled[i] for i in chosen]
+        right = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        extreme += abs(statistics.mean(left) - statistics.mean(right)) >= abs(observed) - 1e-12
+    return {"mean_difference": round(observed, 4), "p_value": round(extreme / len(splits), 4), "seeds": k}
 
 
 def main() -> None:
@@ -250,7 +274,8 @@ def main() -> None:
     ).stdout.strip()
     out = {
         "command": f"python benchmarks/bench_trl.py --trl-python {args.trl_python} --out {args.out} "
-        f"--steps {args.steps} --lr {args.lr} --rounds {args.rounds}",
+        f"--steps {args.steps} --lr {args.lr} --rounds {args.rounds}" + (f" --cpus {args.cpus}" if args.cpus else ""),
+        "pinned_to_cores": args.cpus or "none (each process on any core)",
         "lr": args.lr,
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "trl_version": version,
