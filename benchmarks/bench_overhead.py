@@ -9,10 +9,9 @@ one thread per process. One batch, generated once by the model, is trained on ov
   response tokens' log-probs, the GRPO token-mean loss (old log-probs = the forward's, detached),
   backward, gradient clipping, AdamW.
 - `inprocess`: rlpost's `ActorWorker.update` here at world size 1 (a plain module in float32),
-  its phases timed by wrapping the functions it calls; `rest` is the update's time outside them.
-  Its layout is the CPU's default, `shared_prompt` (each distinct prompt runs once: less work
-  than the reference, which runs every prompt n times); `inprocess_padded` is the same update
-  with `trainer.layout=padded`, the reference's work exactly: the like-for-like overhead.
+  phases timed by wrapping what it calls (`rest`: the time outside them), in the CPU's default
+  layout `shared_prompt` (each prompt once: less work than the reference's n times);
+  `inprocess_padded`: `trainer.layout=padded`, the reference's work exactly (like for like).
 - `ray_world1`, `ray_world2`: the trainer group as the controller drives it (Ray actors in a
   placement group, the batch sharded and shipped each step), 1 and 2 ranks, plus the weight
   sync of the 1-rank group to one hf rollout actor (verified). Ray call and object transfer =
@@ -20,16 +19,13 @@ one thread per process. One batch, generated once by the model, is trained on ov
 - `update_in_actor_by_niceness_ms`: the update inside two one-rank trainer actors taking turns,
   one at Ray's default worker niceness (15), one at rlpost's (0).
 
-The reference, in-process and one-rank Ray runners take turns step by step in one process tree
-(a slower spell of the machine falls on all three alike), the two-rank group after them, on an
-otherwise idle machine; every figure is the median over `--steps` timed rounds after `--warmup`
-untimed ones; a ratio is the median over rounds of a runner's step over the reference's. The
-whole measurement runs `--repeats` times (this VM drifts by 10% and more between minutes): the
-JSON holds each repeat's ratios, their medians and the median repeat's phases (ms).
+The reference, in-process and one-rank Ray runners take turns step by step (a slow spell falls
+on all alike), the two-rank group after them, on an otherwise idle machine; a figure is the
+median over `--steps` rounds after `--warmup`; a ratio, the median over rounds of a runner's step
+over the reference's. All of it `--repeats` times (this VM drifts 10% and more between minutes):
+each repeat's ratios, their medians and the median repeat's phases (ms).
 
     python benchmarks/bench_overhead.py --out benchmarks/overhead_cpu.json
-
-(The GPU A/B of the log-prob pass is benchmarks/old_logprobs/bench_logprob_ab.py.)
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from rlpost.config import config_dict
+from rlpost.controller.alerts import Alerts
 from rlpost.controller.signals import StopSignals
 from rlpost.controller.step import sampling_params
 from rlpost.metrics.trackers import Trackers
@@ -40,7 +41,7 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
                disable=not cfg.logger.progress_bar)  # fmt: skip
     trackers = Trackers(cfg.logger.backends, c.run_dir, cfg.logger.project, cfg.logger.wandb_mode,
                         config=config_dict(cfg), write=tqdm.write)  # fmt: skip
-    stop = stop or StopSignals()
+    stop, alerts = stop or StopSignals(), Alerts(cfg, tqdm.write)
     try:
         first = start_metrics(c)
         if first and c.step == 0:
@@ -52,6 +53,7 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
         while c.step < cfg.trainer.total_steps and stop.signal is None:
             metrics, pending = {**pending, **timed_step(c)}, {}
             trackers.log(metrics, c.step)
+            alerts.check(c.step, metrics)  # a step that could not learn is said at once
             val_acc = metrics.get("val/accuracy", val_acc)
             shown = {"val_acc": f"{val_acc:.3f}"} if val_acc is not None else {}
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **shown, step_s=f"{metrics['timing_s/step']:.2f}")
