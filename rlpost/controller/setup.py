@@ -75,10 +75,32 @@ def load_data(
     dropped = train.dropped_too_long + val.dropped_too_long
     if dropped:
         log(f"dropped {dropped} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} tokens")
+    check_row_counts(cfg, train_src, len(train.rows), val_src, len(val.rows))
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
     check_reward_values(cfg, train.rows, log)
     log(f"data: {len(train.rows)} training prompts, {len(val.rows)} validation prompts")
     return PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle), val.rows, dropped
+
+
+def check_row_counts(cfg: TrainConfig, train_src: list[str], n_train: int, val_src: list[str], n_val: int) -> None:
+    """Enough prompts for a batch, and validation prompts where validation or the start's pass@k
+    will run: refused before any actor starts, naming the files (or the empty list)."""
+    d, t = cfg.data, cfg.trainer
+    train_what, val_what = (f"data.task={d.task!r}",) * 2 if d.task else (f"data.train_files={train_src}", "")
+    val_what = val_what or f"data.val_files={val_src}"
+    if n_train < d.train_batch_size:
+        raise DataError(
+            f"{train_what} gave {n_train} training prompts (after data.max_prompt_length="
+            f"{d.max_prompt_length}), fewer than data.train_batch_size={d.train_batch_size}: give more rows or a "
+            "smaller batch"
+        )
+    needs = [f"trainer.{k}={v}" for k, v in (("val_every", t.val_every), ("start_pass_k", t.start_pass_k)) if v]
+    if n_val == 0 and needs:
+        raise DataError(
+            f"{val_what} gave no validation prompts, which {' and '.join(needs)} need: give data.val_files=[FILE] "
+            f"(held-out rows in the training rows' format), or set {' '.join(n.split('=')[0] + '=0' for n in needs)} "
+            "to train without them"
+        )
 
 
 def check_positions(cfg: TrainConfig, model_path: str) -> None:

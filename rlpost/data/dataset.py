@@ -1,7 +1,8 @@
 """Loading prompt rows, checking them, tokenizing them, and iterating over them resumably.
 
-One loader for every source: `.jsonl`/`.json` (one object per line), `.parquet`, a folder written
-by `datasets.Dataset.save_to_disk`, or a Hugging Face hub id (`name[:split]`). Every row must
+One loader for every source: `.jsonl` (one object per line; `.json` too, or one array of
+objects), `.csv` (a header line), `.parquet`, a folder written by `datasets.Dataset.save_to_disk`,
+or a Hugging Face hub id (`name[:split]`). Every row must
 have `prompt` (a string, or chat messages `[{"role", "content"}, ...]`) and `ground_truth`
 (string or number); `data_source` is optional. A bad row stops the load with an error that names
 the file, the row number and the field. Prompts longer than `data.max_prompt_length` tokens are
@@ -13,6 +14,8 @@ with the generation prompt appended.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import numbers
@@ -35,25 +38,29 @@ class PromptRow:
     data_source: str
 
 
+FORMATS = (".jsonl", ".json", ".csv", ".parquet")
+
+
 def read_rows(source: str) -> list[dict]:
     """Raw rows of one source (file, saved dataset folder or hub id)."""
     path = Path(source).expanduser()
-    if path.suffix in (".jsonl", ".json") and path.is_file():
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as e:
-            row = path.read_bytes()[: e.start].count(b"\n")
-            raise DataError(
-                f"{path}: row {row}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8"
-            ) from None
+    if path.suffix in (".jsonl", ".json", ".csv") and path.is_file():
+        text = read_text(path)
+        if path.suffix == ".csv":
+            return list(csv.DictReader(io.StringIO(text)))
+        if path.suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
         rows = []
-        for i, line in enumerate(lines):
+        for i, line in enumerate(text.splitlines()):
             if not line.strip():
                 continue
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}: row {i}: not valid JSON ({e.msg})") from None
+                raise DataError(f"{path}: row {i}: not valid JSON ({e.msg}); want one JSON object a line") from None
         return rows
     if path.suffix == ".parquet" and path.is_file():
         import pyarrow.parquet as pq
@@ -66,12 +73,28 @@ def read_rows(source: str) -> list[dict]:
         if isinstance(loaded, datasets.DatasetDict):
             raise DataError(f"{path}: holds several splits {list(loaded)}; point at one split's folder")
         return list(loaded)
-    if path.suffix in (".jsonl", ".json", ".parquet"):
+    if path.suffix in FORMATS:
         raise DataError(f"{path}: no such file")
+    if path.is_file():
+        raise DataError(
+            f"{path}: rlpost does not read {path.suffix or 'extension-less'} files; give rows as .jsonl (one JSON "
+            "object a line), .json (one array), .csv (a header line), .parquet or a datasets.save_to_disk folder"
+        )
     import datasets
 
     name, _, split = source.partition(":")
     return list(datasets.load_dataset(name, split=split or "train"))
+
+
+def read_text(path: Path) -> str:
+    """A data file's text: UTF-8, a byte-order mark (some Windows editors write one) left out."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        row = path.read_bytes()[: e.start].count(b"\n")
+        raise DataError(
+            f"{path}: row {row}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8"
+        ) from None
 
 
 def check_row(row: dict, where: str) -> dict:
