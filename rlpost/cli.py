@@ -217,7 +217,15 @@ def cmd_plan(argv: list[str]) -> int:
             return 2
         argv = argv[:i] + argv[i + 2 :]
     from rlpost.config import ConfigError, load_config
-    from rlpost.controller.plan import GIB, check_plan, format_plan, gpu_plan, shape_of
+    from rlpost.controller.plan import (
+        GIB,
+        check_plan,
+        format_plan,
+        gpu_plan,
+        largest_token_budget,
+        micro_batch_tokens,
+        shape_of,
+    )
     from rlpost.models.loading import resolve_path
 
     try:
@@ -234,6 +242,9 @@ def cmd_plan(argv: list[str]) -> int:
     plan = gpu_plan(cfg, shape, gpu_gb * GIB)
     print(f"model: {shape.params / 1e9:.2f}B parameters, {shape.layers} layers, hidden {shape.hidden}")
     print(format_plan(plan))
+    if cfg.trainer.device == "cuda":  # the update's fixed cost per micro-batch: fewer, larger ones pay
+        budget, now = largest_token_budget(cfg, shape, gpu_gb * GIB), micro_batch_tokens(cfg)
+        print(f"  the largest micro-batch that fits: {budget} tokens (trainer.max_tokens_per_microbatch; now {now})")
     try:
         check_plan(cfg, plan)
     except ConfigError as e:

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from rlpost.cli import main
 from rlpost.config import ConfigError, load_config
-from rlpost.controller.plan import GIB, check_plan, gpu_plan, model_shape, trainer_plan
+from rlpost.controller.plan import GIB, check_plan, gpu_plan, largest_token_budget, model_shape, trainer_plan
 
 SHAPES = {  # hidden, intermediate, layers, heads, kv heads, tied (Qwen2.5 0.5B, 3B, 7B)
     "0.5b": (896, 4864, 24, 14, 2, True),
@@ -126,12 +126,30 @@ def test_refusals_name_the_knob_and_the_worst_case_warns(tmp_path):
     check_plan(cfg, gpu_plan(cfg, s, 141 * GIB), said.append)
 
 
+def test_the_largest_micro_batch_that_fits_is_the_edge_of_the_plan(tmp_path):
+    """It fits and 1024 tokens more do not; a larger GPU or more ranks fit more; one too small: 0."""
+    _, path = folder(tmp_path, "3b")
+    s, cfg = model_shape(path), cfg_of(path, "trainer.world_size=1")
+
+    def peak(tokens, gpu_gib, c=cfg):
+        c.trainer.max_tokens_per_microbatch = tokens
+        return gpu_plan(c, s, gpu_gib * GIB)["gpus"]["colocated"]
+
+    budget = largest_token_budget(cfg, s, 141 * GIB)
+    room = (141 - 2) * GIB  # two CUDA contexts: trainer and engine
+    assert 0 < budget and peak(budget, 141) <= room < peak(budget + 1024, 141)
+    assert largest_token_budget(cfg, s, 80 * GIB) < budget
+    assert largest_token_budget(cfg_of(path, "trainer.world_size=4"), s, 141 * GIB) > budget
+    assert largest_token_budget(cfg, s, 30 * GIB) == 0  # the weights and Adam's states alone do not fit
+
+
 def test_plan_command(tmp_path, capsys):
     _, path = folder(tmp_path, "7b")
     args = [f"model.path={path}", "trainer.device=cuda", "rollout.backend=vllm", "model.dtype=bfloat16"]
     assert main(["plan", *args, "trainer.world_size=2", "trainer.optim.offload=layerwise", "--gpu-gb", "141"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("model: 7.61B parameters, 28 layers, hidden 3584\nmemory plan per GPU (141 GiB)")
+    assert "  the largest micro-batch that fits: " in out and "(trainer.max_tokens_per_microbatch; now " in out
     assert main(["plan", *args, "trainer.world_size=1", "--gpu-gb", "80"]) == 1
     assert "does not fit" in capsys.readouterr().err
     assert main(["plan", "model.path=/no/such/folder"]) == 2
