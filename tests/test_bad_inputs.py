@@ -201,6 +201,8 @@ def f(sample):
         time.sleep(3600)
     if what == "crash":
         os._exit(1)
+    if what == "exit":
+        raise SystemExit(3)
     if what == "text":
         return "yes"
     if what == "huge":
@@ -226,12 +228,13 @@ def misbehaving_pool(tmp_path_factory):
         ("crash", "crashes", "the reward worker died (exit code 1)"),
         ("text", "bad_values", "returned 'yes' (str), not a finite number"),
         ("huge", "errors", "MemoryError"),
+        ("exit", "errors", "SystemExit: 3"),  # sys.exit() ends the call, not the worker
     ],
 )
 def test_a_reward_that_misbehaves_scores_error_score_and_is_counted(misbehaving_pool, response, kind, says):
     out = misbehaving_pool.score([RewardInput("1+1=", "ok", "2", "x"), RewardInput("1+1=", response, "2", "x")])
     assert out.scores == [1.0, -1.0] and out.counts["errors"] == 1 and out.error_rows == [1]
-    assert kind == "errors" or out.counts[kind] == 1
+    assert (kind == "errors" or out.counts[kind] == 1) and out.counts["crashes"] == (kind == "crashes")
     assert out.first_error.startswith("sample 1: ") and says in out.first_error
 
 

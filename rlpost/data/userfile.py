@@ -16,6 +16,9 @@ def load_from_file(spec: str, key: str) -> Callable:
     path = Path(path_str).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{key}={spec!r}: no file {path}")
+    folder = str(path.resolve().parent)  # as `python file.py` does: modules beside the file import
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     try:
         module = run_file(path, f"rlpost_user_{key.replace('.', '_')}_{path.stem}")
     except SyntaxError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -40,6 +41,24 @@ def is_trusted(spec: str, data_source: str) -> bool:
 def load_user_fn(spec: str) -> RewardFn:
     """`path/to/file.py:name` -> the function `name` defined in that file."""
     return load_from_file(spec, "reward.fn")
+
+
+def check_call(fn: Callable, kwargs: dict, spec: str) -> None:
+    """`fn(sample, **kwargs)` must be a call `fn` takes: refuse a function written for another
+    framework's signature (`reward(prompt, response, ground_truth)`) before it scores anything."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: its call will say
+        return
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as e:
+        given = f" and reward.kwargs {sorted(kwargs)}" if kwargs else ""
+        raise TypeError(
+            f"reward.fn={spec!r} takes {getattr(fn, '__name__', 'fn')}{signature}, but a reward function is "
+            f"called with one sample{given} ({e}): read sample.prompt, sample.response, sample.ground_truth and "
+            "sample.data_source from its one argument"
+        ) from None
 
 
 def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:

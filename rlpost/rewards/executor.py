@@ -34,7 +34,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from rlpost.data.scalars import unwrap_scalar
-from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, get_reward_fn, is_trusted
+from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, check_call, get_reward_fn, is_trusted
 
 ERROR_KINDS = ("errors", "timeouts", "bad_values", "crashes")  # `reward/<kind>` (errors: all of them)
 GRACE_S = 2.0  # on top of the timeouts: pickling, a busy machine
@@ -96,8 +96,8 @@ def _call_one(fn: Callable, item, timeout_key: str) -> Result:
     except BadValue as e:
         _running = False
         return None, "bad_values", str(e)
-    except Exception:  # noqa: BLE001  (user code: any failure is counted, with its traceback)
-        _running = False
+    except (Exception, SystemExit):  # noqa: BLE001  (user code: any failure is counted, with its traceback;
+        _running = False  # a sys.exit() ends the call, not the worker)
         return None, "errors", traceback.format_exc(limit=-8)
     return value, "ok", ""
 
@@ -151,9 +151,9 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
     while True:
         try:
             items, timeout_s = conn.recv()
-        except EOFError:
+            conn.send(_run_chunk(fn, items, timeout_s, timeout_key))
+        except (EOFError, OSError):  # the parent closed the pipe (it stopped, or replaced this worker)
             return
-        conn.send(_run_chunk(fn, items, timeout_s, timeout_key))
 
 
 def checked(raw) -> float:
@@ -169,6 +169,8 @@ def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:
     """The reward pool's function, built in the worker: `reward.fn`, or the scorer of each
     sample's `data_source` (`auto`)."""
     fn = get_reward_fn(spec)
+    if fn is not None:
+        check_call(fn, kwargs, spec)
 
     def score(sample: RewardInput) -> float:
         if fn is None and sample.data_source not in REWARDS:
