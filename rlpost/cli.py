@@ -208,12 +208,15 @@ def cmd_export(argv: list[str]) -> int:
 def cmd_plan(argv: list[str]) -> int:
     """`rlpost plan [--gpu-gb N] OVERRIDES...`: the memory plan of a training config, per GPU."""
     gpu_gb = None
+    argv = [w for a in argv for w in (a.split("=", 1) if a.startswith("--gpu-gb=") else [a])]  # --gpu-gb=N too
     if "--gpu-gb" in argv:
         i = argv.index("--gpu-gb")
         try:
             gpu_gb = float(argv[i + 1])
         except (IndexError, ValueError):
-            print("rlpost plan: --gpu-gb takes a number of GiB", file=sys.stderr)
+            gpu_gb = -1.0
+        if not gpu_gb > 0:
+            print("rlpost plan: --gpu-gb takes the GPU memory in GiB, above 0 (80 for an H100)", file=sys.stderr)
             return 2
         argv = argv[:i] + argv[i + 2 :]
     from rlpost.config import ConfigError, load_config

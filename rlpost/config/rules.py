@@ -142,6 +142,22 @@ def model_folder_exists(cfg):
     return missing_folder("model.path", cfg.model.path)
 
 
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json", "*.pt")
+
+
+@rule("model.path", this_machine=True)
+def model_folder_has_weights(cfg):
+    """A local model folder (config.json in it) must hold weights: refused here, not in the trainer
+    actors after Ray started (`rlpost plan` reads a config-only folder: not this rule's)."""
+    folder = Path(cfg.model.path).expanduser() if cfg.model.path not in ("", "tiny") else None
+    if folder and folder.is_dir() and (folder / "config.json").is_file():
+        if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+            return (
+                f"model.path={cfg.model.path!r} holds config.json but no weights (model.safetensors, "
+                "pytorch_model.bin or a sharded index): copy them in, or point at the folder that has them"
+            )
+
+
 @rule("critic.model_path")
 def critic_folder_exists(cfg):
     return missing_folder("critic.model_path", cfg.critic.model_path)

@@ -171,8 +171,12 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
     run_dir, out_dir = Path(run_dir).expanduser(), Path(out_dir).expanduser()
     cfg = run_config(run_dir)
     folder = select(run_dir, step)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise FileExistsError(f"--out {out_dir} exists and is not empty")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise FileExistsError(f"--out {out_dir} exists and is not an empty folder")
+    try:  # before the weights are loaded: a file where a folder of the path should be, no permission
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FileExistsError(f"--out {out_dir}: cannot make the folder ({e.strerror})") from None
     dtype = dtype or cfg.model.dtype
     base = resolve_model_path(cfg.model, cfg.data, log=log)
     trust = cfg.model.trust_remote_code

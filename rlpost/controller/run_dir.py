@@ -26,7 +26,10 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
     run_dir = Path(cfg.run.dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}").expanduser().resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir={str(run_dir)!r} is a file, not a folder; choose another run.dir")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file where a folder of the path should be, no permission, a full disk
+        raise ConfigError(f"run.dir={str(run_dir)!r}: cannot make the folder ({e.strerror}); choose another run.dir")
     _lock(run_dir, log)
     try:
         if cfg.trainer.resume == "none" and holds_a_run(run_dir):

@@ -48,7 +48,7 @@ class Scorer:
         if result.first_error:
             kinds = ", ".join(f"{v} {k}" for k, v in errors.items() if v and k != "errors")
             first = result.first_error.splitlines()[-1]
-            self.log(f"reward: {errors['errors']} samples failed ({kinds}); first: {first}")
+            self.log(f"reward: {errors['errors']} samples failed{f' ({kinds})' if kinds else ''}; first: {first}")
         if rule_only:
             return rule, errors, responses
         self._check_failures(result, len(samples))

@@ -157,6 +157,12 @@ def load_prompts(
         for i, raw in enumerate(read_rows(source)):
             row = check_row(raw, f"{source}: row {i}")
             chat = not isinstance(row["prompt"], str)
+            if chat and not getattr(tokenizer, "chat_template", None):
+                raise DataError(
+                    f"{source}: row {i}: the prompt is chat messages, but the model's tokenizer has no chat template "
+                    f"({getattr(tokenizer, 'name_or_path', '') or 'model.path'}): give string prompts, or a model "
+                    "whose tokenizer_config.json or chat_template.jinja holds one"
+                )
             text = render_prompt(row["prompt"], tokenizer, tools_of(row) if tools_of and chat else None)
             ids = tokenizer(text, add_special_tokens=False).input_ids
             if len(ids) > max_prompt_length:

@@ -59,7 +59,13 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") == "TokenizersBackend":
         tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        except OSError as e:  # a hub id without the network, a folder without tokenizer files
+            raise FileNotFoundError(
+                f"the model {path!r} has no tokenizer to load ({str(e).strip().splitlines()[0]}): give a local "
+                "folder with the model's files (or, for a hub id, a network or HF_HUB_OFFLINE=1 with a filled cache)"
+            ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -1,5 +1,6 @@
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,8 @@ def test_cli_bad_reward_fn_is_a_config_error():
 
 # ------------------------------------------------------------------- every rule, walked
 # a config that breaks each rule spanning keys (and no other): every rule must have one here
+NO_WEIGHTS = Path(tempfile.mkdtemp(prefix="rlpost_no_weights_"))  # a model folder: config.json alone
+(NO_WEIGHTS / "config.json").write_text("{}")
 VIOLATIONS = {
     "mini_batch_divides_batch": [["algo.ppo_mini_batch_size=5"]],
     "ranks_divide_mini_batch": [["trainer.world_size=3"]],
@@ -141,6 +144,7 @@ VIOLATIONS = {
     ],
     "vllm_adapter_rank": [["model.lora.rank=600", "model.lora.mode=adapter", "rollout.backend=vllm"]],
     "model_folder_exists": [["model.path=/no/such/folder"], ["model.path=./nope"], ["model.path=a/b/c"]],
+    "model_folder_has_weights": [[f"model.path={NO_WEIGHTS}"]],
     "critic_folder_exists": [["critic.model_path=/no/such/critic"]],
     "reward_model_folder_exists": [["reward.model.path=../no/rm"]],
     "reward_model_scorer": [

@@ -24,13 +24,14 @@ class Tokenizer:
 class Pool:
     """Returns the scores and error counts it is given, batch after batch; keeps what it scored."""
 
-    def __init__(self, *results):
-        self.results, self.seen = list(results), []
+    def __init__(self, *results, kind="bad_values"):
+        self.results, self.seen, self.kind = list(results), [], kind
 
     def score(self, samples):
         self.seen.append(samples)
         scores, errors = self.results.pop(0)
-        counts = {"errors": errors, "timeouts": 0, "bad_values": errors, "crashes": 0}
+        counts = {"errors": errors, "timeouts": 0, "bad_values": 0, "crashes": 0}
+        counts[self.kind] = errors
         first = "sample 0: Traceback (most recent call last):\n  ...\nValueError: bad" if errors else None
         return Scores(scores, counts, first, list(range(errors)))
 
@@ -85,6 +86,13 @@ def test_each_sample_reads_its_own_response_and_its_prompts_row():
     assert rule.tolist() == [1.0, 2.0, 3.0, 4.0] and errors["errors"] == 4
     assert scorer.failing == 0 and "rule_scores" not in batch
     assert said == ["reward: 4 samples failed (4 bad_values); first: ValueError: bad"]  # (the first: quiet)
+
+
+def test_samples_that_raised_are_said_without_an_empty_list_of_kinds():
+    said = []
+    scorer = Scorer(config(), Tokenizer(), Pool(([0.0, 0.0], 2), kind="errors"), log=said.append)
+    scorer.score(ROWS[:1], batch_of([[1, 2], [3, 4]], [[True, True], [True, True]]), n=2)
+    assert said == ["reward: 2 samples failed; first: ValueError: bad"]
 
 
 def test_the_training_reward_weighs_rule_and_model_and_adds_the_environments():

@@ -1,0 +1,83 @@
+"""Paths and command-line arguments as users give them (the second catalogue of bad inputs, issue
+39): a model folder without weights, chat prompts for a tokenizer without a chat template, a hub
+id that cannot be reached, a run folder or an export under a file, `rlpost plan --gpu-gb` spelled
+`--gpu-gb=N` or given a size of 0 or less. Each is named in one line before anything starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlpost.cli import main
+from rlpost.config import ConfigError, load_config
+from rlpost.controller.run_dir import claim_run_dir
+from rlpost.data.dataset import DataError, load_prompts
+from rlpost.models.loading import load_tokenizer
+from rlpost.tiny.model import build_char_tokenizer
+
+
+def test_a_model_folder_without_weights_is_refused_at_start(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"model.path='.*model' holds config.json but no weights"):
+        load_config(["+recipe=quickstart", f"model.path={folder}"])
+    load_config(["+recipe=quickstart", f"model.path={folder}"], this_machine=False)  # `rlpost plan` reads it
+    (folder / "model.safetensors").write_bytes(b"")
+    load_config(["+recipe=quickstart", f"model.path={folder}"])
+
+
+def test_chat_prompts_need_a_chat_template_and_the_row_and_file_are_named(tmp_path):
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"prompt": [{"role": "user", "content": "1+2="}], "ground_truth": "3"}) + "\n")
+    tok = build_char_tokenizer()
+    tok.chat_template = None
+    with pytest.raises(DataError, match=r"chat.jsonl: row 0: the prompt is chat messages, but the model's tokenizer"):
+        load_prompts([str(path)], tok, 64)
+
+
+def test_a_model_without_a_tokenizer_to_load_is_named_in_one_line(monkeypatch):
+    import transformers
+
+    def offline(path, **kwargs):  # what transformers raises for a hub id without the network
+        raise OSError(f"We couldn't connect to 'https://huggingface.co' to load the files.\nCheck {path}")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
+    with pytest.raises(FileNotFoundError) as info:
+        load_tokenizer("org/model")
+    assert str(info.value) == (
+        "the model 'org/model' has no tokenizer to load (We couldn't connect to 'https://huggingface.co' to load the "
+        "files.): give a local folder with the model's files (or, for a hub id, a network or HF_HUB_OFFLINE=1 with "
+        "a filled cache)"
+    )
+
+
+def test_a_run_folder_under_a_file_is_named(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    cfg = load_config(["+recipe=quickstart", f"run.dir={tmp_path / 'a_file' / 'run'}"])
+    with pytest.raises(ConfigError, match=r"run.dir='.*a_file/run': cannot make the folder \(Not a directory\)"):
+        claim_run_dir(cfg, log=lambda *_: None)
+
+
+def test_an_export_under_a_file_or_onto_a_file_is_refused_before_loading(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("x")
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_2").mkdir(parents=True)
+    (run / "checkpoints" / "step_2" / "controller.pt").write_bytes(b"")
+    (run / "config.yaml").write_text("{}\n")
+    assert main(["export", str(run), "--out", str(tmp_path / "a_file" / "hf")]) == 2
+    assert "hf: cannot make the folder (Not a directory)" in capsys.readouterr().err
+    assert main(["export", str(run), "--out", str(tmp_path / "a_file")]) == 2
+    assert "a_file exists and is not an empty folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--gpu-gb", "-5"], ["--gpu-gb=0"], ["--gpu-gb", "lots"], ["--gpu-gb"]])
+def test_plan_refuses_a_gpu_size_that_is_no_size(args, capsys):
+    assert main(["plan", "+recipe=quickstart", *args]) == 2
+    assert capsys.readouterr().err == "rlpost plan: --gpu-gb takes the GPU memory in GiB, above 0 (80 for an H100)\n"
+
+
+def test_plan_takes_gpu_gb_with_an_equals_sign(capsys):
+    assert main(["plan", "+recipe=quickstart", "trainer.device=cuda", "--gpu-gb=80"]) == 0
+    assert "memory plan per GPU (80 GiB)" in capsys.readouterr().out
