@@ -56,7 +56,7 @@ def test_a_model_without_a_tokenizer_to_load_is_named_in_one_line(monkeypatch):
 def test_a_run_folder_under_a_file_is_named(tmp_path):
     (tmp_path / "a_file").write_text("x")
     cfg = load_config(["+recipe=quickstart", f"run.dir={tmp_path / 'a_file' / 'run'}"])
-    with pytest.raises(ConfigError, match=r"run.dir='.*a_file/run': cannot make the folder \(Not a directory\)"):
+    with pytest.raises(ConfigError, match=r"run.dir='.*a_file/run': cannot write there \(Not a directory\)"):
         claim_run_dir(cfg, log=lambda *_: None)
 
 
@@ -81,3 +81,54 @@ def test_plan_refuses_a_gpu_size_that_is_no_size(args, capsys):
 def test_plan_takes_gpu_gb_with_an_equals_sign(capsys):
     assert main(["plan", "+recipe=quickstart", "trainer.device=cuda", "--gpu-gb=80"]) == 0
     assert "memory plan per GPU (80 GiB)" in capsys.readouterr().out
+
+
+def saved_run(tmp_path, *overrides):
+    """A run folder as a run with `overrides` leaves it: config.yaml and a complete checkpoint at step 11."""
+    from rlpost.config import to_yaml
+
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step_11"
+    step.mkdir(parents=True)
+    (step / "controller.pt").write_bytes(b"x")
+    (step / "manifest.json").write_text(json.dumps({"controller.pt": 1}))
+    (run / "config.yaml").write_text(to_yaml(load_config(["+recipe=quickstart", f"run.dir={run}", *overrides])))
+    return run
+
+
+@pytest.mark.parametrize(
+    "saved, now, says",
+    [
+        ([], ["trainer.total_steps=5"], r"goes on from .*step_11 \(step 11\), past trainer.total_steps=5: nothing is"),
+        ([], ["algo.name=ppo"], r"algo.name='grpo' there, 'ppo' here \(a critic in one, not the other\)"),
+        ([], ["model.lora.rank=8"], r"saved by a run with other settings: model.lora.rank=0 there, 8 here\."),
+        (["model.lora.rank=8"], ["model.lora.rank=8", "model.lora.target_modules=[q_proj]"], r"target_modules="),
+    ],
+)
+def test_a_resume_that_cannot_go_on_is_refused_before_the_actors_naming_the_keys(tmp_path, saved, now, says):
+    run = saved_run(tmp_path, *saved)
+    before = (run / "config.yaml").read_text()
+    cfg = load_config(["+recipe=quickstart", f"run.dir={run}", "trainer.resume=auto", *saved, *now])
+    with pytest.raises(ConfigError, match=says):
+        claim_run_dir(cfg, log=lambda *_: None)
+    assert (run / "config.yaml").read_text() == before and not (run / "run.lock").exists()  # kept; released
+    ok = load_config(["+recipe=quickstart", f"run.dir={run}", "trainer.resume=auto", *saved, "algo.name=dapo"])
+    claim_run_dir(ok, log=lambda *_: None)  # another algorithm without a critic, more steps: it goes on
+
+
+def test_a_stray_ray_address_does_not_take_the_local_start_and_is_said(monkeypatch):
+    import ray
+
+    from rlpost.controller import cluster
+
+    started, said = [], []
+    monkeypatch.setenv("RAY_ADDRESS", "10.255.255.1:6379")  # left over from another cluster's session
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: started.append(kwargs))
+    monkeypatch.setattr(cluster, "workers_at_normal_priority", lambda: None)
+    cluster.start_ray(load_config(["+recipe=quickstart"]), said.append)
+    assert started[0]["address"] == "local" and started[0]["num_cpus"] >= 2
+    assert said == [
+        "RAY_ADDRESS=10.255.255.1:6379 is set, cluster.address is not: starting a local Ray (to train on that "
+        "cluster, set cluster.address)"
+    ]

@@ -1,6 +1,7 @@
 """Steps that cannot learn, said on the console as soon as they happen: every response cut off at
-the length cap, or every group of a group-baseline algorithm (GRPO, RLOO, REINFORCE++ with a
-baseline) scored alike, so that every advantage is 0 and the update leaves the model as it was.
+the length cap; every group of a group-baseline algorithm (GRPO, RLOO, REINFORCE++ with a
+baseline) scored alike, so that every advantage is 0 and the update leaves the model as it was; a
+collapsed policy (entropy and gradient 0: after too large a learning rate).
 The run goes on (a later batch may differ); each kind is said when it starts and again only after
 a step without it, not every step."""
 
@@ -12,7 +13,7 @@ from rlpost.config.rules import GROUP_ADVANTAGES
 
 
 def no_signal(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[str, str]:
-    """What in step `step`'s metrics says it could not learn, by kind: `truncated`, `uniform`."""
+    """What in step `step`'s metrics says it could not learn, by kind: `truncated`, `uniform`, `collapsed`."""
     out, r = {}, cfg.rollout
     if metrics.get("response_length/truncated_frac", 0.0) >= 1.0:
         out["truncated"] = (
@@ -29,6 +30,12 @@ def no_signal(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[st
         out["uniform"] = (
             f"warning: in step {step} every prompt's {r.n} samples scored the same reward (reward/uniform_groups "
             f"1.0), so algo.name={cfg.algo.name}'s advantages are all 0 and the step did not change the model: {why}"
+        )
+    if metrics.get("actor/entropy", 1.0) < 1e-6 and metrics.get("actor/grad_norm", 1.0) == 0.0:
+        out["collapsed"] = (
+            f"warning: in step {step} the policy's entropy and gradient are 0 (actor/entropy, actor/grad_norm): it "
+            "writes one answer with certainty and no update can move it; too large a step does this (now "
+            f"trainer.optim.lr={cfg.trainer.optim.lr:g}): lower it and start again"
         )
     return out
 

@@ -123,6 +123,46 @@ def load(folder: Path, groups: list) -> dict:
     return torch.load(folder / "controller.pt", weights_only=False)
 
 
+SHARED = ("model.path", "model.lora.rank", "model.lora.target_modules")  # what a checkpoint's tensors are of
+
+
+def check_resume(cfg, run_dir: Path) -> None:
+    """Before any actor starts: the checkpoint `trainer.resume` goes on from must leave steps to
+    train, and its run (that run's `config.yaml`, not yet overwritten) must have had this run's
+    model, LoRA and critic; else refuse, naming the keys (the actors would fail to load it, or
+    nothing would train)."""
+    from rlpost.algos.algorithms import ALGORITHMS
+    from rlpost.config import ConfigError
+
+    folder = find(run_dir, cfg.trainer.resume, log=lambda *_: None) if cfg.trainer.resume != "none" else None
+    if folder is None:
+        return
+    step = int(_COMPLETE.match(folder.name).group(1))
+    if cfg.trainer.total_steps < step:
+        raise ConfigError(
+            f"trainer.resume={cfg.trainer.resume} goes on from {folder} (step {step}), past trainer.total_steps="
+            f"{cfg.trainer.total_steps}: nothing is left to train; set trainer.total_steps above {step}"
+        )
+    if not (folder.parent.parent / "config.yaml").is_file():
+        return
+    saved = run_config(folder.parent.parent)
+
+    def get(c, key):
+        for part in key.split("."):
+            c = getattr(c, part)
+        return list(c) if not isinstance(c, (str, int, float)) else c
+
+    differ = [f"{k}={get(saved, k)!r} there, {get(cfg, k)!r} here" for k in SHARED if get(saved, k) != get(cfg, k)]
+    critic = [("critic" in ALGORITHMS.get(c.algo.name).roles, c.algo.name) for c in (saved, cfg)]
+    if critic[0][0] != critic[1][0]:
+        differ.append(f"algo.name={critic[0][1]!r} there, {critic[1][1]!r} here (a critic in one, not the other)")
+    if differ:
+        raise ConfigError(
+            f"trainer.resume={cfg.trainer.resume}: {folder} was saved by a run with other settings: "
+            f"{'; '.join(differ)}. Resume with that run's settings, or start a new run.dir"
+        )
+
+
 # ---------------------------------------------------------------------------------------- export
 def run_config(run_dir: Path):
     """The `TrainConfig` a run was started with (its `config.yaml`)."""

@@ -57,7 +57,7 @@ def actor_env(cfg: TrainConfig) -> dict[str, str]:
     return env
 
 
-def start_ray(cfg: TrainConfig) -> None:
+def start_ray(cfg: TrainConfig, log=print) -> None:
     if ray.is_initialized():
         return
     level = logging.INFO if cfg.logger.verbose else logging.WARNING  # "Started a local Ray instance"
@@ -68,9 +68,13 @@ def start_ray(cfg: TrainConfig) -> None:
         ray.init(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)}, logging_level=level)
         return
     workers_at_normal_priority()
+    if os.environ.get("RAY_ADDRESS"):  # Ray would join that cluster, and refuse the resources given here
+        log(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is set, cluster.address is not: starting a local Ray (to "
+            "train on that cluster, set cluster.address)")  # fmt: skip
     # logical CPUs: enough for every bundle even on a 2-core machine (actors take turns)
     needed = cfg.trainer.world_size + cfg.rollout.num_workers
     ray.init(
+        address="local",  # a new local instance, whatever RAY_ADDRESS says
         num_cpus=max(os.cpu_count() or 1, needed),
         num_gpus=visible_gpus() if cfg.trainer.device == "cuda" else None,
         include_dashboard=False,

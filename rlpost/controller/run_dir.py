@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig, to_yaml
+from rlpost.controller.checkpoint import check_resume
 
 LOCK = "run.lock"
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png")  # what a run writes, with checkpoints/
@@ -28,9 +29,9 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
         raise ConfigError(f"run.dir={str(run_dir)!r} is a file, not a folder; choose another run.dir")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file where a folder of the path should be, no permission, a full disk
-        raise ConfigError(f"run.dir={str(run_dir)!r}: cannot make the folder ({e.strerror}); choose another run.dir")
-    _lock(run_dir, log)
+        _lock(run_dir, log)
+    except OSError as e:  # a file where a folder of the path should be, no permission, read-only, a full disk
+        raise ConfigError(f"run.dir={str(run_dir)!r}: cannot write there ({e.strerror}); choose another run.dir")
     try:
         if cfg.trainer.resume == "none" and holds_a_run(run_dir):
             if not cfg.run.overwrite:
@@ -40,6 +41,7 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
                     "run's logs and checkpoints and start again"
                 )
             _delete_run(run_dir, log)
+        check_resume(cfg, run_dir)  # before this run's config.yaml replaces the saving run's
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     except BaseException:
         release_run_dir(run_dir)

@@ -36,7 +36,7 @@ class Workers:
 
     def start(self, cfg: TrainConfig, roles, model_path: str, tokenizer, loader, stop, log) -> None:
         """Every actor of `roles`, in place (a failure leaves what started for `shutdown`)."""
-        start_ray(cfg)
+        start_ray(cfg, log)
         if stop is not None:  # over Ray's own SIGTERM handler, which aborts the process
             stop.install()
         self.placement = p = Placement.create(cfg, roles)

@@ -29,6 +29,14 @@ def test_uniform_groups_stop_a_group_baseline_and_the_likely_cause_is_named():
     assert no_signal(ppo, 2, {**LEARNS, "reward/uniform_groups": 1.0}) == {}
 
 
+def test_a_collapsed_policy_names_the_learning_rate():
+    cfg = load_config(["+recipe=quickstart", "trainer.optim.lr=10"])
+    found = no_signal(cfg, 3, {**LEARNS, "actor/entropy": 0.0, "actor/grad_norm": 0.0})
+    assert list(found) == ["collapsed"] and "(now trainer.optim.lr=10): lower it" in found["collapsed"]
+    assert no_signal(cfg, 3, {**LEARNS, "actor/entropy": 0.0, "actor/grad_norm": 0.3}) == {}  # still moving
+    assert no_signal(cfg, 3, {**LEARNS, "actor/entropy": 0.02, "actor/grad_norm": 0.0}) == {}  # no step taken
+
+
 def test_each_kind_is_said_when_it_starts_and_again_only_after_a_step_without_it():
     cfg = load_config(["+recipe=quickstart"])
     said = []
