@@ -45,6 +45,8 @@ def checked_config(overrides: list[str]):
         get_reward_fn(cfg.reward.fn)  # a bad reward.fn fails here, before anything starts
     except (ConfigError, FileNotFoundError, KeyError, AttributeError, ValueError) as e:
         hint = " (or sweep over the values with -m/--multirun)" if "Ambiguous value" in str(e) else ""
+        if "LexerNoViableAlt" in str(e):  # Hydra's grammar: `~` starts a deletion, some characters end a value
+            hint = """ (quote a value that holds characters such as ~ = , [ ] or spaces: "run.dir='~/runs/a'")"""
         print(f"rlpost: config error: {e}{hint}", file=sys.stderr)
         return None
     return cfg

@@ -132,3 +132,29 @@ def test_a_stray_ray_address_does_not_take_the_local_start_and_is_said(monkeypat
         "RAY_ADDRESS=10.255.255.1:6379 is set, cluster.address is not: starting a local Ray (to train on that "
         "cluster, set cluster.address)"
     ]
+
+
+def test_a_cache_folder_that_cannot_be_written_is_named_before_the_warm_up(tmp_path):
+    from rlpost.tiny.build import ensure_tiny_model
+
+    (tmp_path / "cache").write_text("a file, not a folder")
+    cfg = load_config(["+recipe=quickstart", f"model.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError, match=r"^model.cache_dir: cannot write into .*cache \(File exists\); set"):
+        ensure_tiny_model(cfg.model, cfg.data, log=lambda *_: None)  # it raised after the warm-up, 94 s in
+
+
+def test_an_unquoted_tilde_says_how_to_quote_it(capsys):
+    assert main(["train", "+recipe=quickstart", "run.dir=~/runs/a"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.rstrip()
+        .endswith("""(quote a value that holds characters such as ~ = , [ ] or spaces: "run.dir='~/runs/a'")""")
+    )
+
+
+def test_a_run_folder_given_as_the_checkpoint_to_resume_says_which_to_give(tmp_path):
+    from rlpost.controller.checkpoint import find
+
+    (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"\(no controller.pt\) \(a run folder: trainer.resume=auto with run"):
+        find(tmp_path, str(tmp_path), log=lambda *_: None)

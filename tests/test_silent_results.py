@@ -128,3 +128,14 @@ def test_a_tensor_score_is_not_mistaken_for_a_list():
     assert checked(torch.tensor([2.0])) == 2.0
     with pytest.raises(BadValue, match=r"not a finite number"):
         checked(np.array([1.0, 2.0]))
+
+
+def test_metrics_jsonl_is_written_whatever_the_backends_say(tmp_path):
+    """Without `jsonl` in logger.backends a run's summary said "0 steps": it reads metrics.jsonl."""
+    from rlpost.metrics.summary import read_metrics
+    from rlpost.metrics.trackers import Trackers
+
+    trackers = Trackers(["console"], tmp_path, write=lambda *_: None)
+    trackers.log({"reward/mean": 0.5}, 1)
+    trackers.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]

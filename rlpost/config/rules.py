@@ -115,6 +115,15 @@ def environment_exists(cfg):
         return f"with env.name={name!r}: {PARSERS.unknown(cfg.env.tool_parser)}"
 
 
+@rule("run.overwrite")
+def overwrite_or_resume(cfg):
+    if cfg.run.overwrite and cfg.trainer.resume != "none":
+        return (
+            f"run.overwrite=true deletes the run in run.dir, trainer.resume={cfg.trainer.resume} goes on with it: "
+            "choose one"
+        )
+
+
 @rule("trainer.resume")
 def resume_folder_exists(cfg):
     if cfg.trainer.resume not in ("none", "auto") and not Path(cfg.trainer.resume).expanduser().is_dir():

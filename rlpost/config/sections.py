@@ -95,7 +95,11 @@ class EnvConfig:
 # -------------------------------------------------------------------------------- logger, cluster
 @dataclass
 class LoggerConfig:
-    backends: list = knob(["console", "jsonl"], "Trackers: console, jsonl, tensorboard, wandb.")
+    backends: list = knob(
+        ["console", "jsonl"],
+        "Trackers: console, jsonl, tensorboard, wandb (`metrics.jsonl` is written whatever this says: the "
+        "summary, `rlpost plot` and a resume read it).",
+    )
     project: str = knob("rlpost", "Project name for wandb.")
     wandb_mode: str = knob("offline", "wandb mode; `offline` needs no network.", ("offline", "online", "disabled"))
     progress_bar: bool = knob(True, "Show a progress bar with step, reward, accuracy, step time and ETA.")

@@ -100,7 +100,10 @@ def find(run_dir: Path, resume: str, log=print) -> Path | None:
         return None
     folder = Path(resume).expanduser()
     if not (folder / "controller.pt").is_file():
-        raise FileNotFoundError(f"trainer.resume={resume}: {folder} is not a complete checkpoint (no controller.pt)")
+        run = " (a run folder: trainer.resume=auto with run.dir set to it)" if (folder / "checkpoints").is_dir() else ""
+        raise FileNotFoundError(
+            f"trainer.resume={resume}: {folder} is not a complete checkpoint (no controller.pt){run}"
+        )
     problem = damage(folder)
     if problem is not None:
         raise FileNotFoundError(f"trainer.resume={resume}: the checkpoint is damaged: {problem}")

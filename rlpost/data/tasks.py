@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rlpost.data.dataset import DataError
 from rlpost.registry import Registry
 
 ARITHMETIC = "arithmetic"
@@ -62,11 +63,18 @@ def arithmetic_row(a: int, b: int, digits: int) -> dict:
     return {"prompt": f"{a}+{b}=", "ground_truth": arithmetic_answer(a + b, digits), "data_source": ARITHMETIC}
 
 
+def val_size_error(task: str, digits: int, num_val: int, problems: int) -> DataError:
+    return DataError(
+        f"data.val_size={num_val}: data.task={task} with data.arithmetic_digits={digits} has {problems} problems; "
+        f"hold out 1 to {problems - 1} of them"
+    )
+
+
 def arithmetic_split(digits: int, seed: int, num_val: int) -> tuple[list[dict], list[dict]]:
     """(train rows, validation rows) for the addition task."""
     pairs = arithmetic_pairs(digits, seed)
     if not 0 < num_val < len(pairs):
-        raise ValueError(f"arithmetic task: num_val must be in 1..{len(pairs) - 1}, got {num_val}")
+        raise val_size_error("arithmetic", digits, num_val, len(pairs))
     val = [arithmetic_row(a, b, digits) for a, b in pairs[:num_val]]
     train = [arithmetic_row(a, b, digits) for a, b in pairs[num_val:]]
     return train, val
@@ -77,7 +85,7 @@ def multiply_split(digits: int, seed: int, num_val: int) -> tuple[list[dict], li
     (reward `arithmetic`: exact match)."""
     pairs = arithmetic_pairs(digits, seed)
     if not 0 < num_val < len(pairs):
-        raise ValueError(f"multiply task: num_val must be in 1..{len(pairs) - 1}, got {num_val}")
+        raise val_size_error("multiply", digits, num_val, len(pairs))
     rows = [{"prompt": f"{a}*{b}=", "ground_truth": str(a * b), "data_source": ARITHMETIC} for a, b in pairs]
     return rows[num_val:], rows[:num_val]
 

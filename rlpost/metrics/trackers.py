@@ -156,7 +156,8 @@ class Trackers:
         write=print,
     ):
         run = TrackerRun(run_dir, project, wandb_mode, config or {}, write)
-        self.trackers = [TRACKERS.get(name)(run) for name in backends]
+        # metrics.jsonl always: the summary, `rlpost plot`, the start's report and a resume read it
+        self.trackers = [TRACKERS.get(name)(run) for name in dict.fromkeys([*backends, "jsonl"])]
 
     def log(self, metrics: dict, step: int) -> None:
         for t in self.trackers:

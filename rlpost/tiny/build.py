@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from rlpost.config import ConfigError
 from rlpost.models.loading import load_tokenizer, resolve_path
 
 
@@ -53,6 +54,7 @@ def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print) -> Pa
     On `cuda` the build runs in a child process, so that this one holds no CUDA context."""
     final = tiny_model_dir(model_cfg, data_cfg)
     if not (final / "config.json").is_file():
+        check_writable(final.parent, "model.cache_dir")  # before the minutes of warm-up, not after
         log(f"building the tiny model into {final} (first run only)")
         if device == "cuda":
             import multiprocessing
@@ -68,6 +70,19 @@ def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print) -> Pa
             build_tiny_model(model_cfg, data_cfg, final, device, log)
     log(describe_start(final))
     return final
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """`folder` (made if missing) must take a new file, else a `ConfigError` that names `key`."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write_probe_{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(
+            f"{key}: cannot write into {folder} ({e.strerror}); set {key} to a folder you can write"
+        ) from None
 
 
 def build_tiny_model(model_cfg, data_cfg, final: Path, device: str = "cpu", log=print) -> None:

@@ -145,6 +145,7 @@ VIOLATIONS = {
     "vllm_adapter_rank": [["model.lora.rank=600", "model.lora.mode=adapter", "rollout.backend=vllm"]],
     "model_folder_exists": [["model.path=/no/such/folder"], ["model.path=./nope"], ["model.path=a/b/c"]],
     "model_folder_has_weights": [[f"model.path={NO_WEIGHTS}"]],
+    "overwrite_or_resume": [["run.overwrite=true", "trainer.resume=auto"]],
     "critic_folder_exists": [["critic.model_path=/no/such/critic"]],
     "reward_model_folder_exists": [["reward.model.path=../no/rm"]],
     "reward_model_scorer": [
