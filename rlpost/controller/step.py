@@ -179,6 +179,7 @@ def env_metrics(batch: Batch) -> dict[str, float]:
         "env/tool_calls_mean": batch["env_tool_calls"].mean().item(),
         "env/tool_errors": batch["env_tool_errors"].sum().item(),
         "env/timeouts": batch["env_timeouts"].sum().item(),
+        "env/errors": batch["env_errors"].sum().item() if "env_errors" in batch else 0.0,
         "env/reward_mean": batch["env_reward"].mean().item(),
         "env/model_token_frac": (batch["loss_mask"].sum() / batch["response_mask"].sum().clamp(min=1)).item(),
     }

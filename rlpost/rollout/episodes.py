@@ -63,6 +63,7 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     timed_out: bool = False
+    errors: int = 0  # steps of its environment that raised (the episode ended there)
     reward: float = 0.0
     last_turn_start: int = 0
     done: bool = False
@@ -159,7 +160,13 @@ def run_episodes(
             for future in sorted(answered, key=stepping.get):
                 i = stepping.pop(future)
                 e = episodes[i]
-                step = future.result()
+                try:
+                    step = future.result()
+                except Exception as error:  # noqa: BLE001  (the user's environment: counted, the episode ends)
+                    e.errors, e.done = e.errors + 1, True
+                    if not any(other.errors for other in episodes if other is not e):
+                        print(f"warning: env.step raised {error!r} in an episode: it ends there (env/errors counts)")
+                    continue
                 e.reward += step.reward
                 e.tool_calls += step.tool_calls
                 e.tool_errors += step.tool_errors
@@ -196,6 +203,7 @@ def episodes_batch(episodes: list[Episode], pad_id: int, weight_version: int) ->
             "env_tool_calls": per(lambda e: e.tool_calls),
             "env_tool_errors": per(lambda e: e.tool_errors),
             "env_timeouts": per(lambda e: e.timed_out),
+            "env_errors": per(lambda e: e.errors),
             "env_reward": per(lambda e: e.reward),
             "last_turn_start": per(lambda e: e.last_turn_start, torch.long),
         }

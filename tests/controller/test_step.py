@@ -46,13 +46,15 @@ def test_batch_metrics_hand_computed():
 
 
 def test_batch_metrics_of_multi_turn_episodes_hand_computed():
-    """Episodes add the env/* metrics: turns and tool calls per episode, failed calls and
-    timeouts in all, the environment's rewards, the share of response tokens that are the model's."""
+    """Episodes add the env/* metrics: turns and tool calls per episode, failed calls, timeouts and
+    steps that raised in all, the environment's rewards, the share of response tokens that are the
+    model's."""
     batch = metrics_batch()
     batch["env_turns"] = torch.tensor([1.0, 2.0, 3.0, 2.0])
     batch["env_tool_calls"] = torch.tensor([0.0, 1.0, 3.0, 0.0])
     batch["env_tool_errors"] = torch.tensor([0.0, 1.0, 2.0, 0.0])
     batch["env_timeouts"] = torch.tensor([0.0, 0.0, 1.0, 1.0])
+    batch["env_errors"] = torch.tensor([1.0, 0.0, 0.0, 1.0])
     batch["env_reward"] = torch.tensor([0.5, 0.0, -1.0, 0.0])
     m = batch_metrics(batch, torch.tensor([1.0, 0.0, 0.5, 0.5]), reward_errors={}, n=2)
     assert {k: v for k, v in m.items() if k.startswith("env/")} == {
@@ -60,6 +62,7 @@ def test_batch_metrics_of_multi_turn_episodes_hand_computed():
         "env/tool_calls_mean": 1.0,
         "env/tool_errors": 3.0,
         "env/timeouts": 2.0,
+        "env/errors": 2.0,
         "env/reward_mean": -0.125,
         "env/model_token_frac": 5 / 8,  # loss tokens 2 + 1 + 2 + 0 of response tokens 3 + 1 + 2 + 2
     }

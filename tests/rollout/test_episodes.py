@@ -237,3 +237,24 @@ def test_environment_steps_run_at_once():
     envs = [BarrierEnv() for _ in range(8)]
     batch = run_episodes(engine, TOK, [ids("A=")], envs, SamplingParams(n=8, max_tokens=64), 4, 60.0, env_workers=8)
     assert batch["env_turns"].tolist() == [2] * 8 and len(engine.calls) == 2  # one generate per round
+
+
+class RaisingEnv(ScriptedEnv):
+    """The user's environment whose step raises from its second turn on."""
+
+    def step(self, turn: Turn) -> EnvStep:
+        if turn.index >= 1:
+            raise KeyError("feedback")
+        return super().step(turn)
+
+
+def test_an_environment_that_raises_ends_its_episode_counted_and_the_others_go_on(capsys):
+    forever = [ids("x") + [EOS]] * 10
+    engine = ScriptedEngine({"A=": forever, "B=": forever})
+    params = SamplingParams(n=1, max_tokens=200)
+    batch = run_episodes(engine, TOK, [ids("A="), ids("B=")], [RaisingEnv(), ScriptedEnv()], params, 4, 60.0)
+    assert batch["env_errors"].tolist() == [1, 0] and batch["env_turns"].tolist() == [2, 4]
+    assert batch["env_reward"].tolist() == [0.5, 2.0]  # what its steps scored before the one that raised
+    assert capsys.readouterr().out == (
+        "warning: env.step raised KeyError('feedback') in an episode: it ends there (env/errors counts)\n"
+    )
