@@ -97,7 +97,7 @@ calls = 0
 def hangs(sample):
     global calls
     calls += 1
-    if calls % 2 == 0:  # every second sample a worker scores hangs for good (never three in a row)
+    if calls % 4 == 0:  # every fourth sample a worker scores hangs for good (never three in a row)
         time.sleep(3600)
     return 1.0
 """
