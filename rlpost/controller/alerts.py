@@ -31,7 +31,8 @@ def no_signal(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[st
             f"warning: in step {step} every prompt's {r.n} samples scored the same reward (reward/uniform_groups "
             f"1.0), so algo.name={cfg.algo.name}'s advantages are all 0 and the step did not change the model: {why}"
         )
-    if metrics.get("actor/entropy", 1.0) < 1e-6 and metrics.get("actor/grad_norm", 1.0) == 0.0:
+    collapsed = metrics.get("actor/entropy", 1.0) < 1e-6 and metrics.get("actor/grad_norm", 1.0) == 0.0
+    if collapsed and r.temperature >= 0.1:  # (at a near-zero temperature `uniform` names the cause)
         out["collapsed"] = (
             f"warning: in step {step} the policy's entropy and gradient are 0 (actor/entropy, actor/grad_norm): it "
             "writes one answer with certainty and no update can move it; too large a step does this (now "

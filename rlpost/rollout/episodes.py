@@ -160,12 +160,7 @@ def run_episodes(
             for future in sorted(answered, key=stepping.get):
                 i = stepping.pop(future)
                 e = episodes[i]
-                try:
-                    step = future.result()
-                except Exception as error:  # noqa: BLE001  (the user's environment: counted, the episode ends)
-                    e.errors, e.done = e.errors + 1, True
-                    if not any(other.errors for other in episodes if other is not e):
-                        print(f"warning: env.step raised {error!r} in an episode: it ends there (env/errors counts)")
+                if (step := answer(future, e, episodes)) is None:
                     continue
                 e.reward += step.reward
                 e.tool_calls += step.tool_calls
@@ -181,6 +176,18 @@ def run_episodes(
                 e.add(suffix, False)
                 turns.add(i, e.prompt + e.response, params.max_tokens - len(e.response))
     return episodes_batch(episodes, pad, version)
+
+
+def answer(future, e: Episode, episodes: list[Episode]):
+    """The environment's step for episode `e`, or None when it raised: the episode ends there,
+    counted in `errors` (the first of the batch said on the console)."""
+    try:
+        return future.result()
+    except Exception as error:  # noqa: BLE001  (the user's environment: counted, the episode ends)
+        e.errors, e.done = e.errors + 1, True
+        if not any(other.errors for other in episodes if other is not e):
+            print(f"warning: env.step raised {error!r} in an episode: it ends there (env/errors counts)")
+        return None
 
 
 def episodes_batch(episodes: list[Episode], pad_id: int, weight_version: int) -> Batch:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from rlpost.config import ConfigError
 from rlpost.models.loading import load_tokenizer, resolve_path
 
 
@@ -72,15 +71,19 @@ def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print) -> Pa
     return final
 
 
+class CacheError(FileNotFoundError):
+    """The cache folder cannot take the files a run would write there (the message names its key)."""
+
+
 def check_writable(folder: Path, key: str) -> None:
-    """`folder` (made if missing) must take a new file, else a `ConfigError` that names `key`."""
+    """`folder` (made if missing) must take a new file, else a `CacheError` that names `key`."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".write_probe_{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(
+        raise CacheError(
             f"{key}: cannot write into {folder} ({e.strerror}); set {key} to a folder you can write"
         ) from None
 

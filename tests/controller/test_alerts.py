@@ -35,6 +35,9 @@ def test_a_collapsed_policy_names_the_learning_rate():
     assert list(found) == ["collapsed"] and "(now trainer.optim.lr=10): lower it" in found["collapsed"]
     assert no_signal(cfg, 3, {**LEARNS, "actor/entropy": 0.0, "actor/grad_norm": 0.3}) == {}  # still moving
     assert no_signal(cfg, 3, {**LEARNS, "actor/entropy": 0.02, "actor/grad_norm": 0.0}) == {}  # no step taken
+    cold = load_config(["+recipe=quickstart", "rollout.temperature=1e-6"])  # the temperature's doing, said as such
+    stuck = {**LEARNS, "actor/entropy": 0.0, "actor/grad_norm": 0.0, "reward/uniform_groups": 1.0}
+    assert list(no_signal(cold, 3, stuck)) == ["uniform"]
 
 
 def test_each_kind_is_said_when_it_starts_and_again_only_after_a_step_without_it():

@@ -33,10 +33,10 @@ def test_start_ray_sets_the_niceness_for_a_local_ray_only(monkeypatch):
     for address, expected in (("ray://elsewhere:10001", None), ("", "0")):
         monkeypatch.delenv("RAY_worker_niceness", raising=False)
         cluster.start_ray(load_config(["+recipe=quickstart", f"cluster.address={address}"]))
-        assert seen[-1] == ((address or None), expected)
+        assert seen[-1] == ((address or "local"), expected)  # local: a new instance, whatever RAY_ADDRESS says
     monkeypatch.setenv("RAY_worker_niceness", "5")  # the user's choice stands
     cluster.start_ray(load_config(["+recipe=quickstart"]))
-    assert seen[-1] == (None, "5")
+    assert seen[-1] == ("local", "5")
 
 
 def test_a_local_ray_is_told_the_gpus_cuda_sees(monkeypatch):
