@@ -164,6 +164,8 @@ def test_a_run_saved_by_two_ranks_resumes_on_one(ray_session, base_overrides, tm
         assert torch.allclose(state["exp_avg"], b["optimizer"]["state"][name]["exp_avg"], atol=1e-6, rtol=1e-3), name
 
 
+# out of CI for time: tests/test_bad_inputs.py's resume tests pass over a damaged newest checkpoint
+@pytest.mark.demo
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(ray_session, base_overrides, tmp_path):
     run_dir = tmp_path / "run"
     base = base_overrides(run_dir) + ["trainer.val_every=0", "trainer.save_every=1", "trainer.keep_checkpoints=3"]
