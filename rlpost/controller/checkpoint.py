@@ -156,9 +156,9 @@ def check_resume(cfg, run_dir: Path) -> None:
         return list(c) if not isinstance(c, (str, int, float)) else c
 
     differ = [f"{k}={get(saved, k)!r} there, {get(cfg, k)!r} here" for k in SHARED if get(saved, k) != get(cfg, k)]
-    critic = [("critic" in ALGORITHMS.get(c.algo.name).roles, c.algo.name) for c in (saved, cfg)]
-    if critic[0][0] != critic[1][0]:
-        differ.append(f"algo.name={critic[0][1]!r} there, {critic[1][1]!r} here (a critic in one, not the other)")
+    had, has = ("critic" in ALGORITHMS.get(c.algo.name).roles for c in (saved, cfg))
+    if had != has:
+        differ.append(f"algo.name={saved.algo.name!r} there, {cfg.algo.name!r} here (a critic in one, not the other)")
     if differ:
         raise ConfigError(
             f"trainer.resume={cfg.trainer.resume}: {folder} was saved by a run with other settings: "

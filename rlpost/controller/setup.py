@@ -86,8 +86,8 @@ def check_row_counts(cfg: TrainConfig, train_src: list[str], n_train: int, val_s
     """Enough prompts for a batch, and validation prompts where validation or the start's pass@k
     will run: refused before any actor starts, naming the files (or the empty list)."""
     d, t = cfg.data, cfg.trainer
-    train_what, val_what = (f"data.task={d.task!r}",) * 2 if d.task else (f"data.train_files={train_src}", "")
-    val_what = val_what or f"data.val_files={val_src}"
+    train_what = f"data.task={d.task!r}" if d.task else f"data.train_files={train_src}"
+    val_what = f"data.task={d.task!r}" if d.task else f"data.val_files={val_src}"
     if n_train < d.train_batch_size:
         raise DataError(
             f"{train_what} gave {n_train} training prompts (after data.max_prompt_length="
