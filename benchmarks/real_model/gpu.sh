@@ -26,11 +26,14 @@
 #   bash benchmarks/real_model/gpu.sh x4d    # jobs_x4c.txt, then jobs_scale.txt, in one queue over several calls
 #   bash benchmarks/real_model/gpu.sh x4e    # jobs_x4e.txt (GPU tests, LoRA adapter mode on the worked steps),
 #                                            # then what jobs_scale.txt has left
+#   bash benchmarks/real_model/gpu.sh x4f    # jobs_x4f.txt (sync against raw NCCL at 3B and 7B, the SmolLM2 recipe
+#                                            # before and after the reshape), then what jobs_scale.txt has left
+#   bash benchmarks/real_model/gpu.sh x4g    # jobs_x4g.txt: a 7B shape on 4 GPUs colocated (issue 42), with its plan
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -133,8 +136,8 @@ case "$STAGE" in
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
-  scale|x4d|x4e)  # issue 37's scale figures over several calls (benchmarks/multi_gpu/jobs_scale.txt), after
-                  # jobs_x4c.txt (x4d) or jobs_x4e.txt (x4e)
+  scale|x4d|x4e|x4f)  # issue 37's scale figures over several calls (benchmarks/multi_gpu/jobs_scale.txt), after
+                      # jobs_x4c.txt (x4d), jobs_x4e.txt (x4e) or jobs_x4f.txt (x4f)
     scale_setup
     [ "$STAGE" = x4d ] && for w in 4 2; do
       python3 -m rlpost.cli plan +recipe=smollm2_sums trainer.world_size=$w rollout.num_workers=$w $COMMON > "$W/plan$w.txt" 2>&1
@@ -143,12 +146,18 @@ case "$STAGE" in
       benchmarks/multi_gpu/jobs_scale.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
+  x4g)  # a Qwen2.5-7B shape (random weights, built on a GPU by jobs_x4f.txt's build_7b) on 4 GPUs, colocated:
+        # 128 prompts x 8 samples x 1024 tokens a step; `rlpost plan`'s prediction beside it
+    scale_setup
+    export B7="model.path=/tmp/qwen2-7b $SCALE trainer.world_size=4 rollout.num_workers=4 data.train_batch_size=128 \
+rollout.max_response_length=1024 trainer.total_steps=3"
+    python3 -m rlpost.cli plan $B7 $COMMON --gpu-gb "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 \
+      | awk '{printf "%.1f", $1 / 1024}')" > "$W/plan_7b.txt" 2>&1
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4g.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --deadline $((LIMIT - (SECONDS - START) - 50))
+    ;;
   scale_sync)  # rlpost's verified sync against a raw NCCL broadcast of the same bytes, GPU 0 -> GPU 1, per shape
-    for shape in 0.5b 1.5b 3b 7b; do
-      python3 benchmarks/random_model.py --shape $shape --out /tmp/cfg-$shape --config-only > /dev/null
-      python3 benchmarks/bench_weight_sync.py --model /tmp/cfg-$shape --bucket-mb 256 --reps 5 \
-        --out "$W/weight_sync_$shape.json" > "$W/weight_sync_$shape.log" 2>&1
-    done
+    bash benchmarks/multi_gpu/sync_shapes.sh "$W" 0.5b 1.5b 3b 7b
     ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
