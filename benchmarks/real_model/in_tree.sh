@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One `rlpost train` from another commit's tree (issue 38: the SmolLM2 recipe bit for bit before and after
-# the reshape). The tree is `git archive COMMIT rlpost recipes pyproject.toml` unpacked in runs/trees/COMMIT
+# the reshape). The tree is `git archive COMMIT rlpost recipes configs pyproject.toml` unpacked in runs/trees/COMMIT
 # (carried to the GPU machine); the run converts the GGUF into its own cache, so nothing is shared.
 #   bash benchmarks/real_model/in_tree.sh COMMIT RUN_DIR overrides...
 set -euo pipefail
