@@ -8,7 +8,9 @@ JOBS has one job a line, `NAME GPUS overrides...` (`#` starts a comment). Jobs s
 order, each on the lowest-numbered GPUs that are free; a job waits for the one before it to start
 (so a 4-GPU job is not starved by 1-GPU jobs behind it). `$VAR` in a line is the environment's
 (overrides that several jobs share). A job that finished before (`NAME.done`)
-is skipped; one with checkpoints in its run folder goes on from them (`trainer.resume=auto`). An
+is skipped; one with checkpoints in its run folder goes on from them (`trainer.resume=auto`), one
+whose folder an earlier attempt left without a checkpoint starts again (that folder kept as
+NAME.attemptN: rlpost refuses a run folder that holds another run's steps). An
 override `@NAME/...` names a path in another job's run folder; the job waits for that job. A job
 `NAME GPUS sh: COMMAND...` runs a shell command instead (the GPU tests beside the runs). At the
 deadline every job still running gets one SIGTERM (the run stops after its step, with a
@@ -66,6 +68,9 @@ def command(root: Path, name: str, overrides: list[str], common: list[str]) -> l
     run = root / name
     if any((run / "checkpoints").glob("step_*")):
         args.append("trainer.resume=auto")
+    elif run.exists():  # an attempt stopped before its first checkpoint: start again, keeping its folder
+        aside = (root / f"{name}.attempt{n}" for n in range(1, 1000))
+        run.rename(next(p for p in aside if not p.exists()))
     return ["python3", "-m", "rlpost.cli", "train", *args, *common, f"run.dir={run}"]
 
 

@@ -39,6 +39,11 @@ def test_a_job_waits_for_the_job_it_names_and_resumes_its_own_checkpoints(tmp_pa
     assert cmd[-3:] == [f"trainer.resume={tmp_path}/a/checkpoints/step_6", "c=1", f"run.dir={tmp_path / 'b'}"]
     (tmp_path / "b" / "checkpoints" / "step_2").mkdir(parents=True)
     assert "trainer.resume=auto" in queue.command(tmp_path, "b", [], [])
+    for n in (1, 2):  # attempts stopped before a checkpoint: their folders set aside, the job starts again
+        (tmp_path / "c").mkdir()
+        (tmp_path / "c" / "metrics.jsonl").write_text(f"{n}\n")
+        assert "trainer.resume=auto" not in queue.command(tmp_path, "c", [], [])
+        assert not (tmp_path / "c").exists() and (tmp_path / f"c.attempt{n}" / "metrics.jsonl").read_text() == f"{n}\n"
     assert queue.command(tmp_path, "t", ["sh:", "pytest", "-q", "tests/gpu;", "true"], ["c=1"]) == [
         "bash",
         "-c",
@@ -102,12 +107,16 @@ def test_scale_figures_count_the_matmul_parameters_and_the_mfu_by_hand(tmp_path,
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     row = {"timing_s/step": 4.0, "timing_s/update": 2.0, "perf/tokens_per_s": 1000.0, "weight_sync/bytes": 3e9}
-    row |= {"timing_s/weight_sync": 1.5, "weight_sync/verified": 1.0}
+    row |= {"timing_s/weight_sync": 1.5, "weight_sync/verified": 1.0, "timing_s/gen": 0.5, "response_length/mean": 10.0}
     lines = [{"step": 0}, {"step": 1, **row, "timing_s/update": 99.0}, {"step": 2, **row}, {"step": 3, **row}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    lay = scale.layout([f"model.path={tmp_path / 'm'}", "cluster.placement=split", "trainer.world_size=2"])
+    overrides = [f"model.path={tmp_path / 'm'}", "cluster.placement=split", "trainer.world_size=2"]
+    assert scale.layout(overrides)["samples_per_step"] is None  # the batch not named: no generation rate
+    lay = scale.layout([*overrides, "data.train_batch_size=4", "rollout.n=8"])
     assert (lay["gpus"], lay["trainer_gpus"], lay["rollout_gpus"]) == (3, 2, 1)
     out = scale.run_figures(tmp_path, lay, peak_flops=1e12)
+    assert out["gen_tokens_per_s_per_gpu"] == pytest.approx(10.0 * 32 / 0.5 / 1)  # 1 rollout GPU
+    assert "gen_tokens_per_s_per_gpu" not in scale.run_figures(tmp_path, lay | {"max_staleness": 1}, 1e12)
     n = scale.matmul_params(config)
     assert out["steps"] == [2, 3] and out["tokens_per_step"] == 4000.0
     assert out["update_mfu"] == pytest.approx(6 * n * 4000 / 2.0 / (2 * 1e12))
@@ -128,3 +137,15 @@ def test_a_run_is_recorded_with_its_last_attempts_overrides_less_the_queues_resu
     )
     assert collect.started(tmp_path) == {"a": ("0", ["x=1", "w=1"]), "b": ("1,2", ["trainer.resume=/r/step_60", "y=2"])}
     assert collect.train_command("0", ["x=1", "w=1"]) == "CUDA_VISIBLE_DEVICES=0 rlpost train x=1 w=1"
+
+
+def test_bitwise_compares_every_value_but_time_and_memory(tmp_path):
+    """benchmarks/real_model/bitwise.py (issue 38's check): a changed reward or a missing step is a
+    difference; a changed timing, tokens/s or GB figure is not."""
+    bitwise = load_benchmark("benchmarks/real_model/bitwise.py")
+    ref = [{"step": 1, "reward/mean": 0.5, "timing_s/step": 3.0, "perf/update_peak_gb": 9.0, "perf/tokens_per_s": 7}]
+    same = [dict(ref[0], **{"timing_s/step": 4.0, "perf/update_peak_gb": 9.5, "perf/tokens_per_s": 8})]
+    assert bitwise.differences(ref, same) == []
+    moved = [dict(ref[0], **{"reward/mean": 0.5000001})]
+    assert bitwise.differences(ref, moved) == [{"step": 1, "key": "reward/mean", "reference": 0.5, "run": 0.5000001}]
+    assert bitwise.differences(ref, []) == [{"step": None, "key": "rows", "reference": 1, "run": 0}]

@@ -2,9 +2,10 @@
 """Issue 37's scale figures from one unpacked `gpu.sh scale` stage (and `scale_sync`, when given):
 per run of benchmarks/multi_gpu/jobs_scale.txt the step time by phase (median over the steps after
 the first; a run that a deadline stopped counts from two such steps, `finished` false), tokens per
-second per GPU, the update's model FLOPs utilisation, the verified sync's time and GB/s, and the
-update's memory peak beside `rlpost plan`'s (scale.py's `plan_of`); with `--sync`, the raw NCCL
-broadcast of the same bytes on the same GPUs (benchmarks/bench_weight_sync.py).
+second per GPU, the rollout's generated tokens per second per rollout GPU (synchronous runs:
+ahead of the trainer, the gen phase is a wait), the update's model FLOPs utilisation, the verified
+sync's time and GB/s, and the update's memory peak beside `rlpost plan`'s (scale.py's `plan_of`);
+with `--sync`, the raw NCCL broadcast of the same bytes on the same GPUs (bench_weight_sync.py).
 
 MFU = 6 x N x tokens / update time / (trainer GPUs x the GPU's dense bf16 peak): N the parameters
 that take part in matmuls (the input embedding left out where it is not tied to the head), tokens
@@ -55,6 +56,7 @@ def layout(overrides: list[str]) -> dict:
         "tensor_parallel_size": tp,
         "max_staleness": int(get.get("algo.max_staleness", 0)),
         "model": get["model.path"],
+        "samples_per_step": int(get.get("data.train_batch_size", 0)) * int(get.get("rollout.n", 1)) or None,
     }
 
 
@@ -78,6 +80,10 @@ def run_figures(folder: Path, lay: dict, peak_flops: float) -> dict:
     out["tokens_per_s_per_gpu"] = median_of(rows, "perf/tokens_per_s") / lay["gpus"] if rows else None
     mfu = [6 * n * t / u / (lay["trainer_gpus"] * peak_flops) for t, u in zip(tokens, update)]
     out["update_mfu"] = statistics.median(mfu) if mfu else None
+    if lay["samples_per_step"] and lay["max_staleness"] == 0:  # ahead of the trainer, gen is the wait for it
+        rollout_gpus = lay["rollout_gpus"] or lay["gpus"]
+        made = [r["response_length/mean"] * lay["samples_per_step"] / r["timing_s/gen"] for r in rows]
+        out["gen_tokens_per_s_per_gpu"] = statistics.median(made) / rollout_gpus if made else None
     if sync:
         out["sync_bytes"] = sync[0][0]
         out["sync_gb_per_s"] = statistics.median(b / s / 1e9 for b, s in sync)
