@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rlpost.config import load_config
+from rlpost.config import ConfigError, load_config
 from rlpost.controller.setup import check_row_counts, load_data
 from rlpost.data.dataset import DataError, load_prompts, read_rows
 from rlpost.tiny.model import build_char_tokenizer
@@ -72,3 +72,39 @@ def test_own_data_without_validation_rows_is_refused_before_the_actors_naming_bo
     check_row_counts(load_config([*OWN, "trainer.val_every=0"]), ["t.jsonl"], 200, [], 0)  # none needed: it trains
     with pytest.raises(DataError, match=r"^data.train_files=\['e.jsonl'\] gave 0 training prompts .* fewer than"):
         check_row_counts(cfg, ["e.jsonl"], 0, ["v.jsonl"], 64)
+
+
+def test_a_folder_that_is_no_saved_data_set_is_named_with_the_files_it_holds(tmp_path):
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "train.jsonl").write_text(json.dumps(ROWS[0]) + "\n")
+    with pytest.raises(DataError, match=r"rows: a folder that datasets.save_to_disk did not write .*\['train.jsonl'\]"):
+        read_rows(str(tmp_path / "rows"))  # not the datasets library's own message
+
+
+@pytest.mark.parametrize("answer", ["", "  "])
+def test_an_empty_ground_truth_is_refused_where_rlposts_scorer_compares_with_it(tmp_path, answer):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n" + json.dumps({"prompt": "2+2=", "ground_truth": answer}) + "\n")
+    tok = build_char_tokenizer()
+    with pytest.raises(DataError, match=r"rows.jsonl: row 1: field 'ground_truth' is empty, and reward 'arithmetic' "):
+        load_prompts([str(path)], tok, 64, "arithmetic", scorer=lambda source: source)
+    loaded = load_prompts([str(path)], tok, 64, "arithmetic", scorer=lambda source: None)  # the user's function
+    assert [r.ground_truth for r in loaded.rows] == ["3", answer]
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ("    raise RuntimeError('no sandbox here')", r"making the environment of the first training row raised "
+         r"RuntimeError: no sandbox here$"),
+        ("    return None", r"the factory returned NoneType, not an environment \(an object with a step\(turn\)"),
+    ],
+)  # fmt: skip
+def test_an_environment_that_cannot_be_made_stops_the_run_before_the_actors(tmp_path, body, says):
+    train = tmp_path / "t.jsonl"
+    train.write_text("".join(json.dumps(ROWS[1]) + "\n" for _ in range(4)))
+    env = tmp_path / "my_env.py"
+    env.write_text(f"def make(row, options):\n{body}\n")
+    cfg = load_config([*OWN, f"data.train_files=[{train}]", f"data.val_files=[{train}]", f"env.name={env}:make"])
+    with pytest.raises(ConfigError, match=rf"^env.name='{env}:make': {says}"):
+        load_data(cfg, build_char_tokenizer(), log=lambda *_: None)

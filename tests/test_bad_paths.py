@@ -99,7 +99,8 @@ def saved_run(tmp_path, *overrides):
 @pytest.mark.parametrize(
     "saved, now, says",
     [
-        ([], ["trainer.total_steps=5"], r"goes on from .*step_11 \(step 11\), past trainer.total_steps=5: nothing is"),
+        ([], ["trainer.total_steps=5"], r"goes on from .*step_11 \(step 11\), at or past trainer.total_steps=5: "),
+        ([], ["trainer.total_steps=11"], r"\(step 11\), at or past trainer.total_steps=11: nothing is left to train"),
         ([], ["algo.name=ppo"], r"algo.name='grpo' there, 'ppo' here \(a critic in one, not the other\)"),
         ([], ["model.lora.rank=8"], r"saved by a run with other settings: model.lora.rank=0 there, 8 here\."),
         (["model.lora.rank=8"], ["model.lora.rank=8", "model.lora.target_modules=[q_proj]"], r"target_modules="),

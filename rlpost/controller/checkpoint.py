@@ -141,9 +141,9 @@ def check_resume(cfg, run_dir: Path) -> None:
     if folder is None:
         return
     step = int(_COMPLETE.match(folder.name).group(1))
-    if cfg.trainer.total_steps < step:
+    if cfg.trainer.total_steps <= step:
         raise ConfigError(
-            f"trainer.resume={cfg.trainer.resume} goes on from {folder} (step {step}), past trainer.total_steps="
+            f"trainer.resume={cfg.trainer.resume} goes on from {folder} (step {step}), at or past trainer.total_steps="
             f"{cfg.trainer.total_steps}: nothing is left to train; set trainer.total_steps above {step}"
         )
     if not (folder.parent.parent / "config.yaml").is_file():

@@ -4,6 +4,7 @@ against the lengths asked for, and a user's reward function tried once (its fold
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from rlpost.config import ConfigError, TrainConfig
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
 from rlpost.envs import EpisodeRow, make_env
+from rlpost.envs.base import env_factory
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS, RewardInput
 from rlpost.rewards.base import is_trusted
@@ -70,16 +72,26 @@ def load_data(
         check_positions(cfg, model_path)
     train_src, val_src = data_sources(cfg)
     d, tools_of = cfg.data, env_tools(cfg)
-    train = load_prompts(train_src, tokenizer, d.max_prompt_length, d.default_data_source, tools_of)
-    val = load_prompts(val_src, tokenizer, d.max_prompt_length, d.default_data_source, tools_of)
+    scorer = functools.partial(own_scorer, cfg.reward.fn)
+    train = load_prompts(train_src, tokenizer, d.max_prompt_length, d.default_data_source, tools_of, scorer)
+    val = load_prompts(val_src, tokenizer, d.max_prompt_length, d.default_data_source, tools_of, scorer)
     dropped = train.dropped_too_long + val.dropped_too_long
     if dropped:
         log(f"dropped {dropped} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} tokens")
     check_row_counts(cfg, train_src, len(train.rows), val_src, len(val.rows))
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
+    check_env(cfg, train.rows[0])
     check_reward_values(cfg, train.rows, log)
     log(f"data: {len(train.rows)} training prompts, {len(val.rows)} validation prompts")
     return PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle), val.rows, dropped
+
+
+def own_scorer(reward_fn: str, data_source: str) -> str | None:
+    """The name of rlpost's own scorer of a row (each compares answers with its ground truth), or
+    None where the user's function scores it."""
+    if not is_trusted(reward_fn, data_source):
+        return None
+    return data_source if reward_fn == "auto" else reward_fn
 
 
 def check_row_counts(cfg: TrainConfig, train_src: list[str], n_train: int, val_src: list[str], n_val: int) -> None:
@@ -100,6 +112,27 @@ def check_row_counts(cfg: TrainConfig, train_src: list[str], n_train: int, val_s
             f"{val_what} gave no validation prompts, which {' and '.join(needs)} need: give data.val_files=[FILE] "
             f"(held-out rows in the training rows' format), or set {' '.join(n.split('=')[0] + '=0' for n in needs)} "
             "to train without them"
+        )
+
+
+def check_env(cfg: TrainConfig, row: PromptRow) -> None:
+    """Multi-turn runs: the environment is made for the first training row before any actor starts;
+    a factory that raises, or returns no environment (no `step`), stops the run here naming
+    `env.name`, not in a rollout worker's traceback."""
+    if not cfg.env.name:
+        return
+    factory = env_factory(cfg.env.name)  # an unknown name or a file that will not load: named by env_factory
+    try:
+        env = factory(EpisodeRow(row.prompt_text, row.ground_truth, row.data_source), cfg.env)
+    except Exception as e:  # noqa: BLE001  (the user's factory, run: whatever it raises is named)
+        raise ConfigError(
+            f"env.name={cfg.env.name!r}: making the environment of the first training row raised "
+            f"{type(e).__name__}: {e}"
+        ) from e
+    if not callable(getattr(env, "step", None)):
+        raise ConfigError(
+            f"env.name={cfg.env.name!r}: the factory returned {type(env).__name__}, not an environment (an object "
+            "with a step(turn) method and a tools list: docs/environments.md)"
         )
 
 

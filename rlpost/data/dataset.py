@@ -67,6 +67,12 @@ def read_rows(source: str) -> list[dict]:
 
         return pq.read_table(path).to_pylist()
     if path.is_dir():
+        if not any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json")):
+            inside = sorted(p.name for p in path.iterdir() if p.suffix in FORMATS)
+            raise DataError(
+                f"{path}: a folder that datasets.save_to_disk did not write (no state.json or dataset_dict.json); "
+                f"name its data files instead{f' (it holds {inside[:5]})' if inside else ''}"
+            )
         import datasets
 
         loaded = datasets.load_from_disk(str(path))
@@ -147,15 +153,23 @@ class LoadResult:
 
 
 def load_prompts(
-    sources: list[str], tokenizer, max_prompt_length: int, default_data_source: str = "", tools_of=None
+    sources: list[str], tokenizer, max_prompt_length: int, default_data_source: str = "", tools_of=None, scorer=None
 ) -> LoadResult:
     """Read, check and tokenize every row of `sources`; drop (and count) over-long prompts.
-    `tools_of(row)`: the tool schemas a row's chat-message prompt advertises (multi-turn runs)."""
+    `tools_of(row)`: the tool schemas a row's chat-message prompt advertises (multi-turn runs).
+    `scorer(data_source)`: the name of rlpost's own scorer of those rows (which compares answers
+    with the ground truth: an empty one is refused), or None (the user's function)."""
     rows, dropped = [], 0
     for source in sources:
         kept, shortest_dropped = len(rows), None
         for i, raw in enumerate(read_rows(source)):
             row = check_row(raw, f"{source}: row {i}")
+            named = scorer(row["data_source"] or default_data_source) if scorer else None
+            if named and not row["ground_truth"].strip():
+                raise DataError(
+                    f"{source}: row {i}: field 'ground_truth' is empty, and reward {named!r} scores answers "
+                    "against it: give the row its answer, or leave the row out"
+                )
             chat = not isinstance(row["prompt"], str)
             if chat and not getattr(tokenizer, "chat_template", None):
                 raise DataError(
