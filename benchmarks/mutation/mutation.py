@@ -5,7 +5,9 @@ operator, a changed constant, a dropped argument, ...) and runs the tests that c
 function; a mutant that no test notices "survived". The JSON holds, per module, how many mutants
 were killed, survived, timed out or had no test calling their function, and every survivor with
 its diff and, where one is written in benchmarks/mutation/mutation_notes.json, why it is equivalent (no
-behaviour changes) rather than untested.
+behaviour changes) rather than untested. A survivor that changes only the wording of a message (the
+text of string literals that hold a space or are pieces of a longer message, nothing else) is
+counted apart as `text_only`: `score` counts it as a survivor, `score_behaviour` leaves it out.
 
     python benchmarks/mutation/mutation.py --out benchmarks/mutation/mutation.json          # ~40 minutes on 2 cores
     python benchmarks/mutation/mutation.py --out /tmp/m.json "rlpost.algos.*"       # only some mutants
@@ -14,6 +16,8 @@ behaviour changes) rather than untested.
 from __future__ import annotations
 
 import argparse
+import ast
+import io
 import json
 import os
 import platform
@@ -21,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tokenize
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -84,6 +89,52 @@ def show(mutant: str) -> str:
     return proc.stdout.strip()
 
 
+_LAYOUT = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT, tokenize.ENDMARKER}
+
+
+def _tokens(lines: list[str]) -> list[tuple[int, str]]:
+    """(type, text) of the code in `lines` (each without its indent; a fragment's unclosed bracket
+    or string ends it with an error token)."""
+    out = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO("\n".join(line.strip() for line in lines) + "\n").readline):
+            if tok.type not in _LAYOUT:
+                out.append((tok.type, tok.string))
+    except (tokenize.TokenError, SyntaxError):
+        out.append((tokenize.ERRORTOKEN, ""))
+    return out
+
+
+def _wording(old: str, new: str, only_strings: bool) -> bool:
+    """Two string literals that differ only in a message's text: of the same kind, an f-string's
+    {expressions} unchanged, the old text holding whitespace or standing among string pieces only
+    (a key or a name such as "val/accuracy" or "controller.pt" is behaviour, not wording)."""
+    try:
+        a, b = ast.parse(old, mode="eval").body, ast.parse(new, mode="eval").body
+    except SyntaxError:
+        return False
+    if isinstance(a, ast.Constant) and isinstance(b, ast.Constant) and type(a.value) is type(b.value):
+        return only_strings or any(ch.isspace() for ch in str(a.value))
+    if isinstance(a, ast.JoinedStr) and isinstance(b, ast.JoinedStr):
+        exprs = [[ast.dump(v) for v in s.values if not isinstance(v, ast.Constant)] for s in (a, b)]
+        return exprs[0] == exprs[1]
+    return False
+
+
+def text_only(diff: str) -> bool:
+    """Whether a mutant's diff (`mutmut show`) changes nothing but the wording of messages."""
+    lines = [line for line in diff.splitlines() if not line.startswith(("---", "+++"))]
+    old = _tokens([line[1:] for line in lines if line.startswith("-")])
+    new = _tokens([line[1:] for line in lines if line.startswith("+")])
+    changed = [(a, b) for a, b in zip(old, new) if a != b]
+    only_strings = all(t == tokenize.STRING for t, _ in old)
+    return (
+        len(old) == len(new)
+        and bool(changed)
+        and all(a[0] == b[0] == tokenize.STRING and _wording(a[1], b[1], only_strings) for a, b in changed)
+    )
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
@@ -120,36 +171,39 @@ def run_mutmut(args) -> float:
     return wall
 
 
+def scores(counts: Counter) -> dict:
+    """The counts of one module, its score (text-only survivors counted as survivors) and its score
+    on behaviour (text-only survivors left out)."""
+    caught = counts["killed"] + counts["timeout"]
+    behaviour = caught + counts["survived"] + counts["no_tests"]
+    tested = behaviour + counts["text_only"]
+    keys = ("killed", "survived", "text_only", "timeout", "equivalent", "no_tests", "not_checked")
+    return {
+        **{k: counts[k] for k in keys},
+        "score": round(caught / tested, 4) if tested else None,
+        "score_behaviour": round(caught / behaviour, 4) if behaviour else None,
+    }
+
+
 def tally() -> tuple[dict, list[dict]]:
-    """Per module the count of each status and its score; every survivor (and equivalent, untested
-    or suspicious mutant) with its note and diff."""
+    """Per module the count of each status and its scores; every survivor (and equivalent,
+    text-only, untested or suspicious mutant) with its note and diff."""
     notes = json.loads(NOTES.read_text()) if NOTES.is_file() else {}
     by_module: dict[str, Counter] = defaultdict(Counter)
     survivors = []
     for mutant, code in sorted(results().items()):
         status = STATUS.get(code, "suspicious")
         module = module_of(mutant)
+        diff = show(mutant) if status in ("survived", "suspicious") else ""
         if status == "survived" and mutant in notes:
             status = "equivalent"
+        elif status == "survived" and text_only(diff):
+            status = "text_only"
         by_module[module][status] += 1
-        if status in ("survived", "equivalent", "no_tests", "suspicious"):
-            survivors.append(
-                {
-                    "mutant": mutant,
-                    "module": module,
-                    "status": status,
-                    "note": notes.get(mutant, ""),
-                    "diff": show(mutant) if status != "no_tests" else "",
-                }
-            )
-    modules = {}
-    for module, counts in sorted(by_module.items()):
-        tested = counts["killed"] + counts["survived"] + counts["timeout"] + counts["no_tests"]
-        modules[module] = {
-            **{k: counts[k] for k in ("killed", "survived", "timeout", "equivalent", "no_tests", "not_checked")},
-            "score": round((counts["killed"] + counts["timeout"]) / tested, 4) if tested else None,
-        }
-    return modules, survivors
+        if status in ("survived", "text_only", "equivalent", "no_tests", "suspicious"):
+            survivors.append({"mutant": mutant, "module": module, "status": status, "note": notes.get(mutant, ""),
+                              "diff": diff})  # fmt: skip
+    return {module: scores(counts) for module, counts in sorted(by_module.items())}, survivors
 
 
 def report(args, commit_file: Path, wall_file: Path, modules: dict, survivors: list[dict]) -> dict:
@@ -163,8 +217,9 @@ def report(args, commit_file: Path, wall_file: Path, modules: dict, survivors: l
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "date": time.strftime("%Y-%m-%d", time.gmtime(commit_file.stat().st_mtime if commit_file.is_file() else None)),
         "wall_s": int(wall_file.read_text()) if wall_file.is_file() else None,
-        "score_note": "score = (killed + timeout) / (killed + survived + timeout + no_tests); "
-        "equivalent survivors (benchmarks/mutation/mutation_notes.json) are left out and listed with their note",
+        "score_note": "score = (killed + timeout) / (killed + survived + text_only + timeout + no_tests); "
+        "score_behaviour leaves text_only out (survivors that change only a message's wording); "
+        "equivalent survivors (benchmarks/mutation/mutation_notes.json) are left out of both, listed with their note",
         "modules": modules,
         "survivors": survivors,
     }

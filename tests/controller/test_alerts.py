@@ -53,3 +53,32 @@ def test_each_kind_is_said_when_it_starts_and_again_only_after_a_step_without_it
         ["in", "step", "2", "every", "prompt's"],
         ["every", "response", "of", "step", "5"],
     ]
+
+
+def test_metrics_a_step_did_not_report_raise_no_alert():
+    """A step whose metrics lack a key (no truncation measured, no groups) is not said to fail on it."""
+    cfg = load_config(["+recipe=quickstart"])
+    assert no_signal(cfg, 1, {}) == {}
+    assert no_signal(cfg, 1, {"reward/uniform_groups": 0.5}) == {}
+
+
+def test_uniform_groups_without_a_mean_reward_say_nan():
+    cfg = load_config(["+recipe=quickstart", "rollout.temperature=0.7"])
+    found = no_signal(cfg, 2, {"reward/uniform_groups": 1.0})
+    assert "(reward/mean nan)" in found["uniform"]
+
+
+def test_the_temperature_edge_is_0_1_exactly():
+    """At rollout.temperature=0.1 the temperature is not blamed: uniform groups name the reward,
+    and a collapse is said as such."""
+    cfg = load_config(["+recipe=quickstart", "rollout.temperature=0.1"])
+    found = no_signal(cfg, 2, {**LEARNS, "reward/uniform_groups": 1.0, "reward/mean": 1.0})
+    assert "every answer is right or every one wrong (reward/mean 1.000)" in found["uniform"]
+    collapsed = no_signal(cfg, 2, {**LEARNS, "actor/entropy": 0.0, "actor/grad_norm": 0.0})
+    assert list(collapsed) == ["collapsed"]
+
+
+def test_an_entropy_of_exactly_1e_6_is_not_a_collapse():
+    cfg = load_config(["+recipe=quickstart"])
+    assert no_signal(cfg, 2, {**LEARNS, "actor/entropy": 1e-6, "actor/grad_norm": 0.0}) == {}
+    assert list(no_signal(cfg, 2, {**LEARNS, "actor/entropy": 9e-7, "actor/grad_norm": 0.0})) == ["collapsed"]

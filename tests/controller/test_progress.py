@@ -3,9 +3,14 @@ step 0's row in a new run; in a resumed run it goes with the first new step, sin
 step resumed from would stand for that step's own row (summaries keep one row a step; on an H200
 a resumed run's memory row replaced the saved step's metrics)."""
 
+import io
+import re
 from types import SimpleNamespace
 
+import pytest
+
 from rlpost.config import load_config
+from rlpost.controller import progress
 from rlpost.controller.progress import run_steps
 from rlpost.metrics.summary import read_metrics
 
@@ -53,3 +58,146 @@ def test_a_resumed_run_logs_them_with_its_first_new_step(tmp_path):
     assert rows[0] == {"step": 1, "reward/mean": 1.0}
     assert rows[1]["rollout/gpu_used_gb"] == 5.0 and rows[1]["reward/mean"] == 2.0
     assert "rollout/gpu_used_gb" not in rows[2]
+
+
+# ------------------------------------------------------- the bar, the trackers, the schedule
+class Scripted(FakeController):
+    """A controller that records its validations, saves and stop, with a validation accuracy of
+    0.5 + step / 10 and, from `signal_after` steps on, a stop signal."""
+
+    def __init__(self, run_dir, step, *overrides, signal_after=None):
+        super().__init__(run_dir, step)
+        self.cfg = load_config([*self.cfg_overrides(run_dir), *overrides])
+        self.validated, self.saved, self.stopped, self.signal_after = [], [], [], signal_after
+        self.stop = SimpleNamespace(signal=None, restore=lambda: None)
+        self.val_rows, self.passes = ["row"], []
+        self.workers.batches = SimpleNamespace(pass_at_k=lambda rows, params: self.passes.append((rows, params)) or {})
+        self.workers.rollouts = SimpleNamespace(
+            call=lambda method: [{"rollout/gpu_used_gb": 5.0}] * (method == "memory")
+        )
+
+    @staticmethod
+    def cfg_overrides(run_dir):
+        return ["trainer.total_steps=3", "trainer.val_every=0", "trainer.save_every=0", "trainer.start_pass_k=0",
+                "logger.backends=[jsonl]", "logger.progress_bar=false", f"run.dir={run_dir}"]  # fmt: skip
+
+    def train_step(self):
+        if self.signal_after is not None and self.step + 1 >= self.signal_after:
+            self.stop.signal = 15
+        return {**super().train_step(), "response_length/truncated_frac": 1.0}
+
+    def validate(self):
+        self.validated.append(self.step)
+        return {"val/accuracy": 0.5 + self.step / 10}
+
+    def save(self):
+        self.saved.append(self.step)
+
+    def stop_on(self, signal):
+        self.stopped.append(signal)
+
+
+@pytest.fixture
+def seen(monkeypatch):
+    """What run_steps hands the bar, the trackers and the console: the real tqdm, recorded."""
+    import tqdm as tqdm_module
+
+    out = {"bars": [], "postfix": [], "written": [], "trackers": [], "rows": []}
+
+    class Bar(tqdm_module.tqdm):
+        def __init__(self, *args, **kwargs):
+            out["bars"].append(kwargs)
+            super().__init__(*args, **{**kwargs, "disable": False, "file": io.StringIO()})
+            out["bar"] = self
+
+        def set_postfix(self, **kwargs):
+            out["postfix"].append(kwargs)
+
+        @classmethod
+        def write(cls, s, *args, **kwargs):
+            out["written"].append(s)
+
+    class Trackers:
+        def __init__(self, *args, **kwargs):
+            out["trackers"].append((args, kwargs))
+
+        def log(self, metrics, step):
+            out["rows"].append({"step": step, **metrics})
+
+        def close(self):
+            pass
+
+    out["Bar"] = Bar
+    monkeypatch.setattr(tqdm_module, "tqdm", Bar)
+    monkeypatch.setattr(progress, "Trackers", Trackers)
+    monkeypatch.setattr(progress, "start_eval", lambda path: {"greedy_accuracy": 0.57, "pass@8": 0.9, "n": 256})
+    return out
+
+
+def test_the_bar_the_trackers_and_the_console_get_the_runs_settings(tmp_path, seen):
+    c = Scripted(tmp_path, 1, "logger.project=p1", "logger.wandb_mode=disabled", "trainer.total_steps=4")
+    run_steps(c, c.stop)
+    bar = seen["bars"][0]
+    assert bar == {"total": 4, "initial": 1, "desc": "grpo", "dynamic_ncols": True, "disable": True}
+    assert seen["bar"].n == 4  # one a step, from the step resumed at
+    ((args, kwargs),) = seen["trackers"]
+    assert args == (["jsonl"], tmp_path, "p1", "disabled")
+    assert kwargs["config"]["logger"]["project"] == "p1" and kwargs["config"]["trainer"]["total_steps"] == 4
+    assert kwargs["write"] == seen["Bar"].write  # trackers and alerts write above the bar, not into it
+    assert len(seen["written"]) == 1 and "every response of step 2 reached" in seen["written"][0]  # said once
+    assert [p["reward"] for p in seen["postfix"]] == ["2.000", "3.000", "4.000"]
+    assert all(re.fullmatch(r"\d+\.\d\d", p["step_s"]) for p in seen["postfix"])
+    assert all("val_acc" not in p for p in seen["postfix"])  # no validation: none shown
+    c = Scripted(tmp_path / "b", 0, "logger.progress_bar=true")
+    run_steps(c, c.stop)
+    assert seen["bars"][1]["disable"] is False and seen["bars"][1]["initial"] == 0
+
+
+def test_the_bar_shows_the_newest_validation_accuracy(tmp_path, seen):
+    """Validated at the start (0.5), at step 2 (0.7) and at the last, 4 (0.9)."""
+    c = Scripted(tmp_path, 0, "trainer.total_steps=4", "trainer.val_every=2")
+    run_steps(c, c.stop)
+    assert c.validated == [0, 2, 4]
+    assert [p.get("val_acc") for p in seen["postfix"]] == ["0.500", "0.700", "0.700", "0.900"]
+
+
+def test_validation_and_checkpoints_on_schedule_and_at_the_last_step(tmp_path, seen):
+    c = Scripted(tmp_path, 0, "trainer.total_steps=5", "trainer.val_every=2", "trainer.save_every=3")
+    run_steps(c, c.stop)
+    assert c.validated == [0, 2, 4, 5] and c.saved == [3, 5]
+    rows = {r["step"]: r for r in seen["rows"]}
+    assert rows[2]["val/accuracy"] == 0.7 and "val/accuracy" not in rows[3]
+    for step in range(1, 6):  # 10 tokens a step, in timing_s/step seconds
+        t = rows[step]["timing_s/step"]
+        assert 0 < t < 60 and rows[step]["perf/tokens_per_s"] == pytest.approx(10.0 / t)
+
+
+def test_a_new_runs_start_metrics_and_a_resumed_runs(tmp_path, seen):
+    c = Scripted(tmp_path, 0, "trainer.start_pass_k=4", "run.seed=7", "rollout.temperature=0.8")
+    run_steps(c, c.stop)
+    assert seen["rows"][0] == {"step": 0, "rollout/gpu_used_gb": 5.0, "start/greedy_accuracy": 0.57,
+                               "start/pass@8": 0.9}  # fmt: skip
+    assert "rollout/gpu_used_gb" not in seen["rows"][1]
+    ((rows, params),) = c.passes  # k samples of each validation row, sampled (not greedy), the run's seed
+    assert rows == ["row"] and (params.n, params.greedy, params.seed, params.temperature) == (4, False, 7, 0.8)
+    seen["rows"].clear()
+    c = Scripted(tmp_path / "b", 1, "trainer.start_pass_k=4", "trainer.val_every=5")
+    run_steps(c, c.stop)
+    assert c.passes == [] and c.validated == [3]  # resumed: no start metrics, validated at the last step only
+    assert not any(k.startswith("start/") for r in seen["rows"] for k in r)
+
+
+def test_a_start_pass_at_1_already_measured_is_not_sampled_again(tmp_path, seen, monkeypatch):
+    monkeypatch.setattr(progress, "start_eval", lambda path: {"pass@1": 0.6, "greedy_accuracy": 0.5})
+    c = Scripted(tmp_path, 0, "trainer.start_pass_k=4")
+    run_steps(c, c.stop)
+    assert c.passes == [] and seen["rows"][0]["start/pass@1"] == 0.6
+
+
+def test_a_signal_stops_after_the_step_under_way_and_not_after_the_last(tmp_path, seen):
+    c = Scripted(tmp_path, 0, signal_after=2)
+    run_steps(c, c.stop)
+    assert c.step == 2 and c.stopped == [15]
+    c = Scripted(tmp_path / "b", 0, signal_after=3)  # during the last step: the run is complete
+    run_steps(c, c.stop)
+    assert c.step == 3 and c.stopped == []

@@ -1,0 +1,219 @@
+"""controller/checkpoint.py without actors: `save` with groups that write a file each (the folder,
+its manifest, replacing a step, keeping the newest, a failed write), the order of complete
+checkpoints, `select`'s and `find`'s messages, `load` refusing another model's checkpoint, and
+`export` handing the run's settings to the loaders (faked: what each is called with)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import ray.exceptions
+import torch
+
+from rlpost.config import load_config, to_yaml
+from rlpost.controller import checkpoint
+
+
+class Group:
+    """An actor group whose every call writes `<role>/state.bin` (4 bytes) into the folder."""
+
+    def __init__(self, role="trainer", fail=None):
+        self.role, self.fail, self.calls = role, fail, []
+
+    def call(self, method, folder):
+        self.calls.append((method, folder))
+        if self.fail is not None:
+            raise self.fail
+        (Path(folder) / self.role).mkdir()
+        (Path(folder) / self.role / "state.bin").write_bytes(b"abcd")
+
+
+def steps(run_dir):
+    """Every folder under checkpoints/, by step."""
+    return sorted((p.name for p in (run_dir / "checkpoints").iterdir()), key=lambda n: int(n.split("_")[-1]))
+
+
+def test_a_save_writes_every_group_and_the_controller_then_a_manifest_one_file_a_line(tmp_path):
+    actor, critic = Group("trainer"), Group("critic")
+    final = checkpoint.save(tmp_path / "run", 4, {"step": 4, "seed": 1}, [actor, critic], keep=0)
+    assert final == tmp_path / "run" / "checkpoints" / "step_4" and steps(tmp_path / "run") == ["step_4"]
+    tmp = str(tmp_path / "run" / "checkpoints" / ".tmp_step_4")  # written under a temporary name
+    assert actor.calls == [("save_checkpoint", tmp)] and critic.calls == [("save_checkpoint", tmp)]
+    assert torch.load(final / "controller.pt") == {"step": 4, "seed": 1}
+    size = (final / "controller.pt").stat().st_size
+    assert (final / "manifest.json").read_text() == (
+        f'{{\n"controller.pt": {size},\n"critic/state.bin": 4,\n"trainer/state.bin": 4\n}}'
+    )
+    assert checkpoint.damage(final) is None
+
+
+def test_a_step_saved_again_replaces_the_old_folder_and_a_stale_temporary_one_is_cleared(tmp_path):
+    stale = tmp_path / "checkpoints" / ".tmp_step_2"
+    stale.mkdir(parents=True)
+    (stale / "half_written.bin").write_bytes(b"x")
+    checkpoint.save(tmp_path, 2, {"step": 2}, [Group()], keep=0)
+    (tmp_path / "checkpoints" / "step_2" / "extra").write_bytes(b"y")
+    checkpoint.save(tmp_path, 2, {"step": 2, "again": True}, [Group()], keep=0)
+    final = tmp_path / "checkpoints" / "step_2"
+    assert sorted(p.name for p in final.iterdir()) == ["controller.pt", "manifest.json", "trainer"]
+    assert torch.load(final / "controller.pt") == {"step": 2, "again": True} and steps(tmp_path) == ["step_2"]
+
+
+@pytest.mark.parametrize("keep, left", [(0, [2, 4, 9, 10]), (1, [10]), (2, [9, 10]), (5, [2, 4, 9, 10])])
+def test_only_the_newest_keep_checkpoints_are_kept(tmp_path, keep, left):
+    for step in (2, 4, 9, 10):  # 10 after 9: by number, not by name
+        checkpoint.save(tmp_path, step, {"step": step}, [], keep=keep)
+    assert steps(tmp_path) == [f"step_{s}" for s in left]
+    assert checkpoint.complete_checkpoints(tmp_path) == [tmp_path / "checkpoints" / f"step_{s}" for s in left]
+
+
+def test_an_old_checkpoint_that_cannot_be_removed_does_not_fail_the_save(tmp_path, monkeypatch):
+    """A file system that refuses to remove step_2 (rmtree's errors ignored, as asked, else raised)."""
+    real = checkpoint.shutil.rmtree
+
+    def refusing(path, ignore_errors=False, **kwargs):
+        if Path(path).name == "step_2":
+            if not ignore_errors:
+                raise PermissionError(f"cannot remove {path}")
+            return
+        real(path, ignore_errors=ignore_errors, **kwargs)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", refusing)
+    for step in (2, 4):
+        checkpoint.save(tmp_path, step, {"step": step}, [], keep=1)
+    assert steps(tmp_path) == ["step_2", "step_4"]
+
+
+def test_a_failed_first_save_names_the_actors_cause_and_no_older_checkpoint(tmp_path):
+    error = RuntimeError("the actor died")
+    error.cause = OSError(28, "No space left on device")  # what a Ray task error carries
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.save(tmp_path, 3, {"step": 3}, [Group(fail=error)], keep=2)
+    assert str(info.value) == (
+        f"writing checkpoint {tmp_path / 'checkpoints' / 'step_3'} failed: OSError: [Errno 28] No space left on "
+        "device; the newest complete checkpoint is none"
+    )
+    assert steps(tmp_path) == []  # the temporary folder is gone
+
+
+def test_a_save_where_the_checkpoints_folder_cannot_be_made_is_a_checkpoint_error(tmp_path):
+    (tmp_path / "checkpoints").write_text("a file")
+    with pytest.raises(checkpoint.CheckpointError, match="failed: NotADirectoryError"):
+        checkpoint.save(tmp_path, 1, {"step": 1}, [], keep=0)
+
+
+def test_select_names_the_complete_steps(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"step_<N> with controller.pt\); train with trainer.save_every=N"):
+        checkpoint.select(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"complete ones: steps none$"):
+        checkpoint.select(tmp_path, 3)
+    for step in (4, 10):
+        checkpoint.save(tmp_path, step, {"step": step}, [], keep=0)
+    assert checkpoint.select(tmp_path) == tmp_path / "checkpoints" / "step_10"
+    with pytest.raises(FileNotFoundError, match=r"complete ones: steps \[4, 10\]$"):
+        checkpoint.select(tmp_path, 3)
+
+
+def test_a_folder_that_is_no_checkpoint_and_no_run_is_not_called_a_run(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        checkpoint.find(tmp_path, str(tmp_path / "elsewhere"))
+    assert str(info.value).endswith("is not a complete checkpoint (no controller.pt)")
+
+
+def test_load_refuses_a_checkpoint_the_actors_refuse_and_passes_other_errors_on(tmp_path):
+    folder = checkpoint.save(tmp_path, 2, {"step": 2}, [], keep=0)
+    ok = Group()
+    ok.call = lambda method, path: ok.calls.append((method, path))
+    assert checkpoint.load(folder, [ok]) == {"step": 2} and ok.calls == [("load_checkpoint", str(folder))]
+    refused = Group("critic", fail=ray.exceptions.RayTaskError("load", "tb", ValueError("size mismatch for w")))
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.load(folder, [refused])
+    assert str(info.value) == f"critic could not load checkpoint {folder}: size mismatch for w"
+    crashed = Group(fail=ray.exceptions.RayTaskError("load", "tb", KeyError("w")))
+    with pytest.raises(ray.exceptions.RayTaskError):
+        checkpoint.load(folder, [crashed])
+
+
+# ---------------------------------------------------------------------------------------- export
+@pytest.fixture
+def loaders(monkeypatch):
+    """The loaders `export` calls, recording their arguments; the model records its dtype."""
+    import torch.distributed.checkpoint as dcp
+
+    from rlpost.models import loading, lora
+    from rlpost.tiny import build
+
+    calls = {}
+
+    class Model:
+        def state_dict(self):
+            return {}
+
+        def to(self, dtype):
+            calls["dtype"] = dtype
+            return self
+
+        def save_pretrained(self, out):
+            calls["saved"] = out
+
+    monkeypatch.setattr(build, "resolve_model_path", lambda m, d, log: calls.update(resolve=(m, d, log)) or "/base")
+    monkeypatch.setattr(lora, "export_merged", lambda *a: calls.update(merged=a))
+    monkeypatch.setattr(loading, "load_causal_lm", lambda *a, **k: calls.update(lm=(a, k)) or Model())
+    tokenizer = SimpleNamespace(save_pretrained=lambda out: calls.update(tokenizer_saved=out))
+    monkeypatch.setattr(loading, "load_tokenizer", lambda *a: calls.update(tokenizer=a) or tokenizer)
+    monkeypatch.setattr(dcp, "load", lambda state, checkpoint_id: calls.update(dcp=checkpoint_id))
+    return calls
+
+
+def exported_run(tmp_path, *overrides):
+    cfg = load_config(["+recipe=quickstart", "model.trust_remote_code=true", "model.dtype=bfloat16", *overrides])
+    run = tmp_path / "run"
+    folder = run / "checkpoints" / "step_3"
+    (folder / "trainer").mkdir(parents=True)
+    (folder / "controller.pt").write_bytes(b"")
+    (folder / "trainer" / ".metadata").write_bytes(b"")
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    return cfg, run, folder
+
+
+def test_export_of_full_weights_into_an_empty_existing_folder(tmp_path, loaders):
+    cfg, run, folder = exported_run(tmp_path)
+    out = tmp_path / "hf"
+    out.mkdir()  # empty: fine
+    said = []
+    assert checkpoint.export(run, out, log=said.append) == out
+    model_cfg, data_cfg, log = loaders["resolve"]
+    assert (model_cfg.path, data_cfg.task, log) == (cfg.model.path, cfg.data.task, said.append)
+    assert loaders["lm"] == (("/base", "float32"), {"trust_remote_code": True})
+    assert loaders["dcp"] == str(folder / "trainer") and loaders["dtype"] == torch.bfloat16
+    assert loaders["saved"] == loaders["tokenizer_saved"] == out and loaders["tokenizer"] == ("/base", True)
+    assert said == [f"loading {folder / 'trainer'} into /base", f"exported {folder} to {out}"]
+    (out / "file").write_text("x")
+    with pytest.raises(FileExistsError, match="exists and is not an empty folder"):
+        checkpoint.export(run, out)
+
+
+def test_export_of_a_lora_run_merges_its_adapter_into_a_new_nested_folder(tmp_path, loaders):
+    _, run, folder = exported_run(tmp_path, "model.lora.rank=1")
+    out = tmp_path / "a" / "b" / "hf"
+    with pytest.raises(FileNotFoundError) as info:
+        checkpoint.export(run, out, dtype="float32")
+    assert str(info.value) == (
+        f"{folder / 'adapter' / 'adapter_model.safetensors'} not found: a LoRA run's checkpoint keeps its adapter there"
+    )
+    (folder / "adapter").mkdir()
+    (folder / "adapter" / "adapter_model.safetensors").write_bytes(b"")
+    said = []
+    checkpoint.export(run, out, dtype="float32", log=said.append)
+    assert loaders["merged"] == ("/base", folder / "adapter", out, "float32", True)
+    assert said == [f"merging {folder / 'adapter'} into /base", f"exported {folder} to {out}"]
+
+
+def test_export_without_the_sharded_weights_names_the_file(tmp_path, loaders):
+    _, run, folder = exported_run(tmp_path)
+    (folder / "trainer" / ".metadata").unlink()
+    with pytest.raises(FileNotFoundError) as info:
+        checkpoint.export(run, tmp_path / "hf")
+    assert str(info.value) == f"{folder / 'trainer' / '.metadata'} not found: not a complete trainer checkpoint"
