@@ -45,6 +45,8 @@ def checked_config(overrides: list[str]):
         get_reward_fn(cfg.reward.fn)  # a bad reward.fn fails here, before anything starts
     except (ConfigError, FileNotFoundError, KeyError, AttributeError, ValueError) as e:
         hint = " (or sweep over the values with -m/--multirun)" if "Ambiguous value" in str(e) else ""
+        if "is not a ListConfig" in str(e):
+            hint = " (a list is written in brackets: KEY=[a,b])"
         if "LexerNoViableAlt" in str(e):  # Hydra's grammar: `~` starts a deletion, some characters end a value
             hint = """ (quote a value that holds characters such as ~ = , [ ] or spaces: "run.dir='~/runs/a'")"""
         print(f"rlpost: config error: {e}{hint}", file=sys.stderr)
@@ -137,7 +139,7 @@ def train_once(overrides: list[str], show_config: bool = False) -> int:
         print(f"rlpost: reward function failing: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # a second signal, or one during start-up: no checkpoint
-        print(f"rlpost: interrupted ({e or 'SIGINT'}), stopped at once; the actors are shut down", file=sys.stderr)
+        print(f"rlpost: interrupted ({e or 'SIGINT'}); the actors are shut down", file=sys.stderr)
         return 130
     return 0
 
@@ -163,6 +165,7 @@ def cmd_data(argv: list[str]) -> int:
     from rlpost.config.rules import check_values
     from rlpost.data.tasks import task_rows, write_jsonl
 
+    there = [p for p in (Path(args.out) / "train.jsonl", Path(args.out) / "val.jsonl") if p.exists()]
     flags = {"arithmetic_digits": args.digits, "val_size": args.num_val}
     overrides = [f"data.task={args.task}", *overrides] + [f"data.{k}={v}" for k, v in flags.items() if v is not None]
     try:
@@ -170,6 +173,11 @@ def cmd_data(argv: list[str]) -> int:
             raise ConfigError(f"rlpost data takes data.KEY=VALUE settings only, got {overrides[1:]}")
         cfg = compose(overrides)
         check_values(cfg, "data.")
+        if there:
+            raise ConfigError(
+                f"{there[0]} exists; rlpost data writes train.jsonl and val.jsonl and replaces no file it did not "
+                "write: choose another --out, or move those files away"
+            )
         train, val = task_rows(cfg.data)
     except (ConfigError, ValueError) as e:  # a bad key or value; DataError: the task cannot make these rows
         print(f"rlpost data: {e}", file=sys.stderr)
@@ -221,6 +229,10 @@ def cmd_plan(argv: list[str]) -> int:
             print("rlpost plan: --gpu-gb takes the GPU memory in GiB, above 0 (80 for an H100)", file=sys.stderr)
             return 2
         argv = argv[:i] + argv[i + 2 :]
+    options = [a for a in argv if a.startswith("-")]
+    if options:
+        print(f"rlpost plan: unknown option {options[0]} (the one option is --gpu-gb N, given once)", file=sys.stderr)
+        return 2
     from rlpost.config import ConfigError, load_config
     from rlpost.controller.plan import (
         GIB,

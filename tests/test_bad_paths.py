@@ -65,6 +65,7 @@ def test_an_export_under_a_file_or_onto_a_file_is_refused_before_loading(tmp_pat
     run = tmp_path / "run"
     (run / "checkpoints" / "step_2").mkdir(parents=True)
     (run / "checkpoints" / "step_2" / "controller.pt").write_bytes(b"")
+    (run / "checkpoints" / "step_2" / "manifest.json").write_text('{"controller.pt": 0}')
     (run / "config.yaml").write_text("{}\n")
     assert main(["export", str(run), "--out", str(tmp_path / "a_file" / "hf")]) == 2
     assert "hf: cannot make the folder (Not a directory)" in capsys.readouterr().err

@@ -41,6 +41,14 @@ def _register_schema_and_recipes() -> None:
         store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
 
 
+def unknown_key(key: str) -> str:
+    """One line for a key the config does not have: the closest keys, or how a recipe is chosen."""
+    if key == "recipe":
+        return "unknown config key 'recipe'; a recipe is chosen with +recipe=NAME (the + adds it)"
+    hint = closest_keys(key)
+    return f"unknown config key '{key}'" + (f"; did you mean: {', '.join(hint)}?" if hint else "")
+
+
 def _explain(error: Exception) -> str:
     """Turn a Hydra/OmegaConf composition error into one line naming the key and what would fix it."""
     text = str(error)
@@ -50,8 +58,7 @@ def _explain(error: Exception) -> str:
     key = max(keys, key=len) if keys else None
     first = text.strip().splitlines()[0]
     if key and key not in ALL_KEYS and ("not in" in text or "not in struct" in text or "Could not override" in text):
-        hint = closest_keys(key)
-        return f"unknown config key '{key}'" + (f"; did you mean: {', '.join(hint)}?" if hint else "")
+        return unknown_key(key)
     missing = re.search(r"Could not find '(\w+)/", text)
     if missing:
         group = missing.group(1)
@@ -93,10 +100,7 @@ def compose(overrides: list[str]) -> TrainConfig:
             composed: DictConfig = hydra_compose(config_name="train", overrides=list(overrides))
         unknown = _unknown_keys(composed)
         if unknown:
-            hint = closest_keys(unknown[0])
-            raise ConfigError(
-                f"unknown config key '{unknown[0]}'" + (f"; did you mean: {', '.join(hint)}?" if hint else "")
-            )
+            raise ConfigError(unknown_key(unknown[0]))
         return OmegaConf.to_object(composed)
     except ConfigError:
         raise

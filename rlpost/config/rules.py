@@ -272,6 +272,29 @@ def known_trackers(cfg):
         return TRACKERS.unknown(unknown[0])
 
 
+@rule("logger.wandb_mode", this_machine=True)
+def wandb_key(cfg):
+    import os
+
+    netrc = Path.home() / ".netrc"
+    known = os.environ.get("WANDB_API_KEY") or (netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"))
+    if "wandb" in cfg.logger.backends and cfg.logger.wandb_mode == "online" and not known:
+        return "logger.wandb_mode=online needs a W&B key (WANDB_API_KEY or `wandb login`); or logger.wandb_mode=offline"
+
+
+@rule("algo.kl_target")
+def kl_target_acts(cfg):
+    from rlpost.algos.algorithms import ALGORITHMS
+
+    a = cfg.algo
+    if a.kl_target > 0 and (a.kl_coef <= 0 or ALGORITHMS.get(a.name).kl != "reward"):
+        return (
+            f"algo.kl_target={a.kl_target:g} adapts the KL coefficient only where the KL is a reward penalty (PPO, "
+            f"REINFORCE++) with algo.kl_coef > 0; algo.name={a.name} with algo.kl_coef={a.kl_coef:g} ignores it: "
+            "set algo.kl_target=0"
+        )
+
+
 @rule("model.lora.target_modules")
 def lora_targets(cfg):
     targets = list(cfg.model.lora.target_modules)

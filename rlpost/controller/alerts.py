@@ -1,7 +1,9 @@
 """Steps that cannot learn, said on the console as soon as they happen: every response cut off at
 the length cap; every group of a group-baseline algorithm (GRPO, RLOO, REINFORCE++ with a
 baseline) scored alike, so that every advantage is 0 and the update leaves the model as it was; a
-collapsed policy (entropy and gradient 0: after too large a learning rate).
+collapsed policy (entropy and gradient 0: after too large a learning rate); optimizer steps
+skipped on a gradient norm that was not finite. Settings that train, but not as their values say
+(a warm-up as long as the run, a micro-batch budget below one sequence), are said before the first step.
 The run goes on (a later batch may differ); each kind is said when it starts and again only after
 a step without it, not every step."""
 
@@ -37,6 +39,42 @@ def no_signal(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[st
             f"warning: in step {step} the policy's entropy and gradient are 0 (actor/entropy, actor/grad_norm): it "
             "writes one answer with certainty and no update can move it; too large a step does this (now "
             f"trainer.optim.lr={cfg.trainer.optim.lr:g}): lower it and start again"
+        )
+    for role in ("actor", "critic"):
+        skipped = metrics.get(f"{role}/skipped_steps", 0.0)
+        if skipped > 0:
+            out[f"skipped_{role}"] = (
+                f"warning: in step {step} {skipped:g} optimizer steps of the {role} were skipped "
+                f"({role}/skipped_steps): its gradient norm was not finite, so it did not train; rewards or "
+                "values too large for float32 (above about 1e19) overflow its loss: scale the reward down"
+            )
+    return out
+
+
+def setting_warnings(cfg: TrainConfig) -> list[str]:
+    """Settings that train, but not as their values say: said once before the first step."""
+    from rlpost.trainer.engine import total_optimizer_steps
+
+    out, steps = [], total_optimizer_steps(cfg)
+    sections = ["trainer"] + (["critic"] if "critic" in ALGORITHMS.get(cfg.algo.name).roles else [])
+    for name in sections:
+        o = getattr(cfg, name).optim
+        if o.warmup_steps >= steps:
+            decay = " and the cosine decay never starts" if o.lr_schedule == "cosine" else ""
+            out.append(
+                f"warning: {name}.optim.warmup_steps={o.warmup_steps} is not below the run's {steps} optimizer steps "
+                f"(trainer.total_steps x algo.ppo_epochs x mini-batches a batch): the learning rate never reaches "
+                f"{name}.optim.lr={o.lr:g}{decay}"
+            )
+    longest, budget = (
+        cfg.data.max_prompt_length + cfg.rollout.max_response_length,
+        cfg.trainer.max_tokens_per_microbatch,
+    )
+    if 0 < budget < longest:
+        out.append(
+            f"warning: trainer.max_tokens_per_microbatch={budget} is below one sequence's {longest} tokens "
+            "(data.max_prompt_length + rollout.max_response_length): a longer sequence goes alone in its micro-batch "
+            "(slow where the budget is far below it)"
         )
     return out
 

@@ -181,8 +181,9 @@ def run_config(run_dir: Path):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path)))
 
 
-def select(run_dir: Path, step: int | None = None) -> Path:
-    """The complete checkpoint of `step`, or the newest complete one."""
+def select(run_dir: Path, step: int | None = None, log=print) -> Path:
+    """The complete checkpoint of `step`, or the newest complete and intact one (a damaged one is
+    named and passed over, as `find` does for a resume); a damaged `step` is refused, named."""
     done = complete_checkpoints(run_dir)
     steps = [int(_COMPLETE.match(p.name).group(1)) for p in done]
     if step is None:
@@ -191,13 +192,19 @@ def select(run_dir: Path, step: int | None = None) -> Path:
                 f"no complete checkpoint in {checkpoints_dir(run_dir)} (a folder "
                 "step_<N> with controller.pt); train with trainer.save_every=N"
             )
-        return done[-1]
+        folder = find(run_dir, "auto", log=log)
+        if folder is None:
+            raise FileNotFoundError(f"every checkpoint in {checkpoints_dir(run_dir)} is damaged (said above)")
+        return folder
     folder = checkpoints_dir(run_dir) / f"step_{step}"
     if folder not in done:
         raise FileNotFoundError(
             f"{folder} is not a complete checkpoint (no such folder, or no "
             f"controller.pt in it); complete ones: steps {steps or 'none'}"
         )
+    problem = damage(folder)
+    if problem is not None:
+        raise FileNotFoundError(f"{folder} is damaged: {problem}; complete ones: steps {steps}")
     return folder
 
 
@@ -213,7 +220,7 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
 
     run_dir, out_dir = Path(run_dir).expanduser(), Path(out_dir).expanduser()
     cfg = run_config(run_dir)
-    folder = select(run_dir, step)
+    folder = select(run_dir, step, log=log)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"--out {out_dir} exists and is not an empty folder")
     try:  # before the weights are loaded: a file where a folder of the path should be, no permission

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig
+from rlpost.controller.alerts import setting_warnings
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
 from rlpost.envs import EpisodeRow, make_env
@@ -70,6 +71,7 @@ def load_data(
     `check_positions` of `model_path`; a user's reward function is tried on the first row."""
     if model_path is not None:
         check_positions(cfg, model_path)
+        check_lora_targets(cfg, model_path)
     train_src, val_src = data_sources(cfg)
     d, tools_of = cfg.data, env_tools(cfg)
     scorer = functools.partial(own_scorer, cfg.reward.fn)
@@ -82,6 +84,8 @@ def load_data(
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
     check_env(cfg, train.rows[0])
     check_reward_values(cfg, train.rows, log)
+    for warning in setting_warnings(cfg):
+        log(warning)
     log(f"data: {len(train.rows)} training prompts, {len(val.rows)} validation prompts")
     return PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle), val.rows, dropped
 
@@ -151,6 +155,45 @@ def check_positions(cfg: TrainConfig, model_path: str) -> None:
         )
 
 
+def check_lora_targets(cfg: TrainConfig, model_path: str) -> None:
+    """Every name in `model.lora.target_modules` must be a layer of the model (peft matches a
+    module's name or its last parts): refused before any actor starts, listing the names there are
+    (the model built on the meta device from a local config.json: no weights are read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    targets, trust = list(cfg.model.lora.target_modules), cfg.model.trust_remote_code
+    if cfg.model.lora.rank <= 0 or targets == ["all-linear"] or not (Path(model_path) / "config.json").is_file():
+        return
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path, trust_remote_code=trust))
+    layers = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in layers)]
+    if missing:
+        raise ConfigError(
+            f"model.lora.target_modules={targets}: {missing} names no layer of {model_path}; its layers are "
+            f"{sorted({n.rsplit('.', 1)[-1] for n in layers})} (or [all-linear])"
+        )
+
+
+def check_builtin_kwargs(fn: str, kwargs: dict) -> None:
+    """`reward.kwargs` go to an explicitly named reward function: with `auto`, or one of rlpost's
+    scorers that does not take them, refused before any actor starts (every sample would fail)."""
+    import inspect
+
+    if kwargs and fn == "auto":
+        raise ConfigError(f"reward.kwargs={kwargs} go to an explicitly named reward.fn, and reward.fn=auto names none")
+    if fn not in REWARDS:
+        return
+    signature = inspect.signature(REWARDS.get(fn))
+    try:
+        signature.bind(None, **kwargs)
+    except TypeError as e:
+        raise ConfigError(
+            f"reward.kwargs={kwargs}: reward.fn={fn} takes {signature} ({e}); leave out the rest"
+        ) from None
+
+
 def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print) -> None:
     """A reward function of the user's (not rlpost's own scorers) scores one sample before any actor
     starts: the first training row, its ground truth as the response. A function that cannot be
@@ -159,6 +202,7 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print) -> N
     the run goes (it may fail on this made-up response only). Multi-turn runs score in their
     environment."""
     r = cfg.reward
+    check_builtin_kwargs(r.fn, dict(r.kwargs))
     untrusted = [row for row in rows if not is_trusted(r.fn, row.data_source)]
     if not untrusted or cfg.env.name:
         return

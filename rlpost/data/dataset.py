@@ -39,6 +39,7 @@ class PromptRow:
 
 
 FORMATS = (".jsonl", ".json", ".csv", ".parquet")
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer", "ipython")
 
 
 def read_rows(source: str) -> list[dict]:
@@ -108,13 +109,19 @@ def check_row(row: dict, where: str) -> dict:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected an object with 'prompt' and 'ground_truth', got {type(row).__name__}")
     for key in ("prompt", "ground_truth"):
-        if key not in row or row[key] is None:
+        if key not in row:
             raise DataError(f"{where}: field '{key}' is missing (fields present: {sorted(row)})")
+        if row[key] is None:
+            raise DataError(f"{where}: field '{key}' is null")
     prompt = row["prompt"]
     if isinstance(prompt, list):
+        if not prompt:
+            raise DataError(f"{where}: field 'prompt' is an empty list of chat messages")
         for j, m in enumerate(prompt):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise DataError(f"{where}: field 'prompt' message {j} must be {{'role': str, 'content': str}}")
+            if m["role"] not in CHAT_ROLES:  # a typo would reach the template as a speaker of its own
+                raise DataError(f"{where}: field 'prompt' message {j} has role {m['role']!r}, not one of {CHAT_ROLES}")
     elif not isinstance(prompt, str):
         raise DataError(
             f"{where}: field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}"

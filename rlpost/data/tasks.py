@@ -43,10 +43,20 @@ MULTIPLY = "multiply"
 MULTIPLY_FORMAT = 1
 
 
+MAX_PAIR_DIGITS = 3
+
+
 def arithmetic_pairs(digits: int, seed: int) -> list[tuple[int, int]]:
     """All operand pairs with exactly `digits` digits (1 digit: 0..9), in a seeded order."""
     if digits < 1:
         raise ValueError(f"arithmetic task: digits must be >= 1, got {digits}")
+    if digits > MAX_PAIR_DIGITS:  # every pair is listed: 4 digits would be 81 million rows
+        raise DataError(
+            f"data.arithmetic_digits={digits}: the arithmetic, multiply and sums_chat tasks list every pair of "
+            f"{digits}-digit numbers as a problem ({(9 * 10 ** (digits - 1)) ** 2:.2g} of them); give at most "
+            f"{MAX_PAIR_DIGITS} digits ({(9 * 10 ** (MAX_PAIR_DIGITS - 1)) ** 2} problems), or data.task=sums_steps, "
+            "which samples its problems"
+        )
     lo = 0 if digits == 1 else 10 ** (digits - 1)
     hi = 10**digits
     pairs = [(a, b) for a in range(lo, hi) for b in range(lo, hi)]

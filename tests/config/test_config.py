@@ -137,6 +137,8 @@ VIOLATIONS = {
         ["trainer.optim.betas=[0.9]"],
     ],
     "known_trackers": [["logger.backends=[console,foo]"]],
+    "wandb_key": [["logger.backends=[console,wandb]", "logger.wandb_mode=online"]],
+    "kl_target_acts": [["algo.kl_target=0.05"], ["algo.name=ppo", "algo.kl_coef=0", "algo.kl_target=0.05"]],
     "overlong_buffer_fits": [["algo.overlong_buffer=4"]],
     "lora_targets": [
         ["model.lora.rank=4", "model.lora.target_modules=[]"],
@@ -171,6 +173,8 @@ def test_each_rule_fires_on_its_violation_and_names_its_key(rule, monkeypatch):
     gpu_rules = {"tensor_parallel_engines"}  # rules whose violations need a GPU config to show
     monkeypatch.setattr(torch.cuda, "is_available", lambda: rule.name in gpu_rules)  # CUDA absent, vllm present,
     monkeypatch.setattr(rules, "installed", lambda module: rule.name != "vllm_is_installed")  # unless checked
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no W&B key on this machine (nor in ~/.netrc)
+    monkeypatch.setenv("HOME", tempfile.mkdtemp(prefix="rlpost_home_"))
     base = compose(["+recipe=quickstart"])
     assert rule.check(base) is None
     validate(base)

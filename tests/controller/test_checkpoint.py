@@ -112,8 +112,20 @@ def test_select_names_the_complete_steps(tmp_path):
     for step in (4, 10):
         checkpoint.save(tmp_path, step, {"step": step}, [], keep=0)
     assert checkpoint.select(tmp_path) == tmp_path / "checkpoints" / "step_10"
+    len_saved = (tmp_path / "checkpoints" / "step_10" / "controller.pt").stat().st_size
     with pytest.raises(FileNotFoundError, match=r"complete ones: steps \[4, 10\]$"):
         checkpoint.select(tmp_path, 3)
+    newest = tmp_path / "checkpoints" / "step_10"
+    (newest / "controller.pt").write_bytes(b"cut")  # damaged: another size than its manifest says
+    said = []
+    assert checkpoint.select(tmp_path, log=said.append) == tmp_path / "checkpoints" / "step_4"  # passed over
+    assert said == [f"checkpoint {newest} is damaged (controller.pt has 3 bytes, the manifest says {len_saved}); "
+                    "trying the one before it"]  # fmt: skip
+    with pytest.raises(FileNotFoundError, match=r"step_10 is damaged: controller.pt has 3 bytes, the manifest says"):
+        checkpoint.select(tmp_path, 10)
+    (tmp_path / "checkpoints" / "step_4" / checkpoint.MANIFEST).unlink()
+    with pytest.raises(FileNotFoundError, match=r"every checkpoint in .* is damaged \(said above\)$"):
+        checkpoint.select(tmp_path, log=lambda *_: None)
 
 
 def test_a_folder_that_is_no_checkpoint_and_no_run_is_not_called_a_run(tmp_path):
@@ -173,6 +185,7 @@ def exported_run(tmp_path, *overrides):
     folder = run / "checkpoints" / "step_3"
     (folder / "trainer").mkdir(parents=True)
     (folder / "controller.pt").write_bytes(b"")
+    (folder / checkpoint.MANIFEST).write_text('{"controller.pt": 0}')  # intact, as far as export checks
     (folder / "trainer" / ".metadata").write_bytes(b"")
     (run / "config.yaml").write_text(to_yaml(cfg))
     return cfg, run, folder

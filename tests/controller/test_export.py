@@ -3,12 +3,14 @@ DCP checkpoint) and its errors. A real ActorWorker (FSDP2, one gloo rank, no Ray
 checkpoint; the exported folder holds exactly its weights. (LoRA runs: tests/integration/test_lora_loop.py.)"""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rlpost.cli import main
 from rlpost.config import load_config, to_yaml
+from rlpost.controller.checkpoint import save
 from rlpost.weightsync.transport import free_port
 from tests.helpers import FAMILIES, FAMILY_IDS, save_tiny_model  # noqa: E402
 
@@ -48,10 +50,8 @@ def test_export_full_finetuning_checkpoint(run_dir, tmp_path):
             n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
             for n, p in worker.model.named_parameters()
         }
-        folder = run / "checkpoints" / "step_3"
-        folder.mkdir(parents=True)
-        worker.save_checkpoint(str(folder))
-        torch.save({"step": 3}, folder / "controller.pt")
+        group = SimpleNamespace(call=lambda method, *args: getattr(worker, method)(*args))  # as the controller calls
+        save(run, 3, {"step": 3}, [group], keep=0)  # with its manifest, as a run writes it
     finally:
         worker.shutdown()
     out = tmp_path / "hf"

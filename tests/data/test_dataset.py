@@ -45,7 +45,7 @@ def test_jsonl_parquet_and_saved_dataset_load_alike(tmp_path, tokenizer):
         ({"ground_truth": "1"}, "row 1: field 'prompt' is missing"),
         ({"prompt": 5, "ground_truth": "1"}, "row 1: field 'prompt' must be a string"),
         ({"prompt": [{"role": "user"}], "ground_truth": "1"}, "row 1: field 'prompt' message 0"),
-        ({"prompt": "x", "ground_truth": None}, "row 1: field 'ground_truth' is missing"),
+        ({"prompt": "x", "ground_truth": None}, "row 1: field 'ground_truth' is null"),
         ({"prompt": "x", "ground_truth": [1]}, "row 1: field 'ground_truth' must be a string or number"),
         ({"prompt": "x", "ground_truth": "1", "data_source": 3}, "row 1: field 'data_source'"),
     ],
