@@ -135,10 +135,11 @@ def test_a_folder_that_is_no_checkpoint_and_no_run_is_not_called_a_run(tmp_path)
 
 
 def test_load_refuses_a_checkpoint_the_actors_refuse_and_passes_other_errors_on(tmp_path):
-    folder = checkpoint.save(tmp_path, 2, {"step": 2}, [], keep=0)
+    state = {"step": 2, "pending": [SimpleNamespace(rows=["a"])]}  # batches not trained yet: objects, not tensors
+    folder = checkpoint.save(tmp_path, 2, state, [], keep=0)
     ok = Group()
     ok.call = lambda method, path: ok.calls.append((method, path))
-    assert checkpoint.load(folder, [ok]) == {"step": 2} and ok.calls == [("load_checkpoint", str(folder))]
+    assert checkpoint.load(folder, [ok]) == state and ok.calls == [("load_checkpoint", str(folder))]
     refused = Group("critic", fail=ray.exceptions.RayTaskError("load", "tb", ValueError("size mismatch for w")))
     with pytest.raises(checkpoint.CheckpointError) as info:
         checkpoint.load(folder, [refused])
