@@ -116,6 +116,7 @@ def train_once(overrides: list[str], show_config: bool = False) -> int:
     from rlpost.controller.scoring import RewardFailure
     from rlpost.controller.signals import Stopped
     from rlpost.data.dataset import DataError
+    from rlpost.metrics.trackers import TrackerError
     from rlpost.models.gguf import GGUFError
 
     try:
@@ -132,7 +133,7 @@ def train_once(overrides: list[str], show_config: bool = False) -> int:
             sys.stderr.flush()
             os._exit(e.exit_code)
         return e.exit_code
-    except (CheckpointError, Stall) as e:  # e.g. the disk is full; an actor call that never returned
+    except (CheckpointError, Stall, TrackerError) as e:  # a full disk; an actor call that never returned; W&B
         print(f"rlpost: {e}", file=sys.stderr)
         return 1
     except RewardFailure as e:  # the reward function fails on most samples, step after step

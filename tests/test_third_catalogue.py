@@ -153,3 +153,22 @@ def test_the_controller_runs_these_checks_before_any_actor_starts(tmp_path, over
     except ConfigError as e:
         said.append(str(e))
     assert any(line.startswith(says) for line in said), said
+
+
+def test_wandb_that_cannot_start_is_one_line_naming_the_mode(tmp_path, monkeypatch):
+    """#51: online with a key and no network; wandb gave up after about 100 s in a traceback."""
+    import sys
+    from types import SimpleNamespace
+
+    from rlpost.metrics.trackers import TrackerError, WandbTracker
+
+    def no_network(**_):
+        raise TimeoutError("Timed out while retrying")
+
+    monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(init=no_network))
+    with pytest.raises(TrackerError) as info:
+        WandbTracker(tmp_path, "rlpost", "online", {})
+    assert str(info.value) == (
+        "logger.wandb_mode=online: wandb could not start (TimeoutError: Timed out while retrying); run `wandb login` "
+        "and check the network, or set logger.wandb_mode=offline (sync later with `wandb sync`)"
+    )

@@ -112,13 +112,23 @@ class TensorboardTracker:
         self.writer.close()
 
 
+class TrackerError(RuntimeError):
+    """A tracker could not start (the message names the `logger` setting and what to do)."""
+
+
 class WandbTracker:
     def __init__(self, run_dir: Path, project: str, mode: str, config: dict):
         import wandb
 
-        self.run = wandb.init(
-            project=project, dir=str(run_dir), mode=mode, config=config, name=run_dir.name, reinit="finish_previous"
-        )
+        try:
+            self.run = wandb.init(
+                project=project, dir=str(run_dir), mode=mode, config=config, name=run_dir.name, reinit="finish_previous"
+            )
+        except Exception as e:  # noqa: BLE001  (wandb's own error types: no key, no network, a bad project)
+            raise TrackerError(
+                f"logger.wandb_mode={mode}: wandb could not start ({type(e).__name__}: {str(e).strip()}); run `wandb "
+                "login` and check the network, or set logger.wandb_mode=offline (sync later with `wandb sync`)"
+            ) from e
 
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(metrics, step=step)
