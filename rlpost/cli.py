@@ -167,6 +167,7 @@ def cmd_data(argv: list[str]) -> int:
     from rlpost.data.tasks import task_rows, write_jsonl
 
     there = [p for p in (Path(args.out) / "train.jsonl", Path(args.out) / "val.jsonl") if p.exists()]
+    there += [Path(args.out)] if Path(args.out).exists() and not Path(args.out).is_dir() else []
     flags = {"arithmetic_digits": args.digits, "val_size": args.num_val}
     overrides = [f"data.task={args.task}", *overrides] + [f"data.{k}={v}" for k, v in flags.items() if v is not None]
     try:
@@ -176,8 +177,8 @@ def cmd_data(argv: list[str]) -> int:
         check_values(cfg, "data.")
         if there:
             raise ConfigError(
-                f"{there[0]} exists; rlpost data writes train.jsonl and val.jsonl and replaces no file it did not "
-                "write: choose another --out, or move those files away"
+                f"{there[-1]} exists; rlpost data writes train.jsonl and val.jsonl into the folder --out and replaces "
+                "no file it did not write: choose another --out, or move those files away"
             )
         train, val = task_rows(cfg.data)
     except (ConfigError, ValueError) as e:  # a bad key or value; DataError: the task cannot make these rows
@@ -232,7 +233,8 @@ def cmd_plan(argv: list[str]) -> int:
         argv = argv[:i] + argv[i + 2 :]
     options = [a for a in argv if a.startswith("-")]
     if options:
-        print(f"rlpost plan: unknown option {options[0]} (the one option is --gpu-gb N, given once)", file=sys.stderr)
+        what = "--gpu-gb given twice" if options[0].startswith("--gpu-gb") else f"unknown option {options[0]}"
+        print(f"rlpost plan: {what} (the one option is --gpu-gb N, given once)", file=sys.stderr)
         return 2
     from rlpost.config import ConfigError, load_config
     from rlpost.controller.plan import (

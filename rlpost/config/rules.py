@@ -302,6 +302,8 @@ def lora_targets(cfg):
         return "model.lora.target_modules is empty; e.g. [all-linear] or [q_proj, v_proj]"
     if cfg.model.lora.rank > 0 and "all-linear" in targets and len(targets) > 1:
         return f"model.lora.target_modules={targets}: `all-linear` stands alone"
+    if cfg.model.lora.rank == 0 and targets != ["all-linear"]:  # set, but LoRA is off: a full fine-tune
+        return f"model.lora.target_modules={targets} is set but model.lora.rank=0 (LoRA off): set model.lora.rank"
 
 
 @rule("model.lora.rank")

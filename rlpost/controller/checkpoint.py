@@ -204,7 +204,8 @@ def select(run_dir: Path, step: int | None = None, log=print) -> Path:
         )
     problem = damage(folder)
     if problem is not None:
-        raise FileNotFoundError(f"{folder} is damaged: {problem}; complete ones: steps {steps}")
+        intact = [s for s, p in zip(steps, done) if damage(p) is None]
+        raise FileNotFoundError(f"{folder} is damaged: {problem}; intact ones: steps {intact or 'none'}")
     return folder
 
 

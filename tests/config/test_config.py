@@ -143,6 +143,7 @@ VIOLATIONS = {
     "lora_targets": [
         ["model.lora.rank=4", "model.lora.target_modules=[]"],
         ["model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"],
+        ["model.lora.target_modules=[qproj]"],
     ],
     "vllm_adapter_rank": [["model.lora.rank=600", "model.lora.mode=adapter", "rollout.backend=vllm"]],
     "model_folder_exists": [["model.path=/no/such/folder"], ["model.path=./nope"], ["model.path=a/b/c"]],
