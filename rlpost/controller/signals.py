@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 
 
 class Stopped(Exception):
@@ -32,6 +33,10 @@ class StopSignals:
         if self.signal is not None:
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
         self.signal = signum
+        sys.stderr.write(
+            f"\nrlpost: {signal.Signals(signum).name}: stopping after the step under way; "
+            "send it again to stop at once\n"
+        )
 
     def restore(self) -> None:
         for s, handler in self.previous.items():
