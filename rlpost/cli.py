@@ -166,8 +166,6 @@ def cmd_data(argv: list[str]) -> int:
     from rlpost.config.rules import check_values
     from rlpost.data.tasks import task_rows, write_jsonl
 
-    there = [p for p in (Path(args.out) / "train.jsonl", Path(args.out) / "val.jsonl") if p.exists()]
-    there += [Path(args.out)] if Path(args.out).exists() and not Path(args.out).is_dir() else []
     flags = {"arithmetic_digits": args.digits, "val_size": args.num_val}
     overrides = [f"data.task={args.task}", *overrides] + [f"data.{k}={v}" for k, v in flags.items() if v is not None]
     try:
@@ -175,9 +173,11 @@ def cmd_data(argv: list[str]) -> int:
             raise ConfigError(f"rlpost data takes data.KEY=VALUE settings only, got {overrides[1:]}")
         cfg = compose(overrides)
         check_values(cfg, "data.")
+        out = Path(args.out)  # a file as --out, or files of the user's in it: not replaced
+        there = [p for p in (out, out / "train.jsonl", out / "val.jsonl") if p.is_file()]
         if there:
             raise ConfigError(
-                f"{there[-1]} exists; rlpost data writes train.jsonl and val.jsonl into the folder --out and replaces "
+                f"{there[0]} exists; rlpost data writes train.jsonl and val.jsonl into the folder --out and replaces "
                 "no file it did not write: choose another --out, or move those files away"
             )
         train, val = task_rows(cfg.data)

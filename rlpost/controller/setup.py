@@ -16,7 +16,7 @@ from rlpost.envs import EpisodeRow, make_env
 from rlpost.envs.base import env_factory
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS, RewardInput
-from rlpost.rewards.base import is_trusted
+from rlpost.rewards.base import check_call, is_trusted
 from rlpost.rewards.executor import RewardPool
 
 
@@ -179,19 +179,13 @@ def check_lora_targets(cfg: TrainConfig, model_path: str) -> None:
 def check_builtin_kwargs(fn: str, kwargs: dict) -> None:
     """`reward.kwargs` go to an explicitly named reward function: with `auto`, or one of rlpost's
     scorers that does not take them, refused before any actor starts (every sample would fail)."""
-    import inspect
-
     if kwargs and fn == "auto":
         raise ConfigError(f"reward.kwargs={kwargs} go to an explicitly named reward.fn, and reward.fn=auto names none")
-    if fn not in REWARDS:
-        return
-    signature = inspect.signature(REWARDS.get(fn))
-    try:
-        signature.bind(None, **kwargs)
-    except TypeError as e:
-        raise ConfigError(
-            f"reward.kwargs={kwargs}: reward.fn={fn} takes {signature} ({e}); leave out the rest"
-        ) from None
+    if fn in REWARDS:
+        try:
+            check_call(REWARDS.get(fn), kwargs, fn)  # as the reward pool checks a user's function
+        except TypeError as e:
+            raise ConfigError(str(e)) from None
 
 
 def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print) -> None:

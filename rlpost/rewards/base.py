@@ -53,12 +53,24 @@ def check_call(fn: Callable, kwargs: dict, spec: str) -> None:
     try:
         signature.bind(None, **kwargs)
     except TypeError as e:
+        if kwargs and takes_one_sample(signature):  # the function is right; the kwargs are what it does not take
+            raise TypeError(
+                f"reward.kwargs={kwargs}: reward.fn={spec} takes {signature} ({e}); leave out the rest"
+            ) from None
         given = f" and reward.kwargs {sorted(kwargs)}" if kwargs else ""
         raise TypeError(
             f"reward.fn={spec!r} takes {getattr(fn, '__name__', 'fn')}{signature}, but a reward function is "
             f"called with one sample{given} ({e}): read sample.prompt, sample.response, sample.ground_truth and "
             "sample.data_source from its one argument"
         ) from None
+
+
+def takes_one_sample(signature: inspect.Signature) -> bool:
+    try:
+        signature.bind(None)
+    except TypeError:
+        return False
+    return True
 
 
 def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:
