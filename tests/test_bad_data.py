@@ -71,6 +71,8 @@ def test_own_data_without_validation_rows_is_refused_before_the_actors_naming_bo
         check_row_counts(both, ["t.jsonl"], 200, [], 0)
     check_row_counts(load_config([*OWN, "trainer.val_every=0"]), ["t.jsonl"], 200, [], 0)  # none needed: it trains
     with pytest.raises(DataError, match=r"^data.train_files=\['e.jsonl'\] gave 0 training prompts .* fewer than"):
+        check_row_counts(cfg, ["e.jsonl"], 0, ["v.jsonl"], 64, train_dropped=3)  # every prompt too long
+    with pytest.raises(DataError, match=r"^data.train_files=\['e.jsonl'\] holds no rows \(empty\): give the train"):
         check_row_counts(cfg, ["e.jsonl"], 0, ["v.jsonl"], 64)
 
 
@@ -107,4 +109,13 @@ def test_an_environment_that_cannot_be_made_stops_the_run_before_the_actors(tmp_
     env.write_text(f"def make(row, options):\n{body}\n")
     cfg = load_config([*OWN, f"data.train_files=[{train}]", f"data.val_files=[{train}]", f"env.name={env}:make"])
     with pytest.raises(ConfigError, match=rf"^env.name='{env}:make': {says}"):
+        load_data(cfg, build_char_tokenizer(), log=lambda *_: None)
+
+
+def test_an_empty_training_file_is_said_to_be_empty(tmp_path):
+    train, val = tmp_path / "t.jsonl", tmp_path / "v.jsonl"
+    train.write_text("")
+    val.write_text("\n".join(json.dumps(r) for r in ROWS) + "\n")
+    cfg = load_config([*OWN, f"data.train_files=[{train}]", f"data.val_files=[{val}]"])
+    with pytest.raises(DataError, match=rf"^data.train_files=\['{train}'\] holds no rows \(empty\)"):
         load_data(cfg, build_char_tokenizer(), log=lambda *_: None)

@@ -29,12 +29,13 @@
 #   bash benchmarks/real_model/gpu.sh x4f    # jobs_x4f.txt (sync against raw NCCL at 3B and 7B, the SmolLM2 recipe
 #                                            # before and after the reshape), then what jobs_scale.txt has left
 #   bash benchmarks/real_model/gpu.sh x4g    # jobs_x4g.txt: a 7B shape on 4 GPUs colocated (issue 42), with its plan
+#   bash benchmarks/real_model/gpu.sh x4h    # several calls: jobs_x4h.txt, the split runs left of issue 37, then 7B at TP 2
 #   bash benchmarks/real_model/gpu.sh one_7b # one H200: the 7B shape, full parameters, offloaded (issue 42 item 2; not yet run)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -145,6 +146,13 @@ case "$STAGE" in
     done
     python3 benchmarks/gpu_queue.py $([ "$STAGE" != scale ] && echo benchmarks/real_model/jobs_${STAGE/x4d/x4c}.txt) \
       benchmarks/multi_gpu/jobs_scale.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --deadline $((LIMIT - (SECONDS - START) - 50))
+    ;;
+  x4h)  # the split runs left of issue 37 (jobs_x4h.txt), then issue 42's 7B shape at TP 2, over several calls
+    scale_setup
+    export B7="model.path=/tmp/qwen2-7b $SCALE trainer.world_size=4 rollout.num_workers=4 data.train_batch_size=128 \
+rollout.max_response_length=1024 trainer.total_steps=3"
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4h.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   x4g)  # a Qwen2.5-7B shape (random weights, built on a GPU by jobs_x4f.txt's build_7b) on 4 GPUs, colocated:

@@ -80,7 +80,7 @@ def load_data(
     dropped = train.dropped_too_long + val.dropped_too_long
     if dropped:
         log(f"dropped {dropped} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} tokens")
-    check_row_counts(cfg, train_src, len(train.rows), val_src, len(val.rows))
+    check_row_counts(cfg, train_src, len(train.rows), val_src, len(val.rows), train.dropped_too_long)
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
     check_env(cfg, train.rows[0])
     check_reward_values(cfg, train.rows, log)
@@ -98,12 +98,17 @@ def own_scorer(reward_fn: str, data_source: str) -> str | None:
     return data_source if reward_fn == "auto" else reward_fn
 
 
-def check_row_counts(cfg: TrainConfig, train_src: list[str], n_train: int, val_src: list[str], n_val: int) -> None:
+def check_row_counts(
+    cfg: TrainConfig, train_src: list[str], n_train: int, val_src: list[str], n_val: int, train_dropped: int = 0
+) -> None:
     """Enough prompts for a batch, and validation prompts where validation or the start's pass@k
-    will run: refused before any actor starts, naming the files (or the empty list)."""
+    will run: refused before any actor starts, naming the files (or the empty list); files with no
+    rows at all are said to be empty."""
     d, t = cfg.data, cfg.trainer
     train_what = f"data.task={d.task!r}" if d.task else f"data.train_files={train_src}"
     val_what = f"data.task={d.task!r}" if d.task else f"data.val_files={val_src}"
+    if n_train == 0 and not train_dropped:
+        raise DataError(f"{train_what} holds no rows (empty): give the training prompts in it, a row a prompt")
     if n_train < d.train_batch_size:
         raise DataError(
             f"{train_what} gave {n_train} training prompts (after data.max_prompt_length="
