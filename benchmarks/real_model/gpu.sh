@@ -72,11 +72,13 @@ headroom() {  # the start model's greedy accuracy and pass@8 on candidate tasks 
 
 scale_setup() {  # random-weight Qwen2 shapes (benchmarks/random_model.py), a reward they can move, and $SCALE
   printf 'def score(sample):\n    text = sample.response\n    return sum(c.isdigit() for c in text) / max(len(text), 1)\n' > /tmp/digit_share.py
-  for shape in 0.5b 1.5b 3b; do  # the first before the queue starts, the others while the first jobs run
+  local builds=()  # all three before the queue starts (a job of any shape may come first), side by side
+  for shape in 0.5b 1.5b 3b; do
     [ -f /tmp/qwen2-$shape/config.json ] && continue
     python3 benchmarks/random_model.py --shape $shape --out /tmp/qwen2-$shape > "$W/build_$shape.log" 2>&1 &
-    [ $shape = 0.5b ] && wait $!
+    builds+=($!)
   done
+  [ ${#builds[@]} -eq 0 ] || wait "${builds[@]}"
   export SCALE="trainer.world_size=1 rollout.num_workers=1 model.dtype=bfloat16 model.attn_implementation=rlpost_varlen trainer.device=cuda rollout.backend=vllm \
 data.task=arithmetic data.max_prompt_length=32 data.train_batch_size=32 rollout.n=8 rollout.max_response_length=512 \
 trainer.micro_batch_size=256 trainer.max_tokens_per_microbatch=4096 trainer.total_steps=6 trainer.val_every=0 \

@@ -48,12 +48,18 @@ from rlpost.rollout.vllm_weights import (
 from rlpost.rollout.vllm_worker import base_layer_name, held_parameters, refresh_tied_head
 from rlpost.weightsync.manifest import Manifest, WeightSyncError
 from rlpost.weightsync.sync import SyncStats
+from rlpost.weightsync.transport import free_port
 
 
 def prepare_environment(device: str, tensor_parallel_size: int) -> None:
     """What vLLM reads from the environment, set before it starts, and its log lines that a run
     does not need."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process
+    # vLLM's own process group listens on a port it finds by binding port 0: one of the ephemeral
+    # range, which another process's outgoing connection can take before vLLM listens on it (a
+    # split run's second engine failed so, EADDRINUSE, while the trainer ranks connected). From
+    # VLLM_PORT vLLM scans upward instead: a random free port below that range (a user's kept).
+    os.environ.setdefault("VLLM_PORT", str(free_port()))
     if device == "cpu":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default takes half the RAM
         if tensor_parallel_size > 1:  # vLLM's binding wants a NUMA node per shard

@@ -222,3 +222,24 @@ def test_a_set_kv_cache_size_reaches_vllm_on_a_gpu(tiny, monkeypatch, device, kv
     kwargs = built.value.args[0]
     assert kwargs["gpu_memory_utilization"] == 0.3
     assert kwargs.get("kv_cache_memory_bytes") == (int(1.5 * 2**30) if device == "cuda" and kv_cache_gb else None)
+
+
+def test_vllm_finds_its_process_group_port_below_the_ephemeral_range(monkeypatch):
+    """vLLM's own port comes from binding port 0 (the ephemeral range, where another process's
+    outgoing connection can take it first: EADDRINUSE in a split run) unless VLLM_PORT is set;
+    the engine sets it to a free port below that range, and keeps one the user set."""
+    import vllm.envs
+    from vllm.utils.network_utils import get_open_port
+
+    from rlpost.rollout.vllm_engine import prepare_environment
+    from rlpost.weightsync.transport import ephemeral_ports
+
+    getattr(vllm.envs, "disable_envs_cache", lambda: None)()
+    monkeypatch.delenv("VLLM_PORT", raising=False)
+    monkeypatch.delenv("VLLM_DP_MASTER_PORT", raising=False)
+    prepare_environment("cpu", 1)
+    low = ephemeral_ports()[0]
+    assert 20000 <= int(vllm.envs.VLLM_PORT) <= get_open_port() < low
+    monkeypatch.setenv("VLLM_PORT", "23456")
+    prepare_environment("cpu", 1)
+    assert vllm.envs.VLLM_PORT == 23456
