@@ -228,11 +228,10 @@ def tensor_parallel_engines(cfg):
             f"rollout.tensor_parallel_size={r.tensor_parallel_size} with model.lora.mode=adapter: the adapter sync "
             "writes a peft folder in one process; use model.lora.mode=merge"
         )
-    if Colocation.of(cfg).takes_turns and not r.enforce_eager:  # seen on 2 x H200: benchmarks/multi_gpu/tp_h200x2.json
+    if Colocation.of(cfg).on_gpus and not r.enforce_eager:  # on H200s, colocated and split: docs/multinode.md
         return (
-            f"rollout.tensor_parallel_size={r.tensor_parallel_size} colocated on GPUs: vLLM's compiled model failed "
-            "its first forward in cuBLAS (cublasCreate) beside the trainer ranks, and ran eager; set "
-            "rollout.enforce_eager=true (or cluster.placement=split)"
+            f"rollout.tensor_parallel_size={r.tensor_parallel_size} on GPUs: vLLM's compiled model failed its first "
+            "forward in cuBLAS (cublasCreate), colocated and split, and ran eager; set rollout.enforce_eager=true"
         )
 
 

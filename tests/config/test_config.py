@@ -121,6 +121,7 @@ VIOLATIONS = {
         ["rollout.tensor_parallel_size=2"],
         ["rollout.backend=vllm", "rollout.tensor_parallel_size=2", "model.lora.rank=4", "model.lora.mode=adapter"],
         ["rollout.backend=vllm", "rollout.tensor_parallel_size=2", "trainer.world_size=2", "trainer.device=cuda"],
+        ["rollout.backend=vllm", "rollout.tensor_parallel_size=2", "cluster.placement=split", "trainer.device=cuda"],
     ],
     "async_rollouts_need_split": [
         ["algo.async_rollouts=true", "cluster.placement=colocate"],
