@@ -47,6 +47,10 @@ def checked_config(overrides: list[str]):
         hint = " (or sweep over the values with -m/--multirun)" if "Ambiguous value" in str(e) else ""
         if "is not a ListConfig" in str(e):
             hint = " (a list is written in brackets: KEY=[a,b])"
+        if "Cannot assign str to Dict" in str(e):
+            hint = " (a mapping is written in braces: KEY={name: value})"
+        if "extraneous input '='" in str(e):  # Hydra's grammar: the parser's token list is no help here
+            e, hint = str(e).split(": extraneous")[0], ": write KEY=VALUE, with one ="
         if "LexerNoViableAlt" in str(e):  # Hydra's grammar: `~` starts a deletion, some characters end a value
             hint = """ (quote a value that holds characters such as ~ = , [ ] or spaces: "run.dir='~/runs/a'")"""
         print(f"rlpost: config error: {e}{hint}", file=sys.stderr)
@@ -185,8 +189,12 @@ def cmd_data(argv: list[str]) -> int:
         print(f"rlpost data: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    print(write_jsonl(train, out / "train.jsonl"), len(train), "rows")
-    print(write_jsonl(val, out / "val.jsonl"), len(val), "rows")
+    try:
+        print(write_jsonl(train, out / "train.jsonl"), len(train), "rows")
+        print(write_jsonl(val, out / "val.jsonl"), len(val), "rows")
+    except OSError as e:  # a file on the way to --out, no permission, a full disk
+        print(f"rlpost data: --out {out}: cannot write there ({e.strerror}); choose another --out", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -351,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         "doctor": cmd_doctor,
     }
     if not argv or argv[0] not in commands:
+        if argv and argv[0] not in ("-h", "--help", "help"):
+            print(f"rlpost: unknown command {argv[0]!r}; the commands are {', '.join(commands)}\n", file=sys.stderr)
         print(__doc__.strip(), file=sys.stderr)
         return 2
     return commands[argv[0]](argv[1:])

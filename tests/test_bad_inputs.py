@@ -347,6 +347,7 @@ def test_a_first_signal_is_noted_and_a_second_stops_at_once():
 
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     stop = StopSignals()
+    stop.before_start = False  # the workers have started (before, a signal stops at once: test_run.py)
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop.signal == signal.SIGTERM  # the step under way goes on

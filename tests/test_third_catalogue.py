@@ -184,6 +184,7 @@ def test_the_first_signal_is_answered_at_once(capsys):
     from rlpost.controller.signals import StopSignals
 
     stop = StopSignals()
+    stop.before_start = False  # the workers have started
     try:
         stop._note(signal.SIGINT, None)
         assert stop.signal == signal.SIGINT

@@ -59,7 +59,11 @@ def _explain(error: Exception) -> str:
     first = text.strip().splitlines()[0]
     if key and key not in ALL_KEYS and ("not in" in text or "not in struct" in text or "Could not override" in text):
         return unknown_key(key)
+    if "Multiple values for recipe" in text:
+        return "one recipe a run: give +recipe=NAME once (its keys can be overridden one by one: KEY=VALUE)"
     missing = re.search(r"Could not find '(\w+)/", text)
+    if missing and missing.group(1) == "recipe" and ".yaml" in text and "/" in text.split("recipe/", 1)[1]:
+        return f"{first}: +recipe= takes the name of a recipe in {RECIPE_DIR}; copy your file there, then +recipe=NAME"
     if missing:
         group = missing.group(1)
         folder = RECIPE_DIR if group == "recipe" else CONFIG_DIR / group

@@ -82,8 +82,15 @@ def ranks_divide_mini_batch(cfg):
 
 @rule("data.train_files")
 def rows_to_train_on(cfg):
-    if not cfg.data.task and not cfg.data.train_files:
+    d = cfg.data
+    if not d.task and not d.train_files:
         return "data.train_files is empty and data.task is not set: give rows to train on"
+    if d.task and (d.train_files or d.val_files):
+        what = "data.train_files/val_files"
+        return f"{what} are ignored where data.task={d.task} makes the rows: set data.task= to use them"
+    twice = [f for i, f in enumerate(d.train_files) if f in list(d.train_files)[:i]]
+    if twice:
+        return f"data.train_files lists {twice[0]} more than once (its rows trained on as many times): list it once"
 
 
 @rule("data.task")
@@ -258,7 +265,7 @@ def async_rollouts_need_split(cfg):
 @rule("trainer.optim.betas")
 def adam_betas(cfg):
     betas = list(cfg.trainer.optim.betas)
-    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+    if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
         return f"trainer.optim.betas={betas} must be two numbers in [0, 1)"
 
 

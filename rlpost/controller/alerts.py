@@ -66,6 +66,9 @@ def setting_warnings(cfg: TrainConfig) -> list[str]:
                 f"(trainer.total_steps x algo.ppo_epochs x mini-batches a batch): the learning rate never reaches "
                 f"{name}.optim.lr={o.lr:g}{decay}"
             )
+    shared = [f for f in cfg.data.val_files if f in cfg.data.train_files and not cfg.data.task]
+    if shared:
+        out.append(f"warning: data.val_files {shared} are training files too: the validation accuracy is not held out")
     longest, budget = (
         cfg.data.max_prompt_length + cfg.rollout.max_response_length,
         cfg.trainer.max_tokens_per_microbatch,

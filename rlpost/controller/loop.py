@@ -64,20 +64,19 @@ class Controller:
         quiet_libraries(cfg.logger.verbose)
         self.run_dir = claim_run_dir(cfg, log)
         log(f"run folder: {self.run_dir}")
-        self.samples = SampleLog(self.run_dir, cfg.logger.samples_per_step)
-        self.model_path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
-        self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
-        loader, self.val_rows, self.dropped_prompts = load_data(cfg, self.tokenizer, log, self.model_path)
-        self.version, self.step = 0, 0
-        self.algorithm = ALGORITHMS.get(cfg.algo.name)
-        self.keep_groups = BATCH_FILTERS[self.algorithm.batch_filter]
-        # the reference lives in the actor's group: a frozen copy, or with LoRA the adapters off
-        self.roles = needed_roles(self.algorithm, cfg.algo.kl_coef, reward_model=bool(cfg.reward.model.path))
-        log(f"algorithm {self.algorithm.name} ({self.algorithm.paper}): roles {', '.join(self.roles)}")
-        self.kl = KLController(cfg.algo.kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon)
-        self.probe = AdapterProbe(cfg.model.lora.rank > 0)
-        self.workers = Workers()
-        try:
+        self.samples, self.workers = SampleLog(self.run_dir, cfg.logger.samples_per_step), Workers()
+        try:  # from here a failure gives the run folder back (`shutdown`)
+            self.model_path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
+            self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
+            loader, self.val_rows, self.dropped_prompts = load_data(cfg, self.tokenizer, log, self.model_path)
+            self.version, self.step = 0, 0
+            self.algorithm = ALGORITHMS.get(cfg.algo.name)
+            self.keep_groups = BATCH_FILTERS[self.algorithm.batch_filter]
+            # the reference lives in the actor's group: a frozen copy, or with LoRA the adapters off
+            self.roles = needed_roles(self.algorithm, cfg.algo.kl_coef, reward_model=bool(cfg.reward.model.path))
+            log(f"algorithm {self.algorithm.name} ({self.algorithm.paper}): roles {', '.join(self.roles)}")
+            self.kl = KLController(cfg.algo.kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon)
+            self.probe = AdapterProbe(cfg.model.lora.rank > 0)
             self.workers.start(cfg, self.roles, self.model_path, self.tokenizer, loader, stop, log)
             self.batches, self.weights = self.workers.batches, self.workers.weights
             self.trainers, self.critics, self.rollouts = (

@@ -2,11 +2,13 @@
 run: a lock file (`run.lock`: the pid and host of the run that holds it) refuses a second run in
 the folder while the first lives, and a folder that holds another run's steps (metrics past step
 0, checkpoints) is refused unless this run resumes it (`trainer.resume`) or replaces it
-(`run.overwrite=true`, which deletes that run's logs and checkpoints; nothing else is deleted).
+(`run.overwrite=true`, which deletes that run's logs and checkpoints; nothing else is deleted);
+a `config.yaml` that is not a run's is the user's, and refused.
 `release_run_dir` gives the lock back when the run ends."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -42,11 +44,31 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
                 )
             _delete_run(run_dir, log)
         check_resume(cfg, run_dir)  # before this run's config.yaml replaces the saving run's
+        check_config_file(run_dir / "config.yaml")
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     except BaseException:
         release_run_dir(run_dir)
         raise
     return run_dir
+
+
+def check_config_file(path: Path) -> None:
+    """A `config.yaml` already in the folder must be a run's (rlpost's sections at its top), else it
+    is the user's own and is not replaced."""
+    if not path.exists():
+        return
+    import yaml
+
+    try:
+        found = yaml.safe_load(path.read_text(errors="replace"))
+    except yaml.YAMLError:
+        found = None
+    sections = {f.name for f in dataclasses.fields(TrainConfig)}
+    if not (isinstance(found, dict) and "run" in found and set(found) <= sections):
+        raise ConfigError(
+            f"run.dir={str(path.parent)!r} holds a config.yaml that no rlpost run wrote, which a run would "
+            "replace with its own: choose another run.dir (a new or empty folder)"
+        )
 
 
 def holds_a_run(run_dir: Path) -> bool:

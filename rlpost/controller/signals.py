@@ -1,5 +1,6 @@
 """Signals: the first SIGTERM or SIGINT stops the run after the step under way (with a checkpoint,
-`trainer.save_on_signal`), a second one at once."""
+`trainer.save_on_signal`), a second one at once; one before the workers start (a model being built,
+the data being read) stops it at once."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class StopSignals:
 
     def __init__(self):
         self.signal: int | None = None
+        self.before_start = True  # until the workers start there is no step to finish: a signal stops at once
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
         self.install()
 
@@ -33,6 +35,9 @@ class StopSignals:
         if self.signal is not None:
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
         self.signal = signum
+        if self.before_start:  # building a model, reading the data: nothing to save
+            sys.stderr.write(f"\nrlpost: {signal.Signals(signum).name} before the run started: stopping now\n")
+            raise Stopped(signum)
         sys.stderr.write(
             f"\nrlpost: {signal.Signals(signum).name}: stopping after the step under way; "
             "send it again to stop at once\n"

@@ -35,7 +35,10 @@ class Workers:
     weights: WeightSync | None = None
 
     def start(self, cfg: TrainConfig, roles, model_path: str, tokenizer, loader, stop, log) -> None:
-        """Every actor of `roles`, in place (a failure leaves what started for `shutdown`)."""
+        """Every actor of `roles`, in place (a failure leaves what started for `shutdown`). A signal
+        from here on lets them start, then stops the run (`StopSignals`)."""
+        if stop is not None:
+            stop.before_start = False
         start_ray(cfg, log)
         if stop is not None:  # over Ray's own SIGTERM handler, which aborts the process
             stop.install()

@@ -45,11 +45,12 @@ CHAT_ROLES = ("system", "user", "assistant", "tool", "developer", "ipython")
 def read_rows(source: str) -> list[dict]:
     """Raw rows of one source (file, saved dataset folder or hub id)."""
     path = Path(source).expanduser()
-    if path.suffix in (".jsonl", ".json", ".csv") and path.is_file():
+    suffix = path.suffix.lower()  # ROWS.JSONL too
+    if suffix in (".jsonl", ".json", ".csv") and path.is_file():
         text = read_text(path)
-        if path.suffix == ".csv":
-            return list(csv.DictReader(io.StringIO(text)))
-        if path.suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
+        if suffix == ".csv":
+            return read_csv(path, text)
+        if suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
             try:
                 return json.loads(text)
             except json.JSONDecodeError as e:
@@ -63,7 +64,7 @@ def read_rows(source: str) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}: row {i}: not valid JSON ({e.msg}); want one JSON object a line") from None
         return rows
-    if path.suffix == ".parquet" and path.is_file():
+    if suffix == ".parquet" and path.is_file():
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
@@ -80,7 +81,7 @@ def read_rows(source: str) -> list[dict]:
         if isinstance(loaded, datasets.DatasetDict):
             raise DataError(f"{path}: holds several splits {list(loaded)}; point at one split's folder")
         return list(loaded)
-    if path.suffix in FORMATS:
+    if suffix in FORMATS:
         raise DataError(f"{path}: no such file")
     if path.is_file():
         raise DataError(
@@ -90,7 +91,23 @@ def read_rows(source: str) -> list[dict]:
     import datasets
 
     name, _, split = source.partition(":")
-    return list(datasets.load_dataset(name, split=split or "train"))
+    try:
+        return list(datasets.load_dataset(name, split=split or "train"))
+    except ConnectionError as e:  # no network, or no such data set on the hub
+        raise DataError(
+            f"{source}: not a local file, and the hub could not be reached ({e}); give a local .jsonl, .parquet, ... "
+            "file, or run where the hub answers once (datasets caches it; HF_DATASETS_OFFLINE=1 then reads the cache)"
+        ) from None
+
+
+def read_csv(path: Path, text: str) -> list[dict]:
+    """A CSV file's rows by its header; one saved with semicolons (a spreadsheet's export in many
+    locales) is named, not read as one field."""
+    rows = list(csv.DictReader(io.StringIO(text)))
+    header = text.splitlines()[0] if text.strip() else ""
+    if "," not in header and ";" in header:
+        raise DataError(f"{path}: its header {header!r} is separated by ';', not ','; save the file with commas")
+    return rows
 
 
 def read_text(path: Path) -> str:
@@ -199,6 +216,19 @@ def load_prompts(
                 f"(the shortest has {shortest_dropped}); raise data.max_prompt_length"
             )
     return LoadResult(rows, dropped)
+
+
+def unknown_token_warning(rows: list[PromptRow], tokenizer) -> str | None:
+    """Prompts the tokenizer could only partly read (text it maps to its unknown token: a
+    character-level tokenizer given characters it lacks), said with the first of them."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    found = [row for row in rows if unk is not None and unk in row.prompt_ids]
+    if found:
+        return (
+            f"warning: {len(found)} prompts hold text that the tokenizer maps to its unknown token "
+            f"{tokenizer.unk_token!r}, which the model cannot read (the first: {found[0].prompt_text[:80]!r})"
+        )
+    return None
 
 
 class PromptLoader:

@@ -4,10 +4,14 @@ an environment factory), with errors that name the config key."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Callable
+
+SLOW_S = 10  # a file still running after this long is said to be
 
 
 def load_from_file(spec: str, key: str) -> Callable:
@@ -19,19 +23,28 @@ def load_from_file(spec: str, key: str) -> Callable:
     folder = str(path.resolve().parent)  # as `python file.py` does: modules beside the file import
     if folder not in sys.path:
         sys.path.insert(0, folder)
+    slow = threading.Timer(
+        SLOW_S, lambda: print(f"rlpost: {key}={spec!r}: still running {path} after {SLOW_S} s", file=sys.stderr)
+    )
+    slow.daemon = True
+    slow.start()  # a file that loads a model at import is said to be running, not silent
     try:
         module = run_file(path, f"rlpost_user_{key.replace('.', '_')}_{path.stem}")
     except SyntaxError as e:
         raise ValueError(f"{key}={spec!r}: {path} line {e.lineno}: SyntaxError: {e.msg}") from None
-    except Exception as e:  # noqa: BLE001  (the user's module, run: whatever it raises is named)
+    except (Exception, SystemExit) as e:  # noqa: BLE001  (the user's module, run: whatever it raises is named)
         lines = [
             f.lineno for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == path.resolve()
         ]
         where = f" at line {lines[-1]}" if lines else ""
         raise ValueError(f"{key}={spec!r}: running {path} raised {type(e).__name__}{where}: {e}") from e
+    finally:
+        slow.cancel()
     fn = getattr(module, name, None)
     if not callable(fn):
         raise AttributeError(f"{key}={spec!r}: {path} defines no function {name!r}")
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        raise ValueError(f"{key}={spec!r}: {name} is an async function, which rlpost does not await: write it with def")
     return fn
 
 

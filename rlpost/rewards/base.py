@@ -79,4 +79,6 @@ def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:
         return None
     if ".py:" in spec:
         return load_user_fn(spec)
+    if spec.endswith(".py"):
+        raise ValueError(f"reward.fn={spec!r} names a file, not its function: give reward.fn={spec}:NAME")
     return REWARDS.get(spec)

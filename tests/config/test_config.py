@@ -102,7 +102,11 @@ NO_WEIGHTS = Path(tempfile.mkdtemp(prefix="rlpost_no_weights_"))  # a model fold
 VIOLATIONS = {
     "mini_batch_divides_batch": [["algo.ppo_mini_batch_size=5"]],
     "ranks_divide_mini_batch": [["trainer.world_size=3"]],
-    "rows_to_train_on": [["data.task=", "data.train_files=[]"]],
+    "rows_to_train_on": [
+        ["data.task=", "data.train_files=[]"],
+        ["data.train_files=[mine.jsonl]"],  # the recipe's data.task=arithmetic would make the rows
+        ["data.task=", "data.train_files=[a.jsonl,b.jsonl,a.jsonl]"],
+    ],
     "tiny_model_task": [["data.task=sums_chat"], ["data.task=reasoning_gym"]],
     "resume_folder_exists": [["trainer.resume=/nonexistent/ckpt"]],
     "environment_exists": [

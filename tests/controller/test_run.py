@@ -74,3 +74,35 @@ def test_an_actor_lost_while_writing_a_checkpoint_restarts_the_run(fake):
 def test_is_ray_error_follows_the_cause():
     assert run_module.is_ray_error(checkpoint_error_from_a_dead_actor())
     assert not run_module.is_ray_error(CheckpointError("disk full"))
+
+
+def test_a_signal_before_the_workers_start_stops_at_once(capsys):
+    """While a model is built or the data read there is no step to finish: the first signal stops
+    the run then (a tiny model's first build went on for minutes after `timeout`'s SIGTERM)."""
+    import os
+
+    from rlpost.controller.signals import StopSignals
+
+    stop = StopSignals()
+    try:
+        with pytest.raises(Stopped) as info:
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert info.value.exit_code == 128 + signal.SIGTERM and stop.signal == signal.SIGTERM
+        assert capsys.readouterr().err == "\nrlpost: SIGTERM before the run started: stopping now\n"
+    finally:
+        stop.restore()
+
+
+def test_a_start_that_fails_before_the_workers_gives_the_run_folder_back(tmp_path, monkeypatch):
+    from rlpost.config import load_config
+    from rlpost.controller import loop
+    from rlpost.controller.run_dir import LOCK
+    from rlpost.data.dataset import DataError
+
+    def unreadable(*args, **kwargs):
+        raise DataError("t.jsonl: row 0: field 'prompt' is missing")
+
+    monkeypatch.setattr(loop, "resolve_model_path", unreadable)
+    with pytest.raises(DataError):
+        loop.Controller(load_config(["+recipe=quickstart", f"run.dir={tmp_path}"]), log=lambda *_: None)
+    assert (tmp_path / "config.yaml").is_file() and not (tmp_path / LOCK).exists()  # no stale lock

@@ -89,3 +89,26 @@ def test_a_run_dir_that_is_a_file(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match=r"run.dir='.*/f' is a file, not a folder; choose another run.dir"):
         claim_run_dir(cfg_in(tmp_path / "f"), log=lambda *_: None)
+
+
+def test_a_users_own_config_yaml_is_not_replaced(tmp_path):
+    """A project folder given as run.dir, with a config.yaml of the user's: refused, the file kept;
+    a run's own config.yaml (an earlier run that never got past its start) is replaced."""
+    mine = "# my project settings\nlr: 0.1\nnotes: do not lose me\n"
+    (tmp_path / "config.yaml").write_text(mine)
+    with pytest.raises(ConfigError) as info:
+        claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
+    assert str(info.value) == (
+        f"run.dir={str(tmp_path)!r} holds a config.yaml that no rlpost run wrote, which a run would replace with its "
+        "own: choose another run.dir (a new or empty folder)"
+    )
+    assert (tmp_path / "config.yaml").read_text() == mine and not (tmp_path / LOCK).exists()
+    for text in ("[1, 2]\n", "run: [unclosed\n", ""):  # a list, not YAML, empty
+        (tmp_path / "config.yaml").write_text(text)
+        with pytest.raises(ConfigError, match="holds a config.yaml that no rlpost run wrote"):
+            claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
+    claim_run_dir(cfg_in(tmp_path / "earlier"), log=lambda *_: None)  # a run's own, left by a start that failed
+    release_run_dir(tmp_path / "earlier")
+    claim_run_dir(cfg_in(tmp_path / "earlier", "run.seed=7"), log=lambda *_: None)
+    assert "seed: 7" in (tmp_path / "earlier" / "config.yaml").read_text()
+    release_run_dir(tmp_path / "earlier")

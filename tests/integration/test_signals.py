@@ -156,3 +156,25 @@ def test_a_second_ctrl_c_stops_at_once(tiny_cache, tmp_path):
     assert "interrupted (second SIGINT: stopping at once); the actors are shut down" in err and "Traceback" not in err
     assert not (run_dir / "checkpoints").exists() or not any((run_dir / "checkpoints").iterdir())
     assert_all_gone(children)
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_while_the_tiny_model_is_built_stops_at_once(tmp_path):
+    """Before the workers start there is no step to finish: `timeout`'s SIGTERM during a first
+    run's model build stops it then (it went on building for minutes), leaving no lock."""
+    run_dir, cache = tmp_path / "run", tmp_path / "empty-cache"
+    cmd = command(str(cache), run_dir)
+    cmd.remove("model.tiny.warmup_steps=30")  # the full warm-up: a build far longer than this test
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("building the tiny model"):
+            break
+    time.sleep(1.0)
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert time.monotonic() - start < 20
+    assert "rlpost: SIGTERM before the run started: stopping now" in err and "Traceback" not in err
+    assert not (run_dir / "run.lock").exists()
+    assert not any(p.name.startswith("tiny-") and (p / "config.json").exists() for p in cache.glob("*"))
