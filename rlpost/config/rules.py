@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rlpost.config.model_folder import folder_without_weights, missing_folder, unknown_model_type
 from rlpost.config.placement import Colocation
 from rlpost.config.schema import ConfigError, TrainConfig, iter_fields, mini_batch_size
 from rlpost.registry import Registry
@@ -106,6 +107,27 @@ def tiny_model_task(cfg):
         )
 
 
+@rule("model.tiny.num_kv_heads")
+def tiny_heads_divide(cfg):
+    t = cfg.model.tiny
+    if "tiny" in (cfg.model.path, cfg.reward.model.path) and t.num_heads % t.num_kv_heads:
+        return (
+            f"model.tiny.num_kv_heads={t.num_kv_heads} does not divide model.tiny.num_heads={t.num_heads} (each "
+            "key/value head serves the same number of query heads): change one of them, e.g. "
+            f"model.tiny.num_heads={t.num_kv_heads * max(1, round(t.num_heads / t.num_kv_heads))}"
+        )
+
+
+@rule("model.tiny.max_position")
+def tiny_positions(cfg):
+    p, r, positions = cfg.data.max_prompt_length, cfg.rollout.max_response_length, cfg.model.tiny.max_position
+    if cfg.model.path == "tiny" and p + r > positions:  # before the model is built and warmed up
+        return (
+            f"data.max_prompt_length={p} + rollout.max_response_length={r} = {p + r} tokens, more than "
+            f"model.tiny.max_position={positions}: set model.tiny.max_position={p + r} or more, or lower one of them"
+        )
+
+
 @rule("env.name")
 def environment_exists(cfg):
     from rlpost.envs import ENVS, PARSERS
@@ -137,41 +159,23 @@ def resume_folder_exists(cfg):
         return f"trainer.resume={cfg.trainer.resume!r}: not `none`, `auto` or an existing folder"
 
 
-def looks_local(path: str) -> bool:
-    """A path, not a hub id (`org/name`): absolute, home- or dot-relative, or of 3+ parts."""
-    return path.startswith(("/", "~", "./", "../")) or path.count("/") >= 2
-
-
-def missing_folder(key: str, path: str) -> str | None:
-    if path and path != "tiny" and looks_local(path) and not Path(path).expanduser().exists():
-        return f"{key}={path!r}: no such file or folder (a hub id looks like `org/name`)"
-    folder = Path(path).expanduser() if path else None
-    if folder and folder.is_dir() and not (folder / "config.json").exists() and (folder / "config.yaml").exists():
-        return (
-            f"{key}={path!r} is an rlpost run folder, not a model: export its model first "
-            f"(rlpost export {path} --out DIR) and set {key}=DIR"
-        )
-
-
 @rule("model.path")
 def model_folder_exists(cfg):
     return missing_folder("model.path", cfg.model.path)
-
-
-WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json", "*.pt")
 
 
 @rule("model.path", this_machine=True)
 def model_folder_has_weights(cfg):
     """A local model folder (config.json in it) must hold weights: refused here, not in the trainer
     actors after Ray started (`rlpost plan` reads a config-only folder: not this rule's)."""
-    folder = Path(cfg.model.path).expanduser() if cfg.model.path not in ("", "tiny") else None
-    if folder and folder.is_dir() and (folder / "config.json").is_file():
-        if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
-            return (
-                f"model.path={cfg.model.path!r} holds config.json but no weights (model.safetensors, "
-                "pytorch_model.bin or a sharded index): copy them in, or point at the folder that has them"
-            )
+    return folder_without_weights("model.path", cfg.model.path)
+
+
+@rule("model.path", this_machine=True)
+def model_type_known(cfg):
+    """config.json's model_type must be one this machine's transformers knows: refused here, not
+    in the rollout actor after Ray started."""
+    return unknown_model_type("model.path", cfg.model.path, cfg.model.trust_remote_code)
 
 
 @rule("critic.model_path")

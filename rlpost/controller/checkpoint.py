@@ -127,13 +127,16 @@ def load(folder: Path, groups: list) -> dict:
 
 
 SHARED = ("model.path", "model.lora.rank", "model.lora.target_modules")  # what a checkpoint's tensors are of
+TINY_SHAPE = tuple(  # the tiny model's, when both runs have it
+    f"model.tiny.{k}" for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+)
 
 
 def check_resume(cfg, run_dir: Path) -> None:
     """Before any actor starts: the checkpoint `trainer.resume` goes on from must leave steps to
     train, and its run (that run's `config.yaml`, not yet overwritten) must have had this run's
-    model, LoRA and critic; else refuse, naming the keys (the actors would fail to load it, or
-    nothing would train)."""
+    model (the tiny model's `model.tiny` shape too), LoRA and critic; else refuse, naming the keys
+    (the actors would fail to load it, or nothing would train)."""
     from rlpost.algos.algorithms import ALGORITHMS
     from rlpost.config import ConfigError
 
@@ -155,7 +158,8 @@ def check_resume(cfg, run_dir: Path) -> None:
             c = getattr(c, part)
         return list(c) if not isinstance(c, (str, int, float)) else c
 
-    differ = [f"{k}={get(saved, k)!r} there, {get(cfg, k)!r} here" for k in SHARED if get(saved, k) != get(cfg, k)]
+    shared = SHARED + (TINY_SHAPE if saved.model.path == cfg.model.path == "tiny" else ())  # the tiny model's shape
+    differ = [f"{k}={get(saved, k)!r} there, {get(cfg, k)!r} here" for k in shared if get(saved, k) != get(cfg, k)]
     had, has = ("critic" in ALGORITHMS.get(c.algo.name).roles for c in (saved, cfg))
     if had != has:
         differ.append(f"algo.name={saved.algo.name!r} there, {cfg.algo.name!r} here (a critic in one, not the other)")
@@ -214,21 +218,59 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
     config + tokenizer) that `AutoModelForCausalLM.from_pretrained` loads. With LoRA the
     checkpoint's `adapter/` is merged into the base model (`model.path` of the run, the tiny
     model resolved as the trainer does); without, the full weights come from the sharded
-    checkpoint (`trainer/`). `dtype`: the run's `model.dtype` unless given."""
-    from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer
-    from rlpost.models.lora import export_merged
-    from rlpost.tiny.build import resolve_model_path
-
+    checkpoint (`trainer/`). `dtype`: the run's `model.dtype` unless given. A failed export
+    leaves no folder it made (nor files in an empty one it was given)."""
     run_dir, out_dir = Path(run_dir).expanduser(), Path(out_dir).expanduser()
     cfg = run_config(run_dir)
     folder = select(run_dir, step, log=log)
+    check_base_model(cfg, run_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise FileExistsError(f"--out {out_dir} exists and is not an empty folder")
+    made = not out_dir.exists()
     try:  # before the weights are loaded: a file where a folder of the path should be, no permission
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise FileExistsError(f"--out {out_dir}: cannot make the folder ({e.strerror})") from None
-    dtype = dtype or cfg.model.dtype
+    try:
+        write_export(cfg, folder, out_dir, dtype or cfg.model.dtype, log)
+    except BaseException:  # no half-written model left behind, nor the empty folder this made
+        if made:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        else:
+            for path in out_dir.iterdir():
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+        raise
+    log(f"exported {folder} to {out_dir}")
+    return out_dir
+
+
+def check_base_model(cfg, run_dir: Path) -> None:
+    """The run's `model.path` must still be where the run found it: the export reads the base
+    model's config and tokenizer (and with LoRA its weights) from there."""
+    from rlpost.config.model_folder import missing_folder
+
+    path = cfg.model.path
+    problem = missing_folder("model.path", path)
+    if problem is None:
+        return
+    yaml = run_dir / "config.yaml"
+    if not Path(path).expanduser().exists():
+        raise FileNotFoundError(
+            f"model.path={path!r} (the run's, in {yaml}): no such folder any more; the export reads the base model's "
+            f"config and tokenizer from it: move the model back there, or set model.path in {yaml} to its new place"
+        )
+    raise FileNotFoundError(f"{problem} (the run's model.path, in {yaml})")
+
+
+def write_export(cfg, folder: Path, out_dir: Path, dtype: str, log=print) -> None:
+    """The checkpoint `folder` of the run of `cfg`, as a Hugging Face model folder in `out_dir`."""
+    from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer
+    from rlpost.models.lora import export_merged
+    from rlpost.tiny.build import resolve_model_path
+
     base = resolve_model_path(cfg.model, cfg.data, log=log)
     trust = cfg.model.trust_remote_code
     if cfg.model.lora.rank > 0:
@@ -251,5 +293,3 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
         dcp.load(state, checkpoint_id=str(sharded))  # in place, into the model's own tensors
         model.to(DTYPES[dtype]).save_pretrained(out_dir)
         load_tokenizer(base, trust).save_pretrained(out_dir)
-    log(f"exported {folder} to {out_dir}")
-    return out_dir

@@ -1,5 +1,6 @@
 """What a run needs before any actor starts: its prompts checked and loaded, the model's positions
-against the lengths asked for, and a user's reward function tried once (its folder:
+against the lengths asked for, its weights against its config.json, its tokenizer's eos token, and a
+user's reward function tried once (its folder:
 `controller/run_dir.py`)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.envs.base import env_factory
+from rlpost.models.checks import meta_model, weight_mismatch
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS, RewardInput
 from rlpost.rewards.base import check_call, is_trusted
@@ -72,6 +74,8 @@ def load_data(
     if model_path is not None:
         check_positions(cfg, model_path)
         check_lora_targets(cfg, model_path)
+        check_weights(cfg, model_path)
+        check_eos(cfg, tokenizer, model_path)
     train_src, val_src = data_sources(cfg)
     d, tools_of = cfg.data, env_tools(cfg)
     scorer = functools.partial(own_scorer, cfg.reward.fn)
@@ -166,19 +170,39 @@ def check_lora_targets(cfg: TrainConfig, model_path: str) -> None:
     module's name or its last parts): refused before any actor starts, listing the names there are
     (the model built on the meta device from a local config.json: no weights are read)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     targets, trust = list(cfg.model.lora.target_modules), cfg.model.trust_remote_code
     if cfg.model.lora.rank <= 0 or targets == ["all-linear"] or not (Path(model_path) / "config.json").is_file():
         return
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path, trust_remote_code=trust))
+    model = meta_model(model_path, trust)
     layers = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
     missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in layers)]
     if missing:
         raise ConfigError(
             f"model.lora.target_modules={targets}: {missing} names no layer of {model_path}; its layers are "
             f"{sorted({n.rsplit('.', 1)[-1] for n in layers})} (or [all-linear])"
+        )
+
+
+def check_weights(cfg: TrainConfig, model_path: str) -> None:
+    """A local model's weights must have the shapes its config.json asks for (the safetensors
+    headers against the meta-device model): refused before any actor starts, naming the first
+    tensor that does not fit, not in the actors' loading report."""
+    problem = weight_mismatch(model_path, cfg.model.trust_remote_code)
+    if problem:
+        raise ConfigError(
+            f"model.path={cfg.model.path!r}: the weights in {model_path} do not fit its config.json: {problem}"
+        )
+
+
+def check_eos(cfg: TrainConfig, tokenizer, model_path: str) -> None:
+    """The tokenizer must have an eos token, which ends every response and marks where one ended:
+    refused before any actor starts, not at the first step's response masks."""
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(
+            f"model.path={cfg.model.path!r}: the tokenizer in {model_path} has no eos_token (the token that ends a "
+            f"response): set eos_token in {Path(model_path) / 'tokenizer_config.json'} to the model's end token "
+            "(one of its vocabulary, e.g. <|endoftext|>), and eos_token_id in config.json and generation_config.json"
         )
 
 

@@ -99,6 +99,12 @@ def test_cli_bad_reward_fn_is_a_config_error():
 # a config that breaks each rule spanning keys (and no other): every rule must have one here
 NO_WEIGHTS = Path(tempfile.mkdtemp(prefix="rlpost_no_weights_"))  # a model folder: config.json alone
 (NO_WEIGHTS / "config.json").write_text("{}")
+ODD_MODELS = Path(tempfile.mkdtemp(prefix="rlpost_odd_models_"))  # empty, not JSON, an unknown model_type
+for name, config in (("empty", None), ("badjson", '{"model_type": "qwen2",'), ("qwen9", '{"model_type": "qwen9"}')):
+    (ODD_MODELS / name).mkdir()
+    if config is not None:
+        (ODD_MODELS / name / "config.json").write_text(config)
+        (ODD_MODELS / name / "model.safetensors").write_bytes(b"")
 VIOLATIONS = {
     "mini_batch_divides_batch": [["algo.ppo_mini_batch_size=5"]],
     "ranks_divide_mini_batch": [["trainer.world_size=3"]],
@@ -108,6 +114,8 @@ VIOLATIONS = {
         ["data.task=", "data.train_files=[a.jsonl,b.jsonl,a.jsonl]"],
     ],
     "tiny_model_task": [["data.task=sums_chat"], ["data.task=reasoning_gym"]],
+    "tiny_heads_divide": [["model.tiny.num_heads=3"], ["model.tiny.num_kv_heads=3"]],
+    "tiny_positions": [["model.tiny.max_position=19"]],
     "resume_folder_exists": [["trainer.resume=/nonexistent/ckpt"]],
     "environment_exists": [
         ["env.name=nope"],
@@ -151,8 +159,14 @@ VIOLATIONS = {
         ["model.lora.target_modules=[qproj]"],
     ],
     "vllm_adapter_rank": [["model.lora.rank=600", "model.lora.mode=adapter", "rollout.backend=vllm"]],
-    "model_folder_exists": [["model.path=/no/such/folder"], ["model.path=./nope"], ["model.path=a/b/c"]],
+    "model_folder_exists": [
+        ["model.path=/no/such/folder"],
+        ["model.path=./nope"],
+        ["model.path=a/b/c"],
+        *[[f"model.path={ODD_MODELS / name}"] for name in ("empty", "badjson", "badjson/model.safetensors")],
+    ],
     "model_folder_has_weights": [[f"model.path={NO_WEIGHTS}"]],
+    "model_type_known": [[f"model.path={ODD_MODELS / 'qwen9'}"]],
     "overwrite_or_resume": [["run.overwrite=true", "trainer.resume=auto"]],
     "critic_folder_exists": [["critic.model_path=/no/such/critic"]],
     "reward_model_folder_exists": [["reward.model.path=../no/rm"]],

@@ -1,0 +1,68 @@
+"""A local model folder's parts checked against each other before any actor starts (the
+controller's `load_data` calls them): the weights' shapes against its config.json (the safetensors
+headers against a model built on the meta device: no weights are read), and a tokenizer that can
+end a response (an eos token). Each returns what is wrong, or None."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def meta_model(path: str, trust_remote_code: bool = False):
+    """The causal LM of `path`'s config.json, built on the meta device (shapes only, no memory)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a safetensors file, from its header (8 bytes of length, then JSON)."""
+    with open(file, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        if not 0 < size < 1 << 30:
+            return {}
+        header = json.loads(f.read(size))
+    return {name: tuple(t["shape"]) for name, t in header.items() if name != "__metadata__"}
+
+
+def file_shapes(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, the file that holds it), over the folder's safetensors files (those of its
+    index when sharded); {} where there are none (`.bin` weights: not read here)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    else:
+        names = sorted(p.name for p in folder.glob("*.safetensors"))
+    found = {}
+    for name in names:
+        found.update({k: (shape, name) for k, shape in header_shapes(folder / name).items()})
+    return found
+
+
+def weight_mismatch(path: str, trust_remote_code: bool = False) -> str | None:
+    """The first weight (in the model's order) whose shape in the folder's safetensors files is
+    not the one its config.json asks for, said with both shapes; None when they fit, or where this
+    cannot tell (a hub id, quantized or `.bin` weights, a config the meta model cannot be built from:
+    the loader says it then)."""
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        return None
+    try:
+        if "quantization_config" in json.loads((folder / "config.json").read_text()):
+            return None  # packed weights: their stored shapes are not the config's
+        stored = file_shapes(folder)
+        wanted = meta_model(path, trust_remote_code).state_dict() if stored else {}
+    except Exception:  # noqa: BLE001  (a check before the loader: what it cannot read, the loader says)
+        return None
+    for name, tensor in wanted.items():
+        shape, file = stored.get(name, (tuple(tensor.shape), ""))
+        if shape != tuple(tensor.shape):
+            return (
+                f"{name} is {list(shape)} in {file}, but config.json makes it {list(tensor.shape)}: give the "
+                "config.json these weights were saved with (or the weights of this config)"
+            )
+    return None
