@@ -60,7 +60,7 @@ def test_data_files_beside_a_task_that_makes_the_rows_are_refused():
     with pytest.raises(ConfigError) as info:
         load_config(["+recipe=quickstart", "data.train_files=[mine.jsonl]"])
     assert str(info.value) == (
-        "data.train_files/val_files are ignored where data.task=arithmetic makes the rows: set data.task= to use them"
+        "data.train_files/val_files are ignored while data.task=arithmetic makes the rows: set data.task="
     )
     with pytest.raises(ConfigError, match=r"^data.train_files lists a.jsonl more than once \(its rows trained on"):
         load_config(["+recipe=quickstart", "data.task=", "data.train_files=[a.jsonl,b.jsonl,a.jsonl]"])

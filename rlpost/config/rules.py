@@ -87,8 +87,7 @@ def rows_to_train_on(cfg):
     if not d.task and not d.train_files:
         return "data.train_files is empty and data.task is not set: give rows to train on"
     if d.task and (d.train_files or d.val_files):
-        what = "data.train_files/val_files"
-        return f"{what} are ignored where data.task={d.task} makes the rows: set data.task= to use them"
+        return f"data.train_files/val_files are ignored while data.task={d.task} makes the rows: set data.task="
     twice = [f for i, f in enumerate(d.train_files) if f in list(d.train_files)[:i]]
     if twice:
         return f"data.train_files lists {twice[0]} more than once (its rows trained on as many times): list it once"

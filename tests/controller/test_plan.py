@@ -119,7 +119,13 @@ def test_refusals_name_the_knob_and_the_worst_case_warns(tmp_path):
     cfg = cfg_of(path, "trainer.max_tokens_per_microbatch=2048", "trainer.optim.offload=layerwise")
     check_plan(cfg, gpu_plan(cfg, s, 141 * GIB), said.append)
     assert said == []
-    cfg = cfg_of(path, "trainer.optim.offload=layerwise", "cluster.placement=split", "rollout.tensor_parallel_size=3")
+    cfg = cfg_of(
+        path,
+        "trainer.optim.offload=layerwise",
+        "cluster.placement=split",
+        "rollout.tensor_parallel_size=3",
+        "rollout.enforce_eager=true",
+    )
     with pytest.raises(ConfigError, match=r"tensor_parallel_size=3: vLLM splits the model's 28 attention heads"):
         check_plan(cfg, gpu_plan(cfg, s, 141 * GIB))
     cfg.rollout.tensor_parallel_size = 4  # 28 heads and 4 key/value heads divide

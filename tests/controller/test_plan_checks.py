@@ -103,10 +103,12 @@ def test_tensor_parallel_shards_must_split_the_heads():
     """16 heads, 2 key/value heads: 4 shards divide the heads and are a multiple of 2; 28 heads do
     not split over 8 shards even though 8 is a multiple of 4 key/value heads."""
     fits = plan_of(0, {"colocated": 1}, weights=0.5, resident=0.5)
-    check_plan(cfg_of("cluster.placement=split", "rollout.tensor_parallel_size=4"), fits)
+    check_plan(cfg_of("cluster.placement=split", "rollout.tensor_parallel_size=4", "rollout.enforce_eager=true"), fits)
     odd = {**fits, "shape": ModelShape(64, 2, 128, 1000, heads=28, kv_heads=4, tied=True)}
     with pytest.raises(ConfigError, match=r"tensor_parallel_size=8: vLLM splits the model's 28 attention heads"):
-        check_plan(cfg_of("cluster.placement=split", "rollout.tensor_parallel_size=8"), odd)
+        check_plan(
+            cfg_of("cluster.placement=split", "rollout.tensor_parallel_size=8", "rollout.enforce_eager=true"), odd
+        )
 
 
 def test_the_printed_plan():
