@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlpost.config import load_config
-from rlpost.controller.alerts import Alerts, no_signal
+from rlpost.controller.alerts import Alerts, no_signal, setting_warnings
 
 LEARNS = {"response_length/truncated_frac": 0.25, "reward/uniform_groups": 0.5, "reward/mean": 0.4}
 
@@ -82,3 +82,56 @@ def test_an_entropy_of_exactly_1e_6_is_not_a_collapse():
     cfg = load_config(["+recipe=quickstart"])
     assert no_signal(cfg, 2, {**LEARNS, "actor/entropy": 1e-6, "actor/grad_norm": 0.0}) == {}
     assert list(no_signal(cfg, 2, {**LEARNS, "actor/entropy": 9e-7, "actor/grad_norm": 0.0})) == ["collapsed"]
+
+
+def test_one_skipped_optimizer_step_of_the_actor_is_said_in_full():
+    cfg = load_config(["+recipe=quickstart"], this_machine=False)
+    found = no_signal(cfg, 4, {**LEARNS, "actor/skipped_steps": 1.0})
+    assert found == {
+        "skipped_actor": "warning: in step 4 1 optimizer steps of the actor were skipped (actor/skipped_steps): its "
+        "gradient norm was not finite, so it did not train; rewards or values too large for float32 (above about "
+        "1e19) overflow its loss: scale the reward down"
+    }
+    short = load_config(["+recipe=quickstart", "rollout.max_response_length=7"], this_machine=False)
+    cut = no_signal(short, 4, {**LEARNS, "response_length/truncated_frac": 1.0})
+    assert cut["truncated"] == (
+        "warning: every response of step 4 reached rollout.max_response_length=7 tokens without ending "
+        "(response_length/truncated_frac 1.0): the answers are cut off; raise it"
+    )
+
+
+def warmup_warning(section: str, warmup: int, steps: int, lr: float, decay: str) -> str:
+    return (
+        f"warning: {section}.optim.warmup_steps={warmup} is not below the run's {steps} optimizer steps "
+        f"(trainer.total_steps x algo.ppo_epochs x mini-batches a batch): the learning rate never reaches "
+        f"{section}.optim.lr={lr:g}{decay}"
+    )
+
+
+def test_a_warmup_as_long_as_the_run_is_said_and_a_cosine_decay_with_it():
+    # 2 steps x 1 epoch x 1 mini-batch: 2 optimizer steps; a warm-up of exactly 2 never reaches the rate
+    base = ["+recipe=quickstart", "trainer.total_steps=2", "trainer.optim.warmup_steps=2", "trainer.optim.lr=0.25"]
+    cosine = load_config([*base, "trainer.optim.lr_schedule=cosine"], this_machine=False)
+    assert setting_warnings(cosine) == [warmup_warning("trainer", 2, 2, 0.25, " and the cosine decay never starts")]
+    constant = load_config([*base, "trainer.optim.lr_schedule=constant"], this_machine=False)
+    assert setting_warnings(constant) == [warmup_warning("trainer", 2, 2, 0.25, "")]
+
+
+def test_the_critics_warmup_is_checked_only_where_the_algorithm_has_a_critic():
+    # PPO: 2 steps x 1 epoch x (64 // 16) mini-batches = 8 optimizer steps
+    ppo = ["+recipe=ppo", "trainer.total_steps=2", "trainer.optim.warmup_steps=0", "critic.optim.lr=0.5"]
+    cfg = load_config([*ppo, "critic.optim.warmup_steps=8", "critic.optim.lr_schedule=constant"], this_machine=False)
+    assert setting_warnings(cfg) == [warmup_warning("critic", 8, 8, 0.5, "")]
+    assert setting_warnings(load_config([*ppo, "critic.optim.warmup_steps=7"], this_machine=False)) == []
+    # GRPO has no critic: a critic section it never builds is not warned about
+    grpo = ["+recipe=quickstart", "trainer.total_steps=2", "trainer.optim.warmup_steps=0"]
+    assert setting_warnings(load_config([*grpo, "critic.optim.warmup_steps=500"], this_machine=False)) == []
+
+
+def test_a_microbatch_budget_warns_only_below_one_sequence():
+    lengths = ["+recipe=quickstart", "data.max_prompt_length=20", "rollout.max_response_length=12"]  # 32 tokens
+    exact = load_config([*lengths, "trainer.max_tokens_per_microbatch=32"], this_machine=False)
+    assert setting_warnings(exact) == []
+    one = load_config([*lengths, "trainer.max_tokens_per_microbatch=1"], this_machine=False)
+    [said] = setting_warnings(one)
+    assert said.startswith("warning: trainer.max_tokens_per_microbatch=1 is below one sequence's 32 tokens ")

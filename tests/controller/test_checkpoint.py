@@ -12,7 +12,7 @@ import pytest
 import ray.exceptions
 import torch
 
-from rlpost.config import load_config, to_yaml
+from rlpost.config import ConfigError, load_config, to_yaml
 from rlpost.controller import checkpoint
 
 
@@ -232,3 +232,67 @@ def test_export_without_the_sharded_weights_names_the_file(tmp_path, loaders):
     with pytest.raises(FileNotFoundError) as info:
         checkpoint.export(run, tmp_path / "hf")
     assert str(info.value) == f"{folder / 'trainer' / '.metadata'} not found: not a complete trainer checkpoint"
+
+
+def damaged_step(run, step):
+    """A complete-looking `step_<step>` whose controller.pt is not the size its manifest says."""
+    folder = run / "checkpoints" / f"step_{step}"
+    folder.mkdir(parents=True)
+    (folder / "controller.pt").write_bytes(b"cut")
+    (folder / checkpoint.MANIFEST).write_text('{"controller.pt": 10}')
+    return folder
+
+
+def test_export_says_on_its_log_which_damaged_checkpoint_it_passed_over(tmp_path, loaders):
+    _, run, _ = exported_run(tmp_path)
+    newest = damaged_step(run, 5)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "file").write_text("x")  # refused after the checkpoint is chosen: nothing is loaded
+    said = []
+    with pytest.raises(FileExistsError):
+        checkpoint.export(run, out, log=said.append)
+    assert said == [
+        f"checkpoint {newest} is damaged (controller.pt has 3 bytes, the manifest says 10); trying the one before it"
+    ]
+
+
+def test_select_of_a_damaged_step_with_no_intact_one_says_none(tmp_path):
+    with pytest.raises(FileNotFoundError) as info:
+        checkpoint.select(tmp_path)
+    assert str(info.value) == (
+        f"no complete checkpoint in {tmp_path / 'checkpoints'} (a folder step_<N> with controller.pt); train with "
+        "trainer.save_every=N"
+    )
+    folder = damaged_step(tmp_path, 4)
+    with pytest.raises(FileNotFoundError) as info:
+        checkpoint.select(tmp_path, 4)
+    assert str(info.value) == (
+        f"{folder} is damaged: controller.pt has 3 bytes, the manifest says 10; intact ones: steps none"
+    )
+
+
+def test_a_resume_check_passes_over_a_damaged_checkpoint_without_a_word(tmp_path, capsys):
+    """The loop names the damaged checkpoint when it resumes; the check before it says nothing."""
+    run = tmp_path / "run"
+    checkpoint.save(run, 3, {"step": 3}, [], keep=0)
+    damaged_step(run, 5)
+    cfg = load_config(["+recipe=quickstart", "trainer.resume=auto", "trainer.total_steps=10"])
+    checkpoint.check_resume(cfg, run)
+    assert capsys.readouterr().out == ""
+
+
+def test_a_resume_under_other_lora_settings_names_every_key_that_differs(tmp_path):
+    lora = ["model.lora.rank=8", "model.lora.target_modules=[q_proj]"]
+    run = tmp_path / "run"
+    checkpoint.save(run, 3, {"step": 3}, [], keep=0)
+    (run / "config.yaml").write_text(to_yaml(load_config(["+recipe=quickstart", *lora])))
+    here = ["trainer.resume=auto", "model.lora.rank=4", "model.lora.target_modules=[v_proj]"]
+    cfg = load_config(["+recipe=quickstart", *here])
+    with pytest.raises(ConfigError) as info:
+        checkpoint.check_resume(cfg, run)
+    assert str(info.value) == (
+        f"trainer.resume=auto: {run / 'checkpoints' / 'step_3'} was saved by a run with other settings: "
+        "model.lora.rank=8 there, 4 here; model.lora.target_modules=['q_proj'] there, ['v_proj'] here. Resume "
+        "with that run's settings, or start a new run.dir"
+    )

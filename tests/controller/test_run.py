@@ -106,3 +106,29 @@ def test_a_start_that_fails_before_the_workers_gives_the_run_folder_back(tmp_pat
     with pytest.raises(DataError):
         loop.Controller(load_config(["+recipe=quickstart", f"run.dir={tmp_path}"]), log=lambda *_: None)
     assert (tmp_path / "config.yaml").is_file() and not (tmp_path / LOCK).exists()  # no stale lock
+
+
+def test_a_stop_on_a_signal_is_named_by_the_signal_and_exits_128_plus_it():
+    stopped = Stopped(signal.SIGINT)
+    assert (str(stopped), stopped.exit_code) == ("SIGINT", 130)
+
+
+def test_the_first_signal_is_noted_and_the_second_stops_at_once(capsys):
+    """`_note` called as the handler would be, with no signal sent (the test process keeps its own)."""
+    from rlpost.controller.signals import StopSignals
+
+    signals = StopSignals()
+    signals.before_start = False  # the workers have started
+    try:
+        try:
+            signals._note(signal.SIGTERM, None)
+        except KeyboardInterrupt as e:  # (not let through: pytest would stop the session on it)
+            pytest.fail(f"the first signal stopped at once: {e}")
+        assert signals.signal == signal.SIGTERM
+        assert capsys.readouterr().err == (
+            "\nrlpost: SIGTERM: stopping after the step under way; send it again to stop at once\n"
+        )
+        with pytest.raises(KeyboardInterrupt, match="^second SIGINT: stopping at once$"):
+            signals._note(signal.SIGINT, None)
+    finally:
+        signals.restore()
