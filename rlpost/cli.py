@@ -48,7 +48,7 @@ def checked_config(overrides: list[str]):
         if "is not a ListConfig" in str(e):
             hint = " (a list is written in brackets: KEY=[a,b])"
         if "Cannot assign str to Dict" in str(e):
-            hint = " (a mapping is written in braces: KEY={name: value})"
+            hint = " (a mapping is written in braces, its new keys with +: +KEY={name: value})"
         if "extraneous input '='" in str(e):  # Hydra's grammar: the parser's token list is no help here
             e, hint = str(e).split(": extraneous")[0], ": write KEY=VALUE, with one ="
         if "LexerNoViableAlt" in str(e):  # Hydra's grammar: `~` starts a deletion, some characters end a value

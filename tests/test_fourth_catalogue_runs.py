@@ -129,7 +129,12 @@ def test_a_hub_data_set_without_a_network_is_named(monkeypatch):
         ),
         (["train", "+recipe=quickstart", "+recipe=dapo"], "one recipe a run: give +recipe=NAME once"),
         (["train", "+recipe=/somewhere/mine.yaml"], "+recipe= takes the name of a recipe in "),
-        (["train", "+recipe=quickstart", "reward.kwargs=scale"], "(a mapping is written in braces: KEY={name: value})"),
+        (["train", "+recipe=quickstart", "reward.kwargs=scale"], "in braces, its new keys with +: +KEY={name: value})"),
+        (
+            ["train", "+recipe=quickstart", "reward.kwargs={scale: 2}"],
+            "'reward.kwargs': a mapping's new keys are added with +, as in +reward.kwargs={scale: 2}",
+        ),
+        (["train", "+recipe=quickstart", "trainer.total_steps=0"], "trainer.total_steps=0"),
         (
             ["train", "+recipe=quickstart", "trainer.optim.betas=[a,b]"],
             "betas=['a', 'b'] must be two numbers in [0, 1)",
@@ -167,3 +172,36 @@ def test_a_run_stopped_before_its_first_step_says_so_not_that_jsonl_is_off(tmp_p
     assert no_metrics(tmp_path) == "none yet (no step ran)"
     (tmp_path / "config.yaml").write_text(to_yaml(load_config(["+recipe=quickstart", "logger.backends=[console]"])))
     assert no_metrics(tmp_path) == "none written (logger.backends has no jsonl)"
+
+
+def test_one_file_under_two_spellings_is_one_file(tmp_path, monkeypatch):
+    """The re-check's n01, n02: `d/t.jsonl` and `d/../d/t.jsonl` were two files to the checks."""
+    from rlpost.config import ConfigError, load_config
+    from rlpost.controller.alerts import setting_warnings
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ConfigError, match=r"^data.train_files lists d/../d/t.jsonl more than once"):
+        load_config(["+recipe=quickstart", "data.task=", "data.train_files=[d/t.jsonl,d/../d/t.jsonl]"])
+    cfg = load_config(
+        ["+recipe=quickstart", "data.task=", "data.train_files=[d/t.jsonl]", "data.val_files=[./d/t.jsonl]"]
+    )
+    assert any("['./d/t.jsonl'] are training files too" in w for w in setting_warnings(cfg))
+
+
+def test_odd_files_of_rows_and_functions_are_named(tmp_path):
+    from rlpost.data.dataset import DataError, read_rows
+
+    (tmp_path / "t.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match=rf"^{tmp_path / 't.parquet'}: not a readable parquet file \("):
+        read_rows(str(tmp_path / "t.parquet"))
+    (tmp_path / "a.jsonl").write_text('[{"prompt": "1+2=", "ground_truth": "3"}]\n')
+    with pytest.raises(DataError, match=r"got list \(a file holding one JSON array is read as .json: rename it\)$"):
+        from rlpost.data.dataset import load_prompts
+        from rlpost.tiny.model import build_char_tokenizer
+
+        load_prompts([str(tmp_path / "a.jsonl")], build_char_tokenizer(), 64)
+    (tmp_path / "r.py").write_text("score = 1.0\n")
+    with pytest.raises(AttributeError) as info:
+        get_reward_fn(f"{tmp_path / 'r.py'}:score")
+    assert str(info.value).endswith("r.py defines 'score' as a float, not a function")

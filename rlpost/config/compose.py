@@ -57,6 +57,9 @@ def _explain(error: Exception) -> str:
     keys = [next(g for g in m.groups() if g) for m in _KEY_IN_MESSAGE.finditer(text)]
     key = max(keys, key=len) if keys else None
     first = text.strip().splitlines()[0]
+    append = re.search(r"To append to your config use (\+[\w.]+=.*)", text)
+    if append and append.group(1).split("=")[0].lstrip("+") in ALL_KEYS:  # a mapping key (reward.kwargs)
+        return f"{first.rstrip('.')}: a mapping's new keys are added with +, as in {append.group(1)}"
     if key and key not in ALL_KEYS and ("not in" in text or "not in struct" in text or "Could not override" in text):
         return unknown_key(key)
     if "Multiple values for recipe" in text:

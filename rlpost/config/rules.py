@@ -6,6 +6,7 @@ here and one violating example in tests/config/test_config.py (a test walks them
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -83,13 +84,12 @@ def ranks_divide_mini_batch(cfg):
 
 @rule("data.train_files")
 def rows_to_train_on(cfg):
-    d = cfg.data
-    if not d.task and not d.train_files:
+    if not (d := cfg.data).task and not d.train_files:
         return "data.train_files is empty and data.task is not set: give rows to train on"
     if d.task and (d.train_files or d.val_files):
         return f"data.train_files/val_files are ignored while data.task={d.task} makes the rows: set data.task="
-    twice = [f for i, f in enumerate(d.train_files) if f in list(d.train_files)[:i]]
-    if twice:
+    real = [os.path.realpath(os.path.expanduser(f)) for f in d.train_files]  # one file, two spellings
+    if twice := [f for i, f in enumerate(d.train_files) if real[i] in real[:i]]:
         return f"data.train_files lists {twice[0]} more than once (its rows trained on as many times): list it once"
 
 

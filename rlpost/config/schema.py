@@ -269,7 +269,7 @@ class TrainerConfig:
         "All give the same log-probs.",
         ("auto", "packed", "padded", "shared_prompt"),
     )
-    total_steps: int = knob(100, "Training steps (one batch of prompts each).", ge=0)
+    total_steps: int = knob(100, "Training steps (one batch of prompts each).", ge=1)
     val_every: int = knob(10, "Validate every this many steps, before the first and after the last (0 = never).", ge=0)
     start_pass_k: int = knob(
         0,

@@ -67,7 +67,10 @@ def read_rows(source: str) -> list[dict]:
     if suffix == ".parquet" and path.is_file():
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError: a damaged or other file
+            raise DataError(f"{path}: not a readable parquet file ({e}); write it again") from None
     if path.is_dir():
         if not any((path / marker).is_file() for marker in ("state.json", "dataset_dict.json")):
             inside = sorted(p.name for p in path.iterdir() if p.suffix in FORMATS)
@@ -124,7 +127,8 @@ def read_text(path: Path) -> str:
 def check_row(row: dict, where: str) -> dict:
     """Validate one row's fields; return it normalised (`ground_truth` as str)."""
     if not isinstance(row, dict):
-        raise DataError(f"{where}: expected an object with 'prompt' and 'ground_truth', got {type(row).__name__}")
+        hint = " (a file holding one JSON array is read as .json: rename it)" if isinstance(row, list) else ""
+        raise DataError(f"{where}: expected an object with 'prompt' and 'ground_truth', got {type(row).__name__}{hint}")
     for key in ("prompt", "ground_truth"):
         if key not in row:
             raise DataError(f"{where}: field '{key}' is missing (fields present: {sorted(row)})")

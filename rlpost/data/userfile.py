@@ -42,7 +42,10 @@ def load_from_file(spec: str, key: str) -> Callable:
         slow.cancel()
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise AttributeError(f"{key}={spec!r}: {path} defines no function {name!r}")
+        what = (
+            f"{name!r} as a {type(fn).__name__}, not a function" if hasattr(module, name) else f"no function {name!r}"
+        )
+        raise AttributeError(f"{key}={spec!r}: {path} defines {what}")
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
         raise ValueError(f"{key}={spec!r}: {name} is an async function, which rlpost does not await: write it with def")
     return fn
