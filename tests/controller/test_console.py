@@ -21,7 +21,7 @@ def clean_env(monkeypatch):
 
 
 def test_verbose_keeps_the_libraries_output(clean_env):
-    cfg = load_config(["logger.verbose=true"])
+    cfg = load_config(["+recipe=quickstart", "logger.verbose=true"])
     quiet_libraries(cfg.logger.verbose)
     assert not any(key in os.environ for key in QUIET_ENV)
     assert transformers.utils.logging.is_progress_bar_enabled()
@@ -30,7 +30,7 @@ def test_verbose_keeps_the_libraries_output(clean_env):
 
 
 def test_quiet_by_default_here_and_in_the_actors(clean_env):
-    cfg = load_config([])
+    cfg = load_config(["+recipe=quickstart"])
     quiet_libraries(cfg.logger.verbose)
     assert {key: os.environ[key] for key in QUIET_ENV} == QUIET_ENV
     assert not transformers.utils.logging.is_progress_bar_enabled()
@@ -43,7 +43,7 @@ def test_what_the_user_set_wins(clean_env, monkeypatch):
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
     quiet_libraries(False)
     assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
-    assert actor_env(load_config([]))["VLLM_LOGGING_LEVEL"] == "DEBUG"
+    assert actor_env(load_config(["+recipe=quickstart"]))["VLLM_LOGGING_LEVEL"] == "DEBUG"
 
 
 def test_the_actors_environment_exactly(clean_env, monkeypatch):
@@ -54,6 +54,6 @@ def test_the_actors_environment_exactly(clean_env, monkeypatch):
     mine = {"NCCL_NVLS_ENABLE": "0", "VLLM_USE_V1": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": "/x"}
     for key, value in (mine | {"nccl_lower": "1", "vllm_lower": "1", "HF_HOME": "/h", "MY_OWN": "1"}).items():
         monkeypatch.setenv(key, value)
-    env = actor_env(load_config(["cluster.num_threads=3", "logger.verbose=true"]))
+    env = actor_env(load_config(["+recipe=quickstart", "cluster.num_threads=3", "logger.verbose=true"]))
     threads = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "TOKENIZERS_PARALLELISM": "false"}
     assert env == threads | mine

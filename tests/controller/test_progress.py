@@ -21,6 +21,7 @@ class FakeController:
     def __init__(self, run_dir, step: int):
         self.cfg = load_config(
             [
+                "rollout.max_response_length=64",  # within the tiny model's 128 positions (the default 256 is not)
                 "trainer.total_steps=3",
                 "trainer.val_every=0",
                 "trainer.save_every=0",
@@ -78,8 +79,9 @@ class Scripted(FakeController):
 
     @staticmethod
     def cfg_overrides(run_dir):
-        return ["trainer.total_steps=3", "trainer.val_every=0", "trainer.save_every=0", "trainer.start_pass_k=0",
-                "logger.backends=[jsonl]", "logger.progress_bar=false", f"run.dir={run_dir}"]  # fmt: skip
+        return ["rollout.max_response_length=64", "trainer.total_steps=3", "trainer.val_every=0",
+                "trainer.save_every=0", "trainer.start_pass_k=0", "logger.backends=[jsonl]",
+                "logger.progress_bar=false", f"run.dir={run_dir}"]  # fmt: skip
 
     def train_step(self):
         if self.signal_after is not None and self.step + 1 >= self.signal_after:
