@@ -66,16 +66,19 @@ def test_data_files_beside_a_task_that_makes_the_rows_are_refused():
         load_config(["+recipe=quickstart", "data.task=", "data.train_files=[a.jsonl,b.jsonl,a.jsonl]"])
 
 
-def test_validation_rows_that_are_training_rows_are_said_not_held_out():
-    from rlpost.config import load_config
-    from rlpost.controller.alerts import setting_warnings
+def test_validation_rows_that_are_training_rows_are_said_not_held_out(tmp_path):
+    """The same file, or a copy of it under another name (the re-check's n01): counted by prompt."""
+    from rlpost.data.dataset import load_prompts, overlap_warning
+    from rlpost.tiny.model import build_char_tokenizer
 
-    cfg = load_config(["+recipe=quickstart", "data.task=", "data.train_files=[t.jsonl]", "data.val_files=[t.jsonl]"])
-    assert "warning: data.val_files ['t.jsonl'] are training files too: the validation accuracy is not held out" in (
-        setting_warnings(cfg)
+    rows = ['{"prompt": "%d+1=", "ground_truth": "%d"}' % (i, i + 1) for i in range(4)]
+    (tmp_path / "t.jsonl").write_text("\n".join(rows) + "\n")
+    (tmp_path / "copy.jsonl").write_text("\n".join(rows[2:]) + "\n" + ROW)
+    train, val = (load_prompts([str(tmp_path / f)], build_char_tokenizer(), 64).rows for f in ("t.jsonl", "copy.jsonl"))
+    assert overlap_warning(train, val) == (
+        "warning: 2 of the 3 validation prompts are training prompts too: the validation accuracy is not held out"
     )
-    apart = load_config(["+recipe=quickstart", "data.task=", "data.train_files=[t.jsonl]", "data.val_files=[v.jsonl]"])
-    assert not any("held out" in w for w in setting_warnings(apart))
+    assert overlap_warning(train[:2], val) is None
 
 
 def test_prompts_the_tokenizer_cannot_read_are_said(tmp_path):
@@ -175,18 +178,13 @@ def test_a_run_stopped_before_its_first_step_says_so_not_that_jsonl_is_off(tmp_p
 
 
 def test_one_file_under_two_spellings_is_one_file(tmp_path, monkeypatch):
-    """The re-check's n01, n02: `d/t.jsonl` and `d/../d/t.jsonl` were two files to the checks."""
+    """The re-check's n02: `d/t.jsonl` and `d/../d/t.jsonl` were two files to the check."""
     from rlpost.config import ConfigError, load_config
-    from rlpost.controller.alerts import setting_warnings
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d").mkdir()
     with pytest.raises(ConfigError, match=r"^data.train_files lists d/../d/t.jsonl more than once"):
         load_config(["+recipe=quickstart", "data.task=", "data.train_files=[d/t.jsonl,d/../d/t.jsonl]"])
-    cfg = load_config(
-        ["+recipe=quickstart", "data.task=", "data.train_files=[d/t.jsonl]", "data.val_files=[./d/t.jsonl]"]
-    )
-    assert any("['./d/t.jsonl'] are training files too" in w for w in setting_warnings(cfg))
 
 
 def test_odd_files_of_rows_and_functions_are_named(tmp_path):

@@ -9,8 +9,6 @@ a step without it, not every step."""
 
 from __future__ import annotations
 
-import os
-
 from rlpost.algos.algorithms import ALGORITHMS
 from rlpost.config import TrainConfig
 from rlpost.config.rules import GROUP_ADVANTAGES
@@ -68,10 +66,6 @@ def setting_warnings(cfg: TrainConfig) -> list[str]:
                 f"(trainer.total_steps x algo.ppo_epochs x mini-batches a batch): the learning rate never reaches "
                 f"{name}.optim.lr={o.lr:g}{decay}"
             )
-    train = {os.path.realpath(os.path.expanduser(f)) for f in cfg.data.train_files}
-    shared = [f for f in cfg.data.val_files if os.path.realpath(os.path.expanduser(f)) in train and not cfg.data.task]
-    if shared:
-        out.append(f"warning: data.val_files {shared} are training files too: the validation accuracy is not held out")
     longest, budget = (
         cfg.data.max_prompt_length + cfg.rollout.max_response_length,
         cfg.trainer.max_tokens_per_microbatch,

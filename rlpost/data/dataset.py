@@ -127,7 +127,8 @@ def read_text(path: Path) -> str:
 def check_row(row: dict, where: str) -> dict:
     """Validate one row's fields; return it normalised (`ground_truth` as str)."""
     if not isinstance(row, dict):
-        hint = " (a file holding one JSON array is read as .json: rename it)" if isinstance(row, list) else ""
+        array = isinstance(row, list) and row and all(isinstance(x, dict) for x in row)  # a file of one array
+        hint = " (a file holding one JSON array is read as .json: rename it)" if array else ""
         raise DataError(f"{where}: expected an object with 'prompt' and 'ground_truth', got {type(row).__name__}{hint}")
     for key in ("prompt", "ground_truth"):
         if key not in row:
@@ -220,6 +221,18 @@ def load_prompts(
                 f"(the shortest has {shortest_dropped}); raise data.max_prompt_length"
             )
     return LoadResult(rows, dropped)
+
+
+def overlap_warning(train: list[PromptRow], val: list[PromptRow]) -> str | None:
+    """Validation prompts that are training prompts too (the same file, a copy of it, or rows in
+    both), counted: their accuracy is not a held-out one."""
+    seen = {row.prompt_text for row in train}
+    if shared := sum(row.prompt_text in seen for row in val):
+        return (
+            f"warning: {shared} of the {len(val)} validation prompts are training prompts too: the validation "
+            "accuracy is not held out"
+        )
+    return None
 
 
 def unknown_token_warning(rows: list[PromptRow], tokenizer) -> str | None:

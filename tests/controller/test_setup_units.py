@@ -75,7 +75,7 @@ def sums(n: int, start: int = 0) -> list[dict]:
 
 def test_load_data_counts_the_prompts_too_long_in_both_files_and_says_what_it_kept(tmp_path):
     long = {"prompt": "1+2+3+4+5=", "ground_truth": "15"}  # 10 tokens, over data.max_prompt_length=8
-    cfg = own_data(tmp_path, [*sums(4), long], [long, *sums(1), long], "data.default_data_source=gsm8k")
+    cfg = own_data(tmp_path, [*sums(4), long], [long, *sums(1, start=7), long], "data.default_data_source=gsm8k")
     said = []
     loader, val_rows, dropped = load_data(cfg, build_char_tokenizer(), log=said.append)
     assert dropped == 3  # 1 + 2
@@ -83,7 +83,7 @@ def test_load_data_counts_the_prompts_too_long_in_both_files_and_says_what_it_ke
         "dropped 3 prompts longer than data.max_prompt_length=8 tokens",
         "data: 4 training prompts, 1 validation prompts",
     ]
-    assert [(r.prompt_text, r.data_source) for r in val_rows] == [("0+1=", "gsm8k")]
+    assert [(r.prompt_text, r.data_source) for r in val_rows] == [("7+1=", "gsm8k")]
     assert {r.data_source for r in next(loader)} == {"gsm8k"}  # the default, in the training rows too
 
 
