@@ -23,6 +23,7 @@ class StopSignals:
     def __init__(self):
         self.signal: int | None = None
         self.before_start = True  # until the workers start there is no step to finish: a signal stops at once
+        self.starting = False  # the workers starting: a signal lets them start, then stops the run
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
         self.install()
 
@@ -38,10 +39,8 @@ class StopSignals:
         if self.before_start:  # building a model, reading the data: nothing to save
             sys.stderr.write(f"\nrlpost: {signal.Signals(signum).name} before the run started: stopping now\n")
             raise Stopped(signum)
-        sys.stderr.write(
-            f"\nrlpost: {signal.Signals(signum).name}: stopping after the step under way; "
-            "send it again to stop at once\n"
-        )
+        when = "once the workers have started" if self.starting else "after the step under way"
+        sys.stderr.write(f"\nrlpost: {signal.Signals(signum).name}: stopping {when}; send it again to stop at once\n")
 
     def restore(self) -> None:
         for s, handler in self.previous.items():

@@ -38,7 +38,7 @@ class Workers:
         """Every actor of `roles`, in place (a failure leaves what started for `shutdown`). A signal
         from here on lets them start, then stops the run (`StopSignals`)."""
         if stop is not None:
-            stop.before_start = False
+            stop.before_start, stop.starting = False, True
         start_ray(cfg, log)
         if stop is not None:  # over Ray's own SIGTERM handler, which aborts the process
             stop.install()
@@ -72,6 +72,8 @@ class Workers:
         self.reward_pool = RewardPool(r.fn, r.kwargs, r.num_workers, r.timeout_s, r.memory_mb, r.error_score)
         self.batches = Rollouts(cfg, self.rollouts, loader, pad, tokenizer, self.reward_pool, log, self.reward_models)
         self.weights = WeightSync(cfg, p, self.trainers, self.rollouts, log)
+        if stop is not None:
+            stop.starting = False
 
     def _check_memory(self, cfg: TrainConfig, model_path: str, log) -> None:
         """What the trainer-side actors hold, against the colocated engines' share and the plan."""

@@ -132,3 +132,18 @@ def test_the_first_signal_is_noted_and_the_second_stops_at_once(capsys):
             signals._note(signal.SIGINT, None)
     finally:
         signals.restore()
+
+
+def test_a_signal_while_the_workers_start_says_it_stops_once_they_have(capsys):
+    """(The re-check's c45: "after the step under way" was said while no step was.)"""
+    from rlpost.controller.signals import StopSignals
+
+    stop = StopSignals()
+    stop.before_start, stop.starting = False, True
+    try:
+        stop._note(signal.SIGINT, None)
+        assert capsys.readouterr().err == (
+            "\nrlpost: SIGINT: stopping once the workers have started; send it again to stop at once\n"
+        )
+    finally:
+        stop.restore()
