@@ -175,23 +175,3 @@ def test_wandb_that_cannot_start_is_one_line_naming_the_mode(tmp_path, monkeypat
         "logger.wandb_mode=online: wandb could not start (TimeoutError: Timed out while retrying); run `wandb login` "
         "and check the network, or set logger.wandb_mode=offline (sync later with `wandb sync`)"
     )
-
-
-def test_the_first_signal_is_answered_at_once(capsys):
-    """A first Ctrl-C in a long step got no reply until the step ended (the re-check's N6)."""
-    import signal
-
-    from rlpost.controller.signals import StopSignals
-
-    stop = StopSignals()
-    stop.before_start = False  # the workers have started
-    try:
-        stop._note(signal.SIGINT, None)
-        assert stop.signal == signal.SIGINT
-        assert capsys.readouterr().err == (
-            "\nrlpost: SIGINT: stopping after the step under way; send it again to stop at once\n"
-        )
-        with pytest.raises(KeyboardInterrupt, match="second SIGTERM: stopping at once"):
-            stop._note(signal.SIGTERM, None)
-    finally:
-        stop.restore()

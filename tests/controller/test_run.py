@@ -114,7 +114,8 @@ def test_a_stop_on_a_signal_is_named_by_the_signal_and_exits_128_plus_it():
 
 
 def test_the_first_signal_is_noted_and_the_second_stops_at_once(capsys):
-    """`_note` called as the handler would be, with no signal sent (the test process keeps its own)."""
+    """`_note` called as the handler would be, with no signal sent (the test process keeps its own).
+    The first is answered at once, not when the step ends (the third catalogue's re-check, N6)."""
     from rlpost.controller.signals import StopSignals
 
     signals = StopSignals()
