@@ -214,7 +214,7 @@ class Controller:
         newest = checkpoint.find(self.run_dir, "auto", log=lambda *_: None)
         none = "none written" + " (trainer.save_every=0)" * (not self.cfg.trainer.save_every)
         where = f"{newest} (the newest)" if newest else none
-        write_report(self.run_dir, time.monotonic() - self.started, where, self.cfg.logger.plot, self.log)
+        write_report(self.run_dir, time.monotonic() - self.started, where, self.cfg.logger, self.log)
 
     def stop_on(self, signum: int, workers_gone: bool = False) -> None:
         """A SIGTERM or SIGINT arrived: the step it interrupted is finished; write a checkpoint

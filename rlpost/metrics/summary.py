@@ -102,36 +102,22 @@ def format_summary(summary: dict, files: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def no_metrics(run_dir: Path) -> str:
-    """Why a run has no metrics to name: no step logged, or the `jsonl` tracker off."""
-    if (run_dir / "metrics.jsonl").is_file() or (run_dir / "config.yaml").is_file() and _jsonl_on(run_dir):
-        return "none yet (no step ran)"
-    return "none written (logger.backends has no jsonl)"
-
-
-def _jsonl_on(run_dir: Path) -> bool:
-    import yaml
-
-    try:
-        return "jsonl" in yaml.safe_load((run_dir / "config.yaml").read_text())["logger"]["backends"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        return False
-
-
-def write_report(run_dir: Path, wall_s: float, checkpoints: str, plot: bool, log=print) -> dict:
-    """At the end of a run or a clean stop: `summary.json` and (`plot`) `curves.png` in `run_dir`,
-    and the summary's lines through `log`; `checkpoints` says where they are. A run without
-    `metrics.jsonl` (the `jsonl` tracker off) is summarised as having no steps."""
+def write_report(run_dir: Path, wall_s: float, checkpoints: str, logger, log=print) -> dict:
+    """At the end of a run or a clean stop: `summary.json` and (`logger.plot`) `curves.png` in
+    `run_dir`, and the summary's lines through `log`; `checkpoints` says where they are. A run
+    without metrics (no step ran, or the `jsonl` tracker off) is summarised as having no steps."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
     summary = summarize(rows, wall_s)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     files = {
         "checkpoints": checkpoints,
-        "metrics": str(run_dir / "metrics.jsonl") if rows else no_metrics(run_dir),
+        "metrics": str(run_dir / "metrics.jsonl") if rows else "none yet (no step ran)",
         "summary": str(run_dir / "summary.json"),
     }
-    if plot and rows:
+    if "jsonl" not in logger.backends:
+        files["metrics"] = "none written (logger.backends has no jsonl)"
+    if logger.plot and rows:
         try:
             from rlpost.metrics.plot import plot_runs
 

@@ -2,6 +2,7 @@
 rows by hand here, and printed with the numbers it computed."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -85,12 +86,13 @@ def test_bad_metrics_files_are_named(tmp_path):
 def test_report_writes_the_summary_and_the_curves(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of_a_run()))
     lines = []
-    summary = write_report(tmp_path, 30.0, "none written", plot=True, log=lines.append)
+    logger = SimpleNamespace(plot=True, backends=["console", "jsonl"])
+    summary = write_report(tmp_path, 30.0, "none written", logger, log=lines.append)
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert (tmp_path / "curves.png").is_file()
     assert lines[0].splitlines()[-1] == f"  curves: {tmp_path / 'curves.png'}"
     empty = tmp_path / "empty"  # the jsonl tracker was off
     empty.mkdir()
-    write_report(empty, 1.0, "none", plot=True, log=lines.append)
+    write_report(empty, 1.0, "none", SimpleNamespace(plot=True, backends=["console"]), log=lines.append)
     assert lines[1].startswith("summary: 0 steps") and "curves" not in lines[1]
     assert not (empty / "curves.png").exists()
