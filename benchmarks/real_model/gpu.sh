@@ -30,12 +30,13 @@
 #                                            # before and after the reshape), then what jobs_scale.txt has left
 #   bash benchmarks/real_model/gpu.sh x4g    # jobs_x4g.txt: a 7B shape on 4 GPUs colocated (issue 42), with its plan
 #   bash benchmarks/real_model/gpu.sh x4h    # several calls: jobs_x4h.txt, the split runs left of issue 37, then 7B at TP 2
-#   bash benchmarks/real_model/gpu.sh one_7b # one H200: the 7B shape, full parameters, offloaded (issue 42 item 2; not yet run)
+#   bash benchmarks/real_model/gpu.sh one_7b # one H200: the 7B shape, full parameters, offloaded (issue 42 item 2)
+#   bash benchmarks/real_model/gpu.sh x4i    # one_7b on one GPU of four beside issue 36's gap runs (jobs_x4i.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -167,17 +168,23 @@ rollout.max_response_length=1024 trainer.total_steps=3"
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4g.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
-  one_7b)  # issue 42 item 2, one H200: the 7B shape with full parameters, FSDP2 parameter offload, Adam streamed
+  one_7b|x4i)  # issue 42 item 2, one H200: the 7B shape with full parameters, FSDP2 parameter offload, Adam streamed
            # layer by layer from the host, vLLM sleeping while the trainer runs; a quarter of x4g's batch (32 x 8 x 1024
-           # tokens: x4g's tokens per GPU) at the largest micro-batch the plan fits
+           # tokens: x4g's tokens per GPU) at 2048 tokens a micro-batch (the plan fits 3072: a margin), step 3 profiled
+           # (host<->GPU copies: memcpy.py). x4i: the same as a job of jobs_x4i.txt, beside issue 36's gap runs
     ls /tmp/qwen2-7b/*.safetensors > /dev/null 2>&1 || python3 benchmarks/random_model.py --shape 7b --out /tmp/qwen2-7b \
       > "$W/build_7b.log" 2>&1
     scale_setup
-    O7="model.path=/tmp/qwen2-7b $SCALE rollout.max_response_length=1024 trainer.total_steps=3 trainer.param_offload=true \
-trainer.optim.offload=layerwise trainer.max_tokens_per_microbatch=3072"
+    export O7="model.path=/tmp/qwen2-7b $SCALE rollout.max_response_length=1024 trainer.total_steps=3 trainer.param_offload=true \
+trainer.optim.offload=layerwise trainer.max_tokens_per_microbatch=2048 trainer.profile_step=3"
     python3 -m rlpost.cli plan $O7 $COMMON --gpu-gb "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits \
       | head -1 | awk '{printf "%.1f", $1 / 1024}')" > "$W/plan_7b_one.txt" 2>&1
-    run one_7b 0 $O7
+    python3 benchmarks/real_model/memcpy.py --bandwidth > "$W/pcie.json" 2> "$W/pcie.log"  # pinned copies, GPU 0
+    if [ "$STAGE" = one_7b ]; then run one_7b 0 $O7; else
+      python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4i.txt --dir "$W" --grace 50 --common "$COMMON" \
+        --deadline $((LIMIT - (SECONDS - START) - 120)); fi  # and 60 s for the trace below
+    waitruns
+    for t in "$W"/one_7b/profile/*.json.gz; do [ -f "$t" ] && timeout 60 python3 benchmarks/real_model/memcpy.py "$t" > "${t%.json.gz}.memcpy.json"; done
     ;;
   scale_sync)  # rlpost's verified sync against a raw NCCL broadcast of the same bytes, GPU 0 -> GPU 1, per shape
     bash benchmarks/multi_gpu/sync_shapes.sh "$W" 0.5b 1.5b 3b 7b
@@ -186,6 +193,6 @@ trainer.optim.offload=layerwise trainer.max_tokens_per_microbatch=3072"
 esac
 waitruns; kill $SMI
 echo "stage $STAGE done in $((SECONDS - START)) s"
-tar -czf "$OUT/$STAGE.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.distcp' -C /tmp/runs "$STAGE"
+tar -czf "$OUT/$STAGE.tar.gz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.distcp' --exclude='*.json.gz' -C /tmp/runs "$STAGE"
 ls -la "$OUT"; tail -n 30 "$W/commands.txt"
 for f in "$W"/*.log; do echo "== $f"; tail -n 4 "$f" | cut -c1-300; done
