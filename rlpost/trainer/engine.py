@@ -106,6 +106,7 @@ class FSDPEngine:
         if self.cfg.trainer.param_offload:
             for model in (self.model, *self.frozen):
                 model.to("cpu")
+            self.release_memory()  # else the allocator keeps the blocks and a colocated engine cannot start in them
 
     @contextmanager
     def resident(self, *models, keep: bool = False):
