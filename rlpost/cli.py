@@ -38,11 +38,11 @@ def cmd_train(argv: list[str]) -> int:
 def checked_config(overrides: list[str]):
     """The validated config with its reward function found, or None after saying what is wrong."""
     from rlpost.config import ConfigError, load_config
-    from rlpost.rewards import get_reward_fn
+    from rlpost.rewards.base import check_reward_fn
 
     try:
         cfg = load_config(overrides)
-        get_reward_fn(cfg.reward.fn)  # a bad reward.fn fails here, before anything starts
+        check_reward_fn(cfg.reward.fn)  # a bad reward.fn fails here, before anything starts
     except (ConfigError, FileNotFoundError, KeyError, AttributeError, ValueError) as e:
         hint = " (or sweep over the values with -m/--multirun)" if "Ambiguous value" in str(e) else ""
         if "is not a ListConfig" in str(e):

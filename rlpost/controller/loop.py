@@ -66,9 +66,10 @@ class Controller:
         log(f"run folder: {self.run_dir}")
         self.samples, self.workers = SampleLog(self.run_dir, cfg.logger.samples_per_step), Workers()
         try:  # from here a failure gives the run folder back (`shutdown`)
+            pool = self.workers.pool(cfg)  # a user's reward file runs in it now, before any model is built
             self.model_path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
             self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
-            loader, self.val_rows, self.dropped_prompts = load_data(cfg, self.tokenizer, log, self.model_path)
+            loader, self.val_rows, self.dropped_prompts = load_data(cfg, self.tokenizer, log, self.model_path, pool)
             self.version, self.step = 0, 0
             self.algorithm = ALGORITHMS.get(cfg.algo.name)
             self.keep_groups = BATCH_FILTERS[self.algorithm.batch_filter]

@@ -67,10 +67,11 @@ def env_tools(cfg: TrainConfig):
 
 
 def load_data(
-    cfg: TrainConfig, tokenizer, log=print, model_path: str | None = None
+    cfg: TrainConfig, tokenizer, log=print, model_path: str | None = None, pool: RewardPool | None = None
 ) -> tuple[PromptLoader, list[PromptRow], int]:
     """(the training prompts' loader, the validation rows, how many prompts were too long), after
-    `check_positions` of `model_path`; a user's reward function is tried on the first row."""
+    `check_positions` of `model_path`; a user's reward function is tried on the first row (in
+    `pool`, the run's reward pool, where given)."""
     if model_path is not None:
         check_positions(cfg, model_path)
         check_lora_targets(cfg, model_path)
@@ -87,7 +88,7 @@ def load_data(
     check_row_counts(cfg, train_src, len(train.rows), val_src, len(val.rows), train.dropped_too_long)
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
     check_env(cfg, train.rows[0])
-    check_reward_values(cfg, train.rows, log)
+    check_reward_values(cfg, train.rows, log, pool)
     warnings = [overlap_warning(train.rows, val.rows), unknown_token_warning(train.rows + val.rows, tokenizer)]
     for warning in [*setting_warnings(cfg), *warnings]:
         if warning:
@@ -219,26 +220,47 @@ def check_builtin_kwargs(fn: str, kwargs: dict) -> None:
             raise ConfigError(str(e)) from None
 
 
-def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print) -> None:
+def reward_pool(cfg: TrainConfig) -> RewardPool:
+    """The run's reward pool. A user's reward file (`path.py:name`) runs in its first worker now,
+    so what the file raises as it runs stops the run before a model is built or loaded; the
+    worker keeps the function for the run (the file runs once a worker, and never in this process)."""
+    r = cfg.reward
+    pool = RewardPool(r.fn, r.kwargs, r.num_workers, r.timeout_s, r.memory_mb, r.error_score)
+    try:
+        pool.load()
+    except RuntimeError as e:
+        pool.close()
+        raise not_loaded(r.fn, e) from None
+    return pool
+
+
+def not_loaded(spec: str, error: RuntimeError) -> ConfigError:
+    """A reward worker could not build `reward.fn`: the file's own error is its message's last line."""
+    return ConfigError(f"reward.fn={spec!r} could not be loaded: {str(error).strip().splitlines()[-1]}")
+
+
+def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool: RewardPool | None = None) -> None:
     """A reward function of the user's (not rlpost's own scorers) scores one sample before any actor
     starts: the first training row, its ground truth as the response. A function that cannot be
     loaded or returns something that is no number stops the run here, naming `reward.fn`, not
     after the actors started; one that raises or times out on that sample is said and counted as
     the run goes (it may fail on this made-up response only). Multi-turn runs score in their
-    environment."""
+    environment. In the run's `pool` (kept open: its worker has run the user's file once and
+    scores with it from then on), else in a pool of one worker for the try."""
     r = cfg.reward
     check_builtin_kwargs(r.fn, dict(r.kwargs))
     untrusted = [row for row in rows if not is_trusted(r.fn, row.data_source)]
     if not untrusted or cfg.env.name:
         return
-    row = untrusted[0]
-    pool = RewardPool(r.fn, r.kwargs, 1, r.timeout_s, r.memory_mb, r.error_score)
+    row, own = untrusted[0], pool is None
+    pool = RewardPool(r.fn, r.kwargs, 1, r.timeout_s, r.memory_mb, r.error_score) if own else pool
     try:
         scores = pool.score([RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source)])
-    except RuntimeError as e:  # its worker could not build the function: the file's own error, last
-        raise ConfigError(f"reward.fn={r.fn!r} could not be loaded: {str(e).strip().splitlines()[-1]}") from None
+    except RuntimeError as e:
+        raise not_loaded(r.fn, e) from None
     finally:
-        pool.close()
+        if own:
+            pool.close()
     if not scores.error_rows:
         return
     tried = f"reward.fn={r.fn!r} on a first try (a training row, its ground truth {row.ground_truth!r} as the response)"

@@ -14,7 +14,7 @@ from rlpost.controller.cluster import WorkerGroup, local_ray_died, start_ray
 from rlpost.controller.placement import Placement
 from rlpost.controller.plan import check_plan, gpu_plan, shape_of
 from rlpost.controller.rollouts import Rollouts
-from rlpost.controller.setup import resolve_critic_path, resolve_reward_model_path
+from rlpost.controller.setup import resolve_critic_path, resolve_reward_model_path, reward_pool
 from rlpost.controller.weights import WeightSync, check_colocated_memory, merge_memory
 from rlpost.rewards.executor import RewardPool
 from rlpost.roles.actor import ActorWorker
@@ -33,6 +33,13 @@ class Workers:
     reward_pool: RewardPool | None = None
     batches: Rollouts | None = None
     weights: WeightSync | None = None
+
+    def pool(self, cfg: TrainConfig) -> RewardPool:
+        """The run's reward pool (`reward_pool`), made once: the first try of a user's reward function
+        (before the actors) runs in it, so the function's file runs once a worker, not once more."""
+        if self.reward_pool is None:
+            self.reward_pool = reward_pool(cfg)
+        return self.reward_pool
 
     def start(self, cfg: TrainConfig, roles, model_path: str, tokenizer, loader, stop, log) -> None:
         """Every actor of `roles`, in place (a failure leaves what started for `shutdown`). A signal
@@ -68,9 +75,7 @@ class Workers:
             log,
             control=("receive_weights",) if cfg.algo.async_rollouts else (),  # a sync beside the generation
         )
-        r = cfg.reward
-        self.reward_pool = RewardPool(r.fn, r.kwargs, r.num_workers, r.timeout_s, r.memory_mb, r.error_score)
-        self.batches = Rollouts(cfg, self.rollouts, loader, pad, tokenizer, self.reward_pool, log, self.reward_models)
+        self.batches = Rollouts(cfg, self.rollouts, loader, pad, tokenizer, self.pool(cfg), log, self.reward_models)
         self.weights = WeightSync(cfg, p, self.trainers, self.rollouts, log)
         if stop is not None:
             stop.starting = False

@@ -3,6 +3,7 @@ an environment factory), with errors that name the config key."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
 import sys
@@ -12,14 +13,48 @@ from pathlib import Path
 from typing import Callable
 
 SLOW_S = 10  # a file still running after this long is said to be
+DYNAMIC = {"*", "__getattr__", "exec", "globals", "setattr", "vars"}  # names that may bind any other
 
 
-def load_from_file(spec: str, key: str) -> Callable:
-    """`path/to/file.py:name` -> the callable `name` defined in that file (the file is run)."""
+def user_file(spec: str, key: str) -> tuple[Path, str]:
+    """`path/to/file.py:name` -> (the file, the name); the file must exist."""
     path_str, _, name = spec.rpartition(":")
     path = Path(path_str).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"{key}={spec!r}: no file {path}")
+    return path, name
+
+
+def check_file(spec: str, key: str) -> None:
+    """What can be known of `path/to/file.py:name` without running the file (which may load a
+    model at import): it exists, parses, and binds `name` somewhere (or may: a star import, a
+    module `__getattr__`, `exec`, `globals()`, `setattr`). The file runs where the function is called."""
+    path, name = user_file(spec, key)
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as e:
+        raise ValueError(f"{key}={spec!r}: {path} line {e.lineno}: SyntaxError: {e.msg}") from None
+    bound = set()  # every name the file binds anywhere (or a way to bind any): a refusal is certain
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.Name) and (isinstance(node.ctx, ast.Store) or node.id in DYNAMIC):
+            bound.add(node.id)
+    if not bound & {name, *DYNAMIC}:
+        raise AttributeError(f"{key}={spec!r}: {path} defines no function {name!r}")
+    if any(isinstance(node, ast.AsyncFunctionDef) and node.name == name for node in tree.body):
+        raise ValueError(not_awaited(spec, key, name))
+
+
+def not_awaited(spec: str, key: str, name: str) -> str:
+    return f"{key}={spec!r}: {name} is an async function, which rlpost does not await: write it with def"
+
+
+def load_from_file(spec: str, key: str) -> Callable:
+    """`path/to/file.py:name` -> the callable `name` defined in that file (the file is run)."""
+    path, name = user_file(spec, key)
     folder = str(path.resolve().parent)  # as `python file.py` does: modules beside the file import
     if folder not in sys.path:
         sys.path.insert(0, folder)
@@ -47,7 +82,7 @@ def load_from_file(spec: str, key: str) -> Callable:
         )
         raise AttributeError(f"{key}={spec!r}: {path} defines {what}")
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
-        raise ValueError(f"{key}={spec!r}: {name} is an async function, which rlpost does not await: write it with def")
+        raise ValueError(not_awaited(spec, key, name))
     return fn
 
 

@@ -6,7 +6,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from rlpost.data.userfile import load_from_file
+from rlpost.data.userfile import check_file, load_from_file
 from rlpost.registry import Registry
 
 
@@ -82,3 +82,12 @@ def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:
     if spec.endswith(".py"):
         raise ValueError(f"reward.fn={spec!r} names a file, not its function: give reward.fn={spec}:NAME")
     return REWARDS.get(spec)
+
+
+def check_reward_fn(spec: str) -> None:
+    """`reward.fn` checked without running a user's file (`check_file`): the CLI's early check. The
+    file runs in the reward pool's workers, the first of them on a first try before the actors."""
+    if ".py:" in spec:
+        check_file(spec, "reward.fn")
+    elif spec != "auto":
+        get_reward_fn(spec)

@@ -210,7 +210,7 @@ class WorkerPool:
         child.close()
         self.procs[i], self.conns[i], self.ready[i] = proc, parent, False
 
-    def _wait_ready(self, i: int) -> None:
+    def wait_ready(self, i: int) -> None:
         """Until worker `i` has built its function: its start is not counted in any timeout."""
         if self.procs[i] is None:
             self._start(i)
@@ -236,12 +236,12 @@ class WorkerPool:
     def _send(self, i: int, items: list, timeout_s: float) -> None:
         """To worker `i` once it is ready; one not started yet is started, one that died in between
         replaced."""
-        self._wait_ready(i)
+        self.wait_ready(i)
         try:
             self.conns[i].send((items, timeout_s))
         except OSError:  # BrokenPipeError: the worker is gone
             self._replace(i)
-            self._wait_ready(i)
+            self.wait_ready(i)
             self.conns[i].send((items, timeout_s))
 
     def _one(self, i: int, item, timeout_s: float) -> Result:
@@ -334,6 +334,12 @@ class RewardPool:
         self.fn = get_reward_fn(spec) if spec in TRUSTED else None  # None: by data_source, or in the pool
         setup = functools.partial(_scorer, spec, self.kwargs)
         self.pool = WorkerPool(setup, workers, memory_mb, "reward", "reward.timeout_s")
+
+    def load(self) -> None:
+        """A user's file (`path.py:name`) runs now, in the first worker, which keeps it: an error
+        the file raises as it runs (or a missing function) comes here, as a RuntimeError."""
+        if ".py:" in self.spec:
+            self.pool.wait_ready(0)
 
     def trusted(self, sample: RewardInput) -> bool:
         return is_trusted(self.spec, sample.data_source)
