@@ -33,11 +33,12 @@
 #   bash benchmarks/real_model/gpu.sh one_7b # one H200: the 7B shape, full parameters, offloaded (issue 42 item 2)
 #   bash benchmarks/real_model/gpu.sh x4i    # one_7b on one GPU of four beside issue 36's gap runs (jobs_x4i.txt)
 #   bash benchmarks/real_model/gpu.sh x4j    # the same, 2 steps, beside the GPU tests and one gap run (jobs_x4j.txt)
+#   bash benchmarks/real_model/gpu.sh x4k    # one_7b unprofiled beside LoRA rank 64 at 7B, merged and adapter (jobs_x4k.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -169,7 +170,7 @@ rollout.max_response_length=1024 trainer.total_steps=3"
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4g.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
-  one_7b|x4i|x4j)  # issue 42 item 2, one H200: the 7B shape with full parameters, FSDP2 parameter offload, Adam streamed
+  one_7b|x4i|x4j|x4k)  # issue 42 item 2, one H200: the 7B shape with full parameters, FSDP2 parameter offload, Adam streamed
            # layer by layer from the host, vLLM sleeping while the trainer runs; a quarter of x4g's batch (32 x 8 x 1024
            # tokens: x4g's tokens per GPU) at 2048 tokens a micro-batch (the plan fits 3072: a margin), step 3 profiled
            # (host<->GPU copies: memcpy.py). x4i: the same as a job of jobs_x4i.txt, beside issue 36's gap runs
@@ -178,6 +179,8 @@ rollout.max_response_length=1024 trainer.total_steps=3"
     scale_setup
     export O7="model.path=/tmp/qwen2-7b $SCALE rollout.max_response_length=1024 trainer.total_steps=3 trainer.param_offload=true \
 trainer.optim.offload=layerwise trainer.max_tokens_per_microbatch=2048 trainer.profile_step=3"
+    export L7="model.path=/tmp/qwen2-7b $SCALE rollout.max_response_length=1024 trainer.total_steps=3 model.lora.rank=64 \
+model.lora.alpha=128 model.lora.target_modules=[all-linear] trainer.optim.lr=1e-5"  # issue 42 item 3 (x4k)
     python3 -m rlpost.cli plan $O7 $COMMON --gpu-gb "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits \
       | head -1 | awk '{printf "%.1f", $1 / 1024}')" > "$W/plan_7b_one.txt" 2>&1
     python3 benchmarks/real_model/memcpy.py --bandwidth > "$W/pcie.json" 2> "$W/pcie.log"  # pinned copies, GPU 0
