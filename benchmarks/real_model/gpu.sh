@@ -34,11 +34,12 @@
 #   bash benchmarks/real_model/gpu.sh x4i    # one_7b on one GPU of four beside issue 36's gap runs (jobs_x4i.txt)
 #   bash benchmarks/real_model/gpu.sh x4j    # the same, 2 steps, beside the GPU tests and one gap run (jobs_x4j.txt)
 #   bash benchmarks/real_model/gpu.sh x4k    # one_7b unprofiled beside LoRA rank 64 at 7B, merged and adapter (jobs_x4k.txt)
+#   bash benchmarks/real_model/gpu.sh algos  # not yet run: smollm2_sums under each algorithm with its mini-batches (jobs_algos.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, algos, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -189,6 +190,10 @@ model.lora.alpha=128 model.lora.target_modules=[all-linear] trainer.optim.lr=1e-
         --deadline $((LIMIT - (SECONDS - START) - 120)); fi  # and 60 s for the trace below
     waitruns
     for t in "$W"/one_7b/profile/*.json.gz; do [ -f "$t" ] && timeout 60 python3 benchmarks/real_model/memcpy.py "$t" > "${t%.json.gz}.memcpy.json"; done
+    ;;
+  algos)  # issue 40 item 3 on the real model's task: each algorithm with its mini-batches (jobs_algos.txt), several calls
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_algos.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   scale_sync)  # rlpost's verified sync against a raw NCCL broadcast of the same bytes, GPU 0 -> GPU 1, per shape
     bash benchmarks/multi_gpu/sync_shapes.sh "$W" 0.5b 1.5b 3b 7b
