@@ -175,6 +175,12 @@ class DataConfig:
         2, "Digits of each number of the arithmetic, multiply, sums_chat and sums_steps tasks.", ge=1
     )
     operands: int = knob(3, "Numbers added in each `sums_steps` problem (`sums_chat` adds two).", ge=2)
+    max_operands: int = knob(
+        0,
+        "`sums_steps` with answers of varied length: each problem adds between `data.operands` and this many "
+        "numbers, drawn uniformly (0 = exactly `data.operands`).",
+        ge=0,
+    )
     gym: GymConfig = section(GymConfig, "`data.task=reasoning_gym`: the procedural dataset and its settings.")
     shuffle: bool = knob(True, "Reshuffle the training rows every epoch (seeded by `run.seed`).")
     default_data_source: str = knob("", "`data_source` of rows that have none (routes `reward.fn=auto`).")

@@ -63,18 +63,19 @@ def operand_range(digits: int) -> range:
     return range(0 if digits == 1 else 10 ** (digits - 1), 10**digits)
 
 
-def sample_problems(digits: int, operands: int, count: int, seed: int) -> list[tuple[int, ...]]:
-    """`count` distinct multisets of `operands` numbers of `digits` digits (fewer when the space
-    holds fewer), each in a random order, in a seeded order."""
-    numbers = operand_range(digits)
+def sample_problems(digits: int, operands: int, count: int, seed: int, most: int = 0) -> list[tuple[int, ...]]:
+    """`count` distinct multisets of `operands` (to `most`, each count as likely) numbers of `digits`
+    digits (fewer when the space holds fewer), each in a random order, in a seeded order."""
+    numbers, counts = operand_range(digits), range(operands, max(operands, most) + 1)
     rng = random.Random(seed)
-    if math.comb(len(numbers) + operands - 1, operands) <= 4 * count:  # small: enumerated, shuffled
-        problems = list(itertools.combinations_with_replacement(numbers, operands))
+    if sum(math.comb(len(numbers) + k - 1, k) for k in counts) <= 4 * count:  # small: enumerated, shuffled
+        problems = [p for k in counts for p in itertools.combinations_with_replacement(numbers, k)]
         rng.shuffle(problems)
-        return [tuple(rng.sample(p, operands)) for p in problems[:count]]
+        return [tuple(rng.sample(p, len(p))) for p in problems[:count]]
     problems, seen = [], set()
     while len(problems) < count:  # a space over 4x `count`: under a quarter of the draws repeat
-        drawn = tuple(rng.choice(numbers) for _ in range(operands))
+        k = operands if len(counts) == 1 else rng.choice(counts)  # (one count: the draws of format 1)
+        drawn = tuple(rng.choice(numbers) for _ in range(k))
         key = tuple(sorted(drawn))
         if key not in seen:
             seen.add(key)
@@ -92,12 +93,14 @@ def sums_steps_row(numbers: tuple[int, ...]) -> dict:
 
 
 def sums_steps_split(
-    digits: int, operands: int, num_train: int, num_val: int, seed: int = SUMS_STEPS_SEED
+    digits: int, operands: int, num_train: int, num_val: int, seed: int = SUMS_STEPS_SEED, most: int = 0
 ) -> tuple[list[dict], list[dict]]:
-    """(train rows, validation rows) of the step-by-step addition task."""
+    """(train rows, validation rows) of the step-by-step addition task (`most`: `data.max_operands`)."""
     if operands < 2:
         raise DataError(f"sums_steps task: data.operands must be >= 2, got {operands}")
-    problems = sample_problems(digits, operands, num_val + num_train, seed)
+    if most and most < operands:
+        raise DataError(f"sums_steps task: data.max_operands={most} is below data.operands={operands}; raise it or 0")
+    problems = sample_problems(digits, operands, num_val + num_train, seed, most)
     if not 0 < num_val < len(problems):
         raise DataError(
             f"sums_steps task: {operands} numbers of {digits} digits make {len(problems)} problems; "
@@ -121,9 +124,12 @@ register_task(
         SUMS_STEPS,
         "`data.operands` numbers added step by step, ending 'Answer: N'; for a chat model",
         SUMS_STEPS_FORMAT,
-        lambda data: sums_steps_split(data.arithmetic_digits, data.operands, data.train_size, data.val_size),
+        lambda data: sums_steps_split(
+            data.arithmetic_digits, data.operands, data.train_size, data.val_size, most=data.max_operands
+        ),
         lambda data: (
-            f"{SUMS_STEPS}-d{data.arithmetic_digits}-k{data.operands}-n{data.train_size}"
+            f"{SUMS_STEPS}-d{data.arithmetic_digits}-k{data.operands}"
+            f"{f'-{data.max_operands}' if data.max_operands > data.operands else ''}-n{data.train_size}"
             f"-v{data.val_size}-f{SUMS_STEPS_FORMAT}"
         ),
     )

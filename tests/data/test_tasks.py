@@ -142,6 +142,26 @@ def test_sums_steps_puts_operands_in_a_random_order():
     assert any(list(o) != sorted(o) for o in orders)
 
 
+@pytest.mark.parametrize("digits, size", [(3, 3000), (1, 5000)])  # sampled; enumerated (2 to 4 numbers: 990)
+def test_sums_steps_with_max_operands_draws_each_count_alike_and_shares_no_problem(digits, size):
+    train, val = task_rows(data("sums_steps", arithmetic_digits=digits, operands=2, max_operands=4, train_size=size))
+    counts = [len(p) for p in problems(train + val)]
+    assert set(counts) == {2, 3, 4}
+    if digits == 3:  # sampled: each count about a third
+        assert all(abs(counts.count(k) / len(counts) - 1 / 3) < 0.03 for k in (2, 3, 4))
+    else:  # the whole space: 55 + 220 + 715 problems of 2, 3 and 4 numbers
+        assert len(counts) == 55 + 220 + 715
+    assert not set(problems(train)) & set(problems(val))
+    assert len(set(problems(train + val))) == len(train + val)
+
+
+def test_sums_steps_max_operands_at_or_below_operands():
+    fixed = task_rows(data("sums_steps", operands=3, train_size=300, val_size=20))
+    assert task_rows(data("sums_steps", operands=3, max_operands=3, train_size=300, val_size=20)) == fixed
+    with pytest.raises(DataError, match=r"data.max_operands=2 is below data.operands=3; raise it or 0"):
+        task_rows(data("sums_steps", operands=3, max_operands=2, train_size=300, val_size=20))
+
+
 @pytest.mark.parametrize("task", CHAT_TASKS)
 def test_chat_task_rows_are_deterministic(task):
     settings = dict(train_size=500, val_size=50)
@@ -152,7 +172,11 @@ def test_chat_task_rows_are_deterministic(task):
     "task, changes",
     [
         ("sums_chat", [dict(arithmetic_digits=3), dict(val_size=100)]),
-        ("sums_steps", [dict(arithmetic_digits=3), dict(val_size=100), dict(operands=4), dict(train_size=100)]),
+        (
+            "sums_steps",
+            [dict(arithmetic_digits=3), dict(val_size=100), dict(operands=4), dict(train_size=100)]
+            + [dict(max_operands=9)],
+        ),
     ],
 )
 def test_cache_names_change_with_every_setting_that_changes_the_rows(task, changes, monkeypatch):
