@@ -24,6 +24,9 @@ PER_STEP = {
     "grad_norm": "actor/grad_norm",
     "logprob_gap_max": "rollout/logprob_diff_max",
     "logprob_gap_mean": "rollout/logprob_diff_mean",
+    "logprob_gap_p999": "rollout/logprob_diff_p999",  # the three below: None in runs before 2026-11-27
+    "logprob_gap_max_rollout_logprob": "rollout/logprob_diff_max_rollout_logprob",
+    "logprob_gap_max_trainer_logprob": "rollout/logprob_diff_max_trainer_logprob",
     "tokens_per_s": "perf/tokens_per_s",
     "step_s": "timing_s/step",
     "update_peak_gb": "perf/update_peak_gb",

@@ -3,6 +3,7 @@ the batch's metrics, and the guard that LoRA rollouts serve the adapter. No Ray,
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 
@@ -152,8 +153,6 @@ def batch_metrics(batch: Batch, rewards: torch.Tensor, reward_errors: dict[str, 
     """What a generated, scored batch says: rewards, lengths, rollout/trainer log-prob agreement
     (over the model's own tokens) and the weight version that generated it."""
     lengths = batch["response_mask"].sum(-1).float()
-    mask = batch["loss_mask"]
-    diff = (batch["rollout_logprobs"] - batch["old_logprobs"]).abs()[mask]
     groups = rewards.view(-1, n)
     return {
         "reward/mean": rewards.mean().item(),
@@ -162,11 +161,29 @@ def batch_metrics(batch: Batch, rewards: torch.Tensor, reward_errors: dict[str, 
         "reward/uniform_groups": (groups.max(1).values == groups.min(1).values).float().mean().item(),
         "response_length/mean": lengths.mean().item(),
         "response_length/max": lengths.max().item(),
-        "rollout/logprob_diff_max": diff.max().item() if diff.numel() else 0.0,
-        "rollout/logprob_diff_mean": diff.mean().item() if diff.numel() else 0.0,
+        **logprob_agreement(batch),
         "rollout/weight_version": batch["weight_version"].float().mean().item(),
         "perf/tokens": float(batch["prompt_mask"].sum() + batch["response_mask"].sum()),
         **(env_metrics(batch) if "env_turns" in batch else {}),
+    }
+
+
+def logprob_agreement(batch: Batch) -> dict[str, float]:
+    """|rollout - trainer| log-prob over the model's own tokens: the mean, the maximum, the 99.9th
+    percentile (a tail that one token does not make), and both sides' log-prob of the token at the
+    maximum (a token the policy thought unlikely, or one it was sure of)."""
+    mask = batch["loss_mask"]
+    rollout, trainer = batch["rollout_logprobs"][mask].float(), batch["old_logprobs"][mask].float()
+    diff = (rollout - trainer).abs()
+    if not diff.numel():
+        return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
+    at = int(diff.argmax())
+    return {
+        "rollout/logprob_diff_max": diff[at].item(),
+        "rollout/logprob_diff_mean": diff.mean().item(),
+        "rollout/logprob_diff_p999": diff.kthvalue(max(1, math.ceil(0.999 * diff.numel()))).values.item(),
+        "rollout/logprob_diff_max_rollout_logprob": rollout[at].item(),
+        "rollout/logprob_diff_max_trainer_logprob": trainer[at].item(),
     }
 
 

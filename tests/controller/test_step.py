@@ -15,6 +15,7 @@ from rlpost.controller.step import (
     check_rollout_serves_adapter,
     check_staleness,
     env_metrics,
+    logprob_agreement,
     plan_padding_fraction,
     sampling_params,
 )
@@ -39,10 +40,29 @@ def test_batch_metrics_hand_computed():
         "response_length/max": 3.0,
         "rollout/logprob_diff_max": 1.0,
         "rollout/logprob_diff_mean": pytest.approx(1.875 / 5, rel=1e-6),
+        "rollout/logprob_diff_p999": 1.0,  # the 5th smallest of 5
+        "rollout/logprob_diff_max_rollout_logprob": -2.0,  # row 1's first token: the rollout's -2.0
+        "rollout/logprob_diff_max_trainer_logprob": -1.0,  # against the trainer's -1.0
         "rollout/weight_version": 2.5,
         "perf/tokens": 18.0,  # 2 + 2 + 3 + 3 prompt tokens, 3 + 1 + 2 + 2 response tokens
     }
     assert all(type(v) is float for v in m.values())
+
+
+@pytest.mark.parametrize("far, p999", [(1, 0.01), (2, 0.01), (3, 5.0)])
+def test_the_gap_percentile_is_a_tail_that_one_token_does_not_make(far, p999):
+    """2000 tokens: the 99.9th percentile is the 1998th smallest gap; `far` tokens 5 nats off."""
+    rollout = torch.full((1, 2000), -1.0)
+    rollout[0, :far] = -6.0
+    batch = Batch({"loss_mask": torch.ones(1, 2000, dtype=torch.bool), "rollout_logprobs": rollout})
+    batch["old_logprobs"] = torch.full((1, 2000), -1.01)
+    m = logprob_agreement(batch)
+    assert m["rollout/logprob_diff_max"] == pytest.approx(4.99)
+    assert m["rollout/logprob_diff_p999"] == pytest.approx(p999 if p999 < 1 else 4.99, abs=1e-6)
+    assert (m["rollout/logprob_diff_max_rollout_logprob"], m["rollout/logprob_diff_max_trainer_logprob"]) == (
+        -6.0,
+        pytest.approx(-1.01),
+    )
 
 
 def test_batch_metrics_of_multi_turn_episodes_hand_computed():
