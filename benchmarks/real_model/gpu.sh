@@ -35,11 +35,12 @@
 #   bash benchmarks/real_model/gpu.sh x4j    # the same, 2 steps, beside the GPU tests and one gap run (jobs_x4j.txt)
 #   bash benchmarks/real_model/gpu.sh x4k    # one_7b unprofiled beside LoRA rank 64 at 7B, merged and adapter (jobs_x4k.txt)
 #   bash benchmarks/real_model/gpu.sh algos  # not yet run: smollm2_sums under each algorithm with its mini-batches (jobs_algos.txt)
+#   bash benchmarks/real_model/gpu.sh async  # not yet run: issue 41's modes x 3 seeds on 2 + 2 GPUs (jobs_async.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, algos, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, algos, async, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -190,6 +191,12 @@ model.lora.alpha=128 model.lora.target_modules=[all-linear] trainer.optim.lr=1e-
         --deadline $((LIMIT - (SECONDS - START) - 120)); fi  # and 60 s for the trace below
     waitruns
     for t in "$W"/one_7b/profile/*.json.gz; do [ -f "$t" ] && timeout 60 python3 benchmarks/real_model/memcpy.py "$t" > "${t%.json.gz}.memcpy.json"; done
+    ;;
+  async)  # issue 41: time to accuracy, synchronous / one-step-off / async (jobs_async.txt), over several calls
+    export ASYNC="+recipe=smollm2_steps data.operands=2 data.max_operands=24 data.arithmetic_digits=2 \
+data.max_prompt_length=192 rollout.max_response_length=1024 cluster.placement=split trainer.total_steps=30 trainer.val_every=10"
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_async.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   algos)  # issue 40 item 3 on the real model's task: each algorithm with its mini-batches (jobs_algos.txt), several calls
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_algos.txt --dir "$W" --grace 50 --common "$COMMON" \
