@@ -10,7 +10,7 @@ from pathlib import Path
 from rlpost.config import config_dict
 from rlpost.controller.alerts import Alerts
 from rlpost.controller.signals import StopSignals
-from rlpost.controller.step import sampling_params
+from rlpost.controller.step import idle_fractions, sampling_params
 from rlpost.metrics.trackers import Trackers
 from rlpost.tiny.build import start_eval
 
@@ -75,6 +75,7 @@ def timed_step(c) -> dict[str, float]:
     c.step += 1
     metrics["timing_s/step"] = time.perf_counter() - start
     metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / metrics["timing_s/step"]
+    metrics.update(idle_fractions(cfg, metrics))
     last = c.step == cfg.trainer.total_steps
     if cfg.trainer.val_every and (c.step % cfg.trainer.val_every == 0 or last):
         metrics.update(c.validate())

@@ -64,6 +64,28 @@ class Pending:
     refs: list
 
 
+class BusyClock:
+    """The rollout actors' generation seconds, from the total so far that each stamps on its rows
+    (`rollout_rank`, `rollout_busy_s`): `observe` takes them off a batch, `take` gives the seconds
+    of generation seen since it was last called, over all actors. A total below the last one seen
+    from its actor is a restarted actor's, counted from 0."""
+
+    def __init__(self):
+        self.seen: dict[int, float] = {}
+        self.new = 0.0
+
+    def observe(self, batch: Batch) -> None:
+        ranks, totals = batch.tensors.pop("rollout_rank", None), batch.tensors.pop("rollout_busy_s", None)
+        for rank in [] if ranks is None else ranks.unique().tolist():
+            total, last = totals[ranks == rank].max().item(), self.seen.get(rank, 0.0)
+            self.new += total - last if total >= last else total
+            self.seen[rank] = total
+
+    def take(self) -> float:
+        new, self.new = self.new, 0.0
+        return new
+
+
 class Rollouts:
     def __init__(
         self,
@@ -81,6 +103,7 @@ class Rollouts:
         self.overlap = Colocation.of(cfg).overlapping
         self.pending: deque[Pending] = deque()
         self.stream = Stream(self) if cfg.algo.async_rollouts else None
+        self.busy = BusyClock()  # `perf/rollout_busy_s`
 
     def launch(self, rows: list[PromptRow], params: SamplingParams) -> list:
         """Each rollout actor generates a contiguous part of `rows`, every sample of each of its
@@ -105,6 +128,7 @@ class Rollouts:
 
     def gather(self, refs: list, num_prompts: int, n: int) -> Batch:
         batch = concat_generations(self.group.get(refs), self.pad_id)
+        self.busy.observe(batch)
         batch.tensors.pop("token_versions", None)  # (async rollouts read them: `Stream`)
         check_masks(batch)
         batch["group_ids"] = group_ids(num_prompts, n)
@@ -175,6 +199,7 @@ class Rollouts:
                 }
             )
         out.metrics.update(timing)
+        out.metrics["perf/rollout_busy_s"] = self.busy.take()
         return out
 
     def _filtered(self, step: int, first: Scored, keep_groups) -> Scored:
@@ -200,6 +225,7 @@ class Rollouts:
             "val/reward_errors": float(errors["errors"]),
             "val/size": float(len(scores)),
             "timing_s/val": time.perf_counter() - start,
+            "perf/val_busy_s": self.busy.take(),  # not the next step's: the step time leaves validation out
         }
 
     def pass_at_k(self, rows: list[PromptRow], params: SamplingParams) -> dict[str, float]:
@@ -208,6 +234,7 @@ class Rollouts:
 
         n = params.n
         scores, _, _ = self.score(rows, self.generate(rows, params), n, rule_only=True)
+        self.busy.take()  # before the first step: not its generation
         right = (scores >= 1.0).view(len(rows), n).tolist()
         ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n]
         return {f"start/{k}": v for k, v in pass_at_ks(right, ks).items()}

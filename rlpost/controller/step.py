@@ -13,7 +13,7 @@ from rlpost.algos.advantages import ADVANTAGES, TOKEN_REWARDS
 from rlpost.algos.algorithms import ALGORITHMS
 from rlpost.algos.filters import overlong_penalty, truncated
 from rlpost.algos.losses import kl_penalty
-from rlpost.config import TrainConfig, mini_batch_size
+from rlpost.config import Colocation, TrainConfig, mini_batch_size
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import padding_fraction, plan_step
 from rlpost.rollout.base import SamplingParams
@@ -184,6 +184,26 @@ def logprob_agreement(batch: Batch) -> dict[str, float]:
         "rollout/logprob_diff_p999": diff.kthvalue(max(1, math.ceil(0.999 * diff.numel()))).values.item(),
         "rollout/logprob_diff_max_rollout_logprob": rollout[at].item(),
         "rollout/logprob_diff_max_trainer_logprob": trainer[at].item(),
+    }
+
+
+TRAINER_PHASES = ("logprob", "values", "critic_update", "update", "weight_sync")  # the trainer GPUs' work
+
+
+def idle_fractions(cfg: TrainConfig, metrics: dict[str, float]) -> dict[str, float]:
+    """Split placement: the share of the step each side's GPUs sat idle. The trainer's: the step
+    outside its phases (`TRAINER_PHASES`); the rollout engines': outside generation, from the
+    generation seconds the step's batches brought (`perf/rollout_busy_s`, over all engines).
+    Generation that overlaps training is counted in the step whose batch it made: a mean over
+    steps is the run's, one step's is not exact. Colocated, the GPUs are the same: none."""
+    if Colocation.of(cfg).colocated:
+        return {}
+    step = metrics["timing_s/step"]
+    trainer = sum(metrics.get(f"timing_s/{phase}", 0.0) for phase in TRAINER_PHASES)
+    engines = step * cfg.rollout.num_workers
+    return {
+        "perf/trainer_idle_frac": max(0.0, 1.0 - trainer / step),
+        "perf/rollout_idle_frac": max(0.0, 1.0 - metrics.get("perf/rollout_busy_s", 0.0) / engines),
     }
 
 

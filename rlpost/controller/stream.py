@@ -138,6 +138,7 @@ class Stream:
         """Score the finished unit of `ref` into `ready`."""
         unit = self.running.pop(ref)
         batch = concat_generations(self.r.group.get([ref]), self.r.pad_id)
+        self.r.busy.observe(batch)
         check_masks(batch)
         batch["group_ids"] = group_ids(len(unit.rows), self.n)
         start = time.perf_counter()

@@ -5,6 +5,7 @@ A plain class; the controller wraps it in a Ray actor, tests call it directly.""
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -78,20 +79,34 @@ class RolloutWorker:
         self.engine = make_engine(cfg, model_path, rank, pad_id, eos_id)
         self._tokenizer = None  # multi-turn episodes only: decodes turns, renders the environment's messages
         self.sync_group: SyncGroup | None = None
+        self.busy_s = 0.0  # seconds spent generating (`_stamped`)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
-        return self.engine.generate(prompts, params)
+        start = time.perf_counter()
+        return self._stamped(self.engine.generate(prompts, params), start)
 
     def run_episodes(self, rows: list[EpisodeRow], prompts: list[list[int]], params: SamplingParams) -> Batch:
         """Multi-turn episodes (`env.name`): `params.n` per prompt, each with its own environment
         made from its row (`rlpost.rollout.episodes`)."""
+        start = time.perf_counter()
         if self._tokenizer is None:
             from rlpost.models.loading import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.model_path, self.cfg.model.trust_remote_code)
         e = self.cfg.env
         envs = [make_env(e.name, row, e) for row in rows for _ in range(params.n)]
-        return run_episodes(self.engine, self._tokenizer, prompts, envs, params, e.max_turns, e.timeout_s, e.workers)
+        batch = run_episodes(self.engine, self._tokenizer, prompts, envs, params, e.max_turns, e.timeout_s, e.workers)
+        return self._stamped(batch, start)
+
+    def _stamped(self, batch: Batch, start: float) -> Batch:
+        """`batch` with this actor's rank and its generation seconds so far, this call's included,
+        on every row (`rollout_rank`, `rollout_busy_s`): the controller's `BusyClock` reads them.
+        The actor runs one generation call at a time, so the calls' times add up."""
+        self.busy_s += time.perf_counter() - start
+        rows = batch["response_ids"].shape[0]
+        batch["rollout_rank"] = torch.full((rows,), self.rank, dtype=torch.long)
+        batch["rollout_busy_s"] = torch.full((rows,), self.busy_s, dtype=torch.float64)
+        return batch
 
     def weight_version(self) -> int:
         return self.engine.weight_version

@@ -5,8 +5,11 @@ run resumes it or asks to overwrite it, and nothing is deleted unasked."""
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
+import time
+from datetime import datetime
 
 import pytest
 
@@ -65,17 +68,18 @@ def test_a_run_that_never_got_past_its_start_is_not_in_the_way(tmp_path):
 
 
 def test_a_live_runs_lock_refuses_a_second_run_and_a_dead_ones_is_taken_over(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         (tmp_path / LOCK).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "since": 0}))
         with pytest.raises(ConfigError, match=rf"is in use by another run \(pid {holder.pid} on host "):
             claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
     finally:
-        holder.kill()
-        holder.wait()
+        holder.communicate()  # the run ends when its input does
+    assert holder.returncode == 0  # checked whether it lives, not signalled
     said = []
     claim_run_dir(cfg_in(tmp_path), log=said.append)  # its process is gone
     assert said == [f"{tmp_path / LOCK}: the run that held it (pid {holder.pid}) is gone; taking the folder over"]
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()  # the folder is this run's now
     release_run_dir(tmp_path)
 
 
@@ -112,3 +116,101 @@ def test_a_users_own_config_yaml_is_not_replaced(tmp_path):
     claim_run_dir(cfg_in(tmp_path / "earlier", "run.seed=7"), log=lambda *_: None)
     assert "seed: 7" in (tmp_path / "earlier" / "config.yaml").read_text()
     release_run_dir(tmp_path / "earlier")
+
+
+def dead_pid():
+    """The pid of a process of this host that has ended."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+def refusal(cfg):
+    with pytest.raises(ConfigError) as info:
+        claim_run_dir(cfg, log=lambda *_: None)
+    return str(info.value)
+
+
+def test_the_lock_names_this_runs_process_host_and_start_and_is_a_plain_readable_file(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        before = time.time()
+        claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
+        after = time.time()
+    finally:
+        os.umask(umask)
+    lock = json.loads((tmp_path / LOCK).read_text())
+    assert lock.keys() == {"pid", "host", "since"}
+    assert (lock["pid"], lock["host"]) == (os.getpid(), socket.gethostname())
+    assert before <= lock["since"] <= after  # what a second run's refusal shows as "since"
+    assert stat.S_IMODE((tmp_path / LOCK).stat().st_mode) == 0o644  # others can read who holds it; not executable
+    release_run_dir(tmp_path)
+
+
+def test_the_refusal_of_a_held_folder_names_the_folder_the_holder_its_start_and_the_lock(tmp_path):
+    since = datetime(2026, 3, 14, 15, 9, 26).timestamp()
+    (tmp_path / LOCK).write_text(json.dumps({"pid": 4242, "host": "elsewhere", "since": since}))
+    assert refusal(cfg_in(tmp_path)) == (
+        f"run.dir={str(tmp_path)!r} is in use by another run (pid 4242 on host elsewhere, since 2026-03-14 15:09:26); "
+        f"wait for it to end or choose another run.dir (if that run is gone, delete {tmp_path / LOCK})"
+    )
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == 4242  # kept
+
+
+def test_a_lock_that_cannot_be_read_is_kept_and_refused_as_a_live_runs(tmp_path):
+    """Half written (its run starting this moment), or a lock of this host with no pid to check."""
+    for lock in ('{"pid": 12', json.dumps({"host": socket.gethostname(), "since": 0})):
+        (tmp_path / LOCK).write_text(lock)
+        said = refusal(cfg_in(tmp_path))
+        assert said.startswith(f"run.dir={str(tmp_path)!r} is in use by another run (pid None on host ")
+        assert said.endswith(f"(if that run is gone, delete {tmp_path / LOCK})")
+        assert (tmp_path / LOCK).read_text() == lock
+
+
+def test_a_stale_lock_that_another_starting_run_removes_first_is_still_taken_over(tmp_path):
+    (tmp_path / LOCK).write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname(), "since": 0}))
+
+    def meanwhile(_):  # said just before this run removes the stale lock: another run removed it first
+        (tmp_path / LOCK).unlink()
+
+    claim_run_dir(cfg_in(tmp_path), log=meanwhile)
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
+    release_run_dir(tmp_path)
+
+
+def test_a_folder_with_only_metrics_or_only_a_checkpoint_of_another_run_is_refused(tmp_path):
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')  # stopped after step 1
+    (tmp_path / "checkpoint" / "checkpoints" / "step_2").mkdir(parents=True)
+    for run_dir in (tmp_path / "metrics", tmp_path / "checkpoint"):
+        assert "holds another run's steps" in refusal(cfg_in(run_dir))
+        assert not (run_dir / "config.yaml").exists() and not (run_dir / LOCK).exists()
+    assert (tmp_path / "metrics" / "metrics.jsonl").read_text() == '{"step": 0}\n{"step": 1}\n'
+
+
+def test_a_metrics_file_that_is_not_json_or_not_utf8_is_kept_and_refused(tmp_path):
+    for text in (b"step 3 of my notes\n", b'{"step": 0}\n\xff\xfe not utf-8\n'):
+        (tmp_path / "metrics.jsonl").write_bytes(text)
+        assert "holds another run's steps" in refusal(cfg_in(tmp_path))
+        assert (tmp_path / "metrics.jsonl").read_bytes() == text
+
+
+def test_overwrite_deletes_every_file_of_the_earlier_run_and_says_which_even_without_checkpoints(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')  # no checkpoint saved yet
+    for name in ("samples.jsonl", "summary.json", "curves.png", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    said = []
+    claim_run_dir(cfg_in(tmp_path, "run.overwrite=true"), log=said.append)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "notes.txt", LOCK]
+    assert said == [
+        "run.overwrite=true: deleted the earlier run's metrics.jsonl, samples.jsonl, summary.json, curves.png and "
+        f"checkpoints/ in {tmp_path}"
+    ]
+    release_run_dir(tmp_path)
+
+
+def test_a_users_config_yaml_that_is_not_utf8_is_kept_and_refused(tmp_path):
+    mine = b"lr: 0.1\nname: caf\xe9\n"  # latin-1
+    (tmp_path / "config.yaml").write_bytes(mine)
+    assert "holds a config.yaml that no rlpost run wrote" in refusal(cfg_in(tmp_path))
+    assert (tmp_path / "config.yaml").read_bytes() == mine

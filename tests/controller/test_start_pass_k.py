@@ -2,14 +2,15 @@
 
 import torch
 
-from rlpost.controller.rollouts import Rollouts
+from rlpost.controller.rollouts import BusyClock, Rollouts
 from rlpost.rollout.base import SamplingParams
 
 
 def test_pass_at_k_reads_each_rows_samples_together():
     """Rows come back as sample j of row i at i * n + j: row 0 has 1 right of 4, row 1 none,
     row 2 all four (read as n rows of len(rows) samples, the same scores would give others)."""
-    rollouts = object.__new__(Rollouts)  # only generate and score are used
+    rollouts = object.__new__(Rollouts)  # only generate, score and the busy clock are used
+    rollouts.busy = BusyClock()
     scores = torch.tensor([1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1], dtype=torch.float32)
     seen = {}
 
