@@ -35,6 +35,7 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
     except OSError as e:  # a file where a folder of the path should be, no permission, read-only, a full disk
         raise ConfigError(f"run.dir={str(run_dir)!r}: cannot write there ({e.strerror}); choose another run.dir")
     try:
+        check_run_files(run_dir)
         if cfg.trainer.resume == "none" and holds_a_run(run_dir):
             if not cfg.run.overwrite:
                 raise ConfigError(
@@ -69,6 +70,33 @@ def check_config_file(path: Path) -> None:
             f"run.dir={str(path.parent)!r} holds a config.yaml that no rlpost run wrote, which a run would "
             "replace with its own: choose another run.dir (a new or empty folder)"
         )
+
+
+def check_run_files(run_dir: Path) -> None:
+    """The files a run writes (`RUN_FILES`), where the folder has them, must be a run's: a run
+    writes its `config.yaml` first, so without one they are someone else's; and every line of
+    the logs must be a row rlpost wrote (a JSON object with its `step`), which a resumed run keeps
+    or drops by step. A file that is not is named, with its line, and nothing is touched."""
+    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if found and not (run_dir / "config.yaml").exists():
+        raise ConfigError(
+            f"run.dir={str(run_dir)!r} holds {', '.join(found)} that no rlpost run wrote (it has no config.yaml), "
+            "which a run would replace: choose another run.dir (a new or empty folder), or move them"
+        )
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = run_dir / name
+        lines = path.read_bytes().decode(errors="replace").splitlines() if path.is_file() else []
+        for number, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line) if line.strip() else {"step": 0}
+                ours = isinstance(row, dict) and isinstance(row.get("step"), int)
+            except ValueError:
+                ours = False
+            if not ours:
+                raise ConfigError(
+                    f"run.dir={str(run_dir)!r}: {name} line {number} is not a row rlpost wrote ({line[:60]!r}); "
+                    "a run keeps or drops that file's rows by step: remove the line (edited by hand?) or move the file"
+                )
 
 
 def holds_a_run(run_dir: Path) -> bool:

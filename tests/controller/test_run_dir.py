@@ -13,7 +13,7 @@ from datetime import datetime
 
 import pytest
 
-from rlpost.config import ConfigError, load_config
+from rlpost.config import ConfigError, load_config, to_yaml
 from rlpost.controller.run_dir import LOCK, claim_run_dir, release_run_dir
 
 pytestmark = pytest.mark.timeout(60)
@@ -23,8 +23,15 @@ def cfg_in(run_dir, *overrides):
     return load_config(["+recipe=quickstart", f"run.dir={run_dir}", *overrides])
 
 
+def run_config(run_dir):
+    """The `config.yaml` a run writes first in its folder."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg_in(run_dir)))
+
+
 def earlier_run(run_dir):
-    """What a run that got to step 2 leaves: metrics, a checkpoint, a file of the user's."""
+    """What a run that got to step 2 leaves: its config, metrics, a checkpoint, a file of the user's."""
+    run_config(run_dir)
     (run_dir / "checkpoints" / "step_2").mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n')
     (run_dir / "notes.txt").write_text("mine")
@@ -62,6 +69,7 @@ def test_a_folder_with_another_runs_steps_is_refused_unless_resumed_or_overwritt
 
 
 def test_a_run_that_never_got_past_its_start_is_not_in_the_way(tmp_path):
+    run_config(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "start/pass@1": 0.5}\n')
     claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
     release_run_dir(tmp_path)
@@ -179,25 +187,30 @@ def test_a_stale_lock_that_another_starting_run_removes_first_is_still_taken_ove
 
 
 def test_a_folder_with_only_metrics_or_only_a_checkpoint_of_another_run_is_refused(tmp_path):
-    (tmp_path / "metrics").mkdir()
+    for run_dir in (tmp_path / "metrics", tmp_path / "checkpoint"):
+        run_config(run_dir)
     (tmp_path / "metrics" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')  # stopped after step 1
     (tmp_path / "checkpoint" / "checkpoints" / "step_2").mkdir(parents=True)
     for run_dir in (tmp_path / "metrics", tmp_path / "checkpoint"):
-        assert "holds another run's steps" in refusal(cfg_in(run_dir))
-        assert not (run_dir / "config.yaml").exists() and not (run_dir / LOCK).exists()
+        written = (run_dir / "config.yaml").read_text()
+        assert "holds another run's steps" in refusal(cfg_in(run_dir, "trainer.total_steps=7"))
+        assert (run_dir / "config.yaml").read_text() == written and not (run_dir / LOCK).exists()
     assert (tmp_path / "metrics" / "metrics.jsonl").read_text() == '{"step": 0}\n{"step": 1}\n'
 
 
 def test_a_metrics_file_that_is_not_json_or_not_utf8_is_kept_and_refused(tmp_path):
-    for text in (b"step 3 of my notes\n", b'{"step": 0}\n\xff\xfe not utf-8\n'):
+    run_config(tmp_path)
+    for text, line in ((b"step 3 of my notes\n", 1), (b'{"step": 0}\n\xff\xfe not utf-8\n', 2)):
         (tmp_path / "metrics.jsonl").write_bytes(text)
-        assert "holds another run's steps" in refusal(cfg_in(tmp_path))
+        assert f"metrics.jsonl line {line} is not a row rlpost wrote" in refusal(cfg_in(tmp_path))
         assert (tmp_path / "metrics.jsonl").read_bytes() == text
 
 
 def test_overwrite_deletes_every_file_of_the_earlier_run_and_says_which_even_without_checkpoints(tmp_path):
+    run_config(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')  # no checkpoint saved yet
-    for name in ("samples.jsonl", "summary.json", "curves.png", "notes.txt"):
+    (tmp_path / "samples.jsonl").write_text('{"step": 1, "response": "4"}\n')
+    for name in ("summary.json", "curves.png", "notes.txt"):
         (tmp_path / name).write_text("x")
     said = []
     claim_run_dir(cfg_in(tmp_path, "run.overwrite=true"), log=said.append)
@@ -214,3 +227,32 @@ def test_a_users_config_yaml_that_is_not_utf8_is_kept_and_refused(tmp_path):
     (tmp_path / "config.yaml").write_bytes(mine)
     assert "holds a config.yaml that no rlpost run wrote" in refusal(cfg_in(tmp_path))
     assert (tmp_path / "config.yaml").read_bytes() == mine
+
+
+@pytest.mark.parametrize("overrides", [(), ("run.overwrite=true",), ("trainer.resume=auto",)])
+def test_a_users_own_logs_in_the_folder_are_refused_by_name_and_kept(tmp_path, overrides):
+    """A folder holding the user's own samples.jsonl (no run's config.yaml beside it): a fresh run
+    emptied it, even with logger.samples_per_step=0 (the fifth catalogue's f10)."""
+    mine = '{"prompt": "1+1=", "ground_truth": "2"}\n' * 3
+    (tmp_path / "samples.jsonl").write_text(mine)
+    assert refusal(cfg_in(tmp_path, *overrides)) == (
+        f"run.dir={str(tmp_path)!r} holds samples.jsonl that no rlpost run wrote (it has no config.yaml), which a "
+        "run would replace: choose another run.dir (a new or empty folder), or move them"
+    )
+    assert (tmp_path / "samples.jsonl").read_text() == mine and sorted(os.listdir(tmp_path)) == ["samples.jsonl"]
+
+
+def test_rows_that_no_run_wrote_in_a_runs_logs_are_named_and_kept(tmp_path):
+    """A line added by hand to a run's metrics.jsonl, or rows without a step (f04, f10b): a run
+    keeps or drops the rows by step, and such a line failed in the middle of a resume."""
+    run_config(tmp_path)
+    text = '{"step": 0}\n{"step": 1}\n# lr lowered from here\n'
+    (tmp_path / "metrics.jsonl").write_text(text)
+    for overrides in ((), ("trainer.resume=auto",)):
+        assert refusal(cfg_in(tmp_path, *overrides)) == (
+            f"run.dir={str(tmp_path)!r}: metrics.jsonl line 3 is not a row rlpost wrote ('# lr lowered from here'); "
+            "a run keeps or drops that file's rows by step: remove the line (edited by hand?) or move the file"
+        )
+    assert (tmp_path / "metrics.jsonl").read_text() == text
+    (tmp_path / "metrics.jsonl").write_text('{"model": "mine", "acc": 0.91}\n')
+    assert "metrics.jsonl line 1 is not a row rlpost wrote" in refusal(cfg_in(tmp_path))
