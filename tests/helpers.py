@@ -349,6 +349,16 @@ def sync_when(reached: threading.Event, engine, model, version: int, timeout: fl
     return thread
 
 
+def controller_bytes(state: dict | None = None) -> bytes:
+    """A `controller.pt` as torch.save writes it (checked against its checksums when a checkpoint
+    is picked), for fake checkpoint folders."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state if state is not None else {"step": 0}, buffer)
+    return buffer.getvalue()
+
+
 def metrics_batch() -> Batch:
     """4 rows (2 prompts x n=2), loss masks with holes where the log-probs disagree wildly."""
     return Batch(

@@ -20,6 +20,7 @@ from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.rewards import RewardInput, get_reward_fn
 from rlpost.rewards.executor import RewardPool
 from rlpost.tiny.model import build_char_tokenizer
+from tests.helpers import controller_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -296,7 +297,7 @@ def fake_checkpoint(run_dir, step, files):
 
 
 def test_resume_auto_passes_over_a_truncated_or_incomplete_newest_checkpoint(tmp_path):
-    files = {"controller.pt": b"c" * 10, "trainer/0.distcp": b"w" * 100}
+    files = {"controller.pt": controller_bytes(), "trainer/0.distcp": b"w" * 100}
     old = fake_checkpoint(tmp_path, 2, files)
     cut = fake_checkpoint(tmp_path, 4, files)
     (cut / "trainer" / "0.distcp").write_bytes(b"w" * 50)
@@ -313,7 +314,7 @@ def test_resume_auto_passes_over_a_truncated_or_incomplete_newest_checkpoint(tmp
 
 
 def test_a_checkpoint_that_cannot_be_written_names_the_cause_and_the_one_to_resume_from(tmp_path, monkeypatch):
-    fake_checkpoint(tmp_path, 2, {"controller.pt": b"c"})
+    fake_checkpoint(tmp_path, 2, {"controller.pt": controller_bytes()})
 
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")

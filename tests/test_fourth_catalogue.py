@@ -17,7 +17,7 @@ from rlpost.config import ConfigError, compose, load_config, to_yaml
 from rlpost.controller.run_dir import claim_run_dir
 from rlpost.controller.setup import load_data
 from rlpost.models.loading import load_tokenizer
-from tests.helpers import save_tiny_model
+from tests.helpers import controller_bytes, save_tiny_model
 
 QUICK = ["+recipe=quickstart"]
 
@@ -118,8 +118,8 @@ def test_resuming_with_another_tiny_shape_names_the_model_tiny_keys(tmp_path):  
     run = tmp_path / "run"
     step = run / "checkpoints" / "step_2"
     step.mkdir(parents=True)
-    (step / "controller.pt").write_bytes(b"x")
-    (step / "manifest.json").write_text(json.dumps({"controller.pt": 1}))
+    (step / "controller.pt").write_bytes(controller_bytes())
+    (step / "manifest.json").write_text(json.dumps({"controller.pt": len(controller_bytes())}))
     (run / "config.yaml").write_text(to_yaml(load_config([*QUICK, f"run.dir={run}"])))
     now = ["model.tiny.hidden_size=64", "model.tiny.intermediate_size=192", "trainer.total_steps=4"]
     cfg = load_config([*QUICK, f"run.dir={tmp_path / 'new'}", f"trainer.resume={step}", *now])

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import zipfile
+import zlib
 from pathlib import Path
 
 import torch
@@ -50,13 +52,30 @@ def damage(folder: Path) -> str | None:
     manifest = folder / MANIFEST
     if not manifest.is_file():
         return f"no {MANIFEST}"
-    for name, size in json.loads(manifest.read_text()).items():
+    try:
+        listed = json.loads(manifest.read_bytes())
+    except ValueError:  # not JSON, not UTF-8: written by hand, or cut short
+        return f"{MANIFEST} is not valid JSON"
+    if not isinstance(listed, dict) or not all(isinstance(size, int) for size in listed.values()):
+        return f"{MANIFEST} is not a map of file names to sizes"
+    for name, size in listed.items():
         path = folder / name
         if not path.is_file():
             return f"{name} is missing"
         if path.stat().st_size != size:
             return f"{name} has {path.stat().st_size} bytes, the manifest says {size}"
-    return None
+    return controller_damage(folder / "controller.pt")
+
+
+def controller_damage(path: Path) -> str | None:
+    """`controller.pt` (a zip archive, as torch.save writes) checked against its own checksums: a
+    file damaged at the same size passes the manifest's sizes, not these."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, NotImplementedError):  # a damaged header
+        return f"{path.name} is not a readable torch file"
+    return f"{path.name} is damaged ({bad} fails its checksum)" if bad else None
 
 
 def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: int) -> Path:
@@ -123,7 +142,15 @@ def load(folder: Path, groups: list) -> dict:
             if not isinstance(e.cause, ValueError):
                 raise
             raise CheckpointError(f"{group.role} could not load checkpoint {folder}: {e.cause}") from None
-    return torch.load(folder / "controller.pt", weights_only=False)
+    try:
+        return torch.load(folder / "controller.pt", weights_only=False)
+    except (RuntimeError, EOFError, OSError, ValueError) as e:  # damaged at the same size: the manifest cannot tell
+        done = [p.resolve() for p in complete_checkpoints(folder.parent.parent)]
+        older = done[: done.index(folder.resolve())] if folder.resolve() in done else []
+        raise CheckpointError(
+            f"checkpoint {folder}: controller.pt cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            f"resume from an older one (trainer.resume={older[-1] if older else 'none: none is left'})"
+        ) from None
 
 
 SHARED = ("model.path", "model.lora.rank", "model.lora.target_modules")  # what a checkpoint's tensors are of
@@ -182,7 +209,20 @@ def run_config(run_dir: Path):
         raise FileNotFoundError(
             f"{path} not found: {run_dir} is not an rlpost run folder (`rlpost train` writes config.yaml into run.dir)"
         )
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path)))
+    from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
+
+    from rlpost.config import ConfigError
+
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path)))
+    except (OmegaConfBaseException, YAMLError, UnicodeDecodeError) as e:  # edited by hand, or another version's
+        where = f" ({e.full_key})" if getattr(e, "full_key", None) else ""
+        reason = str(e).strip().splitlines()[0]
+        raise ConfigError(
+            f"{path}: not a config rlpost can read{where}: {reason}; it is the run's own record of its settings: "
+            "undo the edit, or start a new run.dir"
+        ) from None
 
 
 def select(run_dir: Path, step: int | None = None, log=print) -> Path:

@@ -14,6 +14,7 @@ import torch
 
 from rlpost.config import ConfigError, load_config, to_yaml
 from rlpost.controller import checkpoint
+from tests.helpers import controller_bytes
 
 
 class Group:
@@ -186,8 +187,9 @@ def exported_run(tmp_path, *overrides):
     run = tmp_path / "run"
     folder = run / "checkpoints" / "step_3"
     (folder / "trainer").mkdir(parents=True)
-    (folder / "controller.pt").write_bytes(b"")
-    (folder / checkpoint.MANIFEST).write_text('{"controller.pt": 0}')  # intact, as far as export checks
+    (folder / "controller.pt").write_bytes(controller_bytes())
+    size = (folder / "controller.pt").stat().st_size
+    (folder / checkpoint.MANIFEST).write_text(f'{{"controller.pt": {size}}}')  # intact, as far as export checks
     (folder / "trainer" / ".metadata").write_bytes(b"")
     (run / "config.yaml").write_text(to_yaml(cfg))
     return cfg, run, folder

@@ -1,0 +1,103 @@
+"""The fifth catalogue of bad inputs (issue 39), tried by someone who did not write the code:
+checkpoints and run configs damaged or edited by hand, a reward file that holds the process open.
+(The run folder's own logs: tests/controller/test_run_dir.py; the reward file's runs:
+tests/rewards/test_user_file_runs.py.)"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+
+from rlpost.cli import main
+from rlpost.config import ConfigError, load_config, to_yaml
+from rlpost.controller import checkpoint
+
+QUICK = ["+recipe=quickstart"]
+
+
+def saved_run(tmp_path, steps=(1, 2)):
+    """A run folder with its config.yaml and intact checkpoints of `steps`."""
+    run = tmp_path / "run"
+    for step in steps:
+        folder = run / "checkpoints" / f"step_{step}"
+        (folder / "trainer").mkdir(parents=True)
+        torch.save({"step": step}, folder / "controller.pt")
+        (folder / "trainer" / "0.distcp").write_bytes(b"w" * 10)
+        files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+        (folder / checkpoint.MANIFEST).write_text(json.dumps(files))
+    (run / "config.yaml").write_text(to_yaml(load_config([*QUICK, f"run.dir={run}"])))
+    return run
+
+
+@pytest.mark.parametrize("text", ['{"controller.pt": 12,', "\xff not utf-8", '["controller.pt"]'])
+def test_a_manifest_that_is_not_json_is_damage_and_resume_goes_back_one(tmp_path, text):  # f05
+    run = saved_run(tmp_path)
+    (run / "checkpoints" / "step_2" / checkpoint.MANIFEST).write_bytes(text.encode("latin-1"))
+    said = []
+    assert checkpoint.find(run, "auto", log=said.append) == run / "checkpoints" / "step_1"
+    assert said[0].startswith(f"checkpoint {run / 'checkpoints' / 'step_2'} is damaged (manifest.json is not ")
+    with pytest.raises(FileNotFoundError, match=r"the checkpoint is damaged: manifest.json is not "):
+        checkpoint.find(run, str(run / "checkpoints" / "step_2"))
+
+
+def test_a_controller_state_damaged_at_the_same_size_is_found_by_its_checksums(tmp_path):  # f06
+    run = saved_run(tmp_path)
+    path = run / "checkpoints" / "step_2" / "controller.pt"
+    data = bytearray(path.read_bytes())
+    member = zipfile.ZipFile(path).infolist()[0]  # its local header: 30 bytes, then its name and extra field
+    name_length, extra_length = struct.unpack("<HH", data[member.header_offset + 26 : member.header_offset + 30])
+    data[member.header_offset + 30 + name_length + extra_length] ^= 0xFF  # its first byte: the size is the manifest's
+    path.write_bytes(bytes(data))
+    said = []
+    assert checkpoint.find(run, "auto", log=said.append) == run / "checkpoints" / "step_1"
+    assert "controller.pt is damaged (" in said[0] and "fails its checksum)" in said[0]
+    for i in range(0, len(data), 7):  # the catalogue's: every 7th byte, the zip's own headers too
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert checkpoint.damage(path.parent) == "controller.pt is not a readable torch file"
+
+
+def test_a_controller_state_that_cannot_be_read_at_load_names_the_one_before(tmp_path, monkeypatch):
+    run = saved_run(tmp_path)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("invalid header\nmore")))
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.load(run / "checkpoints" / "step_2", [])
+    assert str(info.value) == (
+        f"checkpoint {run / 'checkpoints' / 'step_2'}: controller.pt cannot be read (RuntimeError: invalid header); "
+        f"resume from an older one (trainer.resume={(run / 'checkpoints' / 'step_1').resolve()})"
+    )
+
+
+def test_a_run_config_edited_by_hand_is_named_on_resume_and_on_export(tmp_path, capsys):  # f07, c04
+    run = saved_run(tmp_path)
+    path = run / "config.yaml"
+    path.write_text(path.read_text().replace("trainer:\n", "trainer:\n  totl_steps: 5\n", 1))
+    cfg = load_config([*QUICK, f"run.dir={run}", "trainer.resume=auto", "trainer.total_steps=4"])
+    with pytest.raises(ConfigError) as info:
+        checkpoint.check_resume(cfg, run)
+    assert str(info.value).startswith(f"{path}: not a config rlpost can read (trainer.totl_steps): ")
+    assert str(info.value).endswith("undo the edit, or start a new run.dir")
+    assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"rlpost export: {path}: not a config rlpost can read (trainer.totl_steps)")
+
+
+def test_a_reward_file_with_a_thread_that_never_ends_does_not_hold_the_command(tmp_path):  # r04
+    """A non-daemon thread started at import kept `rlpost` from exiting after its summary: the
+    file ran in the command's own process. Now the command only reads it (here: `--cfg job`,
+    which checks reward.fn as a run does; the old code hung here) and the reward workers that run
+    it are killed at the end."""
+    reward = tmp_path / "r_thread.py"
+    reward.write_text(
+        "import threading, time\nthreading.Thread(target=lambda: time.sleep(3600)).start()\n"
+        "def score(sample):\n    return 1.0\n"
+    )
+    command = [sys.executable, "-m", "rlpost.cli", "train", *QUICK, f"reward.fn={reward}:score", "--cfg", "job"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
