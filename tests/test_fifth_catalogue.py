@@ -17,6 +17,9 @@ import torch
 from rlpost.cli import main
 from rlpost.config import ConfigError, load_config, to_yaml
 from rlpost.controller import checkpoint
+from rlpost.controller.setup import check_vocab, check_weights
+from rlpost.data.dataset import PromptRow
+from tests.helpers import save_tiny_model
 
 QUICK = ["+recipe=quickstart"]
 
@@ -101,3 +104,41 @@ def test_a_reward_file_with_a_thread_that_never_ends_does_not_hold_the_command(t
     command = [sys.executable, "-m", "rlpost.cli", "train", *QUICK, f"reward.fn={reward}:score", "--cfg", "job"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("keep", [10_000, 40])  # within the data; within the header
+def test_model_weights_cut_short_are_named_before_any_actor(tmp_path, keep):  # m01
+    save_tiny_model(tmp_path, hidden=32, layers=2, intermediate=64)
+    weights = tmp_path / "model.safetensors"
+    size = weights.stat().st_size
+    with open(weights, "r+b") as f:
+        f.truncate(keep)
+    cfg = load_config([*QUICK, f"model.path={tmp_path}"])
+    with pytest.raises(ConfigError) as info:
+        check_weights(cfg, str(tmp_path))
+    said = str(info.value)
+    assert said.startswith(f"model.path='{tmp_path}': {weights} ") and said.endswith("; fetch or copy it again")
+    if keep == 10_000:
+        assert f"is cut short: 10000 bytes, its header needs {size}" in said
+    else:
+        assert "has no readable safetensors header (40 bytes)" in said
+
+
+def test_an_intact_model_passes_the_weight_checks(tmp_path):
+    save_tiny_model(tmp_path, hidden=32, layers=2, intermediate=64)
+    check_weights(load_config([*QUICK, f"model.path={tmp_path}"]), str(tmp_path))
+
+
+def test_a_tokenizer_of_a_larger_vocabulary_is_refused_before_the_first_generation(tmp_path):  # m03
+    _, tok = save_tiny_model(tmp_path, hidden=32, layers=2, intermediate=64)
+    vocab = json.loads((tmp_path / "config.json").read_text())["vocab_size"]
+    cfg = load_config([*QUICK, f"model.path={tmp_path}"])
+    rows = [PromptRow([1, 2, vocab - 1], "a", "1", "arithmetic")]
+    check_vocab(cfg, tok, str(tmp_path), rows)  # the largest id the model has: fine
+    rows.append(PromptRow([3, vocab + 199], "b", "2", "arithmetic"))
+    with pytest.raises(ConfigError) as info:
+        check_vocab(cfg, tok, str(tmp_path), rows)
+    assert str(info.value) == (
+        f"model.path='{tmp_path}': the tokenizer in {tmp_path} gives token id {vocab + 199}, but the model has "
+        f"{vocab} (vocab_size in config.json): the tokenizer is another model's; give the model's own"
+    )

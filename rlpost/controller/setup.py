@@ -15,7 +15,7 @@ from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.envs.base import env_factory
-from rlpost.models.checks import meta_model, weight_mismatch
+from rlpost.models.checks import cut_short, meta_model, weight_mismatch
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS, RewardInput
 from rlpost.rewards.base import check_call, is_trusted
@@ -86,6 +86,7 @@ def load_data(
     if dropped:
         log(f"dropped {dropped} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} tokens")
     check_row_counts(cfg, train_src, len(train.rows), val_src, len(val.rows), train.dropped_too_long)
+    check_vocab(cfg, tokenizer, model_path, train.rows + val.rows)
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
     check_env(cfg, train.rows[0])
     check_reward_values(cfg, train.rows, log, pool)
@@ -190,10 +191,30 @@ def check_weights(cfg: TrainConfig, model_path: str) -> None:
     """A local model's weights must have the shapes its config.json asks for (the safetensors
     headers against the meta-device model): refused before any actor starts, naming the first
     tensor that does not fit, not in the actors' loading report."""
+    short = cut_short(model_path)
+    if short:
+        again = " (model.path=tiny: delete that folder and it is built again)" if cfg.model.path == "tiny" else ""
+        raise ConfigError(f"model.path={cfg.model.path!r}: {short}; fetch or copy it again{again}")
     problem = weight_mismatch(model_path, cfg.model.trust_remote_code)
     if problem:
         raise ConfigError(
             f"model.path={cfg.model.path!r}: the weights in {model_path} do not fit its config.json: {problem}"
+        )
+
+
+def check_vocab(cfg: TrainConfig, tokenizer, model_path: str | None, rows: list[PromptRow]) -> None:
+    """Every token id the model will be fed (the prompts', eos, pad) must be one of its embedding's
+    rows (config.json's `vocab_size`): a tokenizer of another, larger vocabulary is refused here,
+    not as an index error in the first generation."""
+    config = Path(model_path or "") / "config.json"
+    if not config.is_file():
+        return
+    vocab = json.loads(config.read_text()).get("vocab_size")
+    ids = [max(row.prompt_ids, default=0) for row in rows] + [tokenizer.eos_token_id or 0, tokenizer.pad_token_id or 0]
+    if isinstance(vocab, int) and max(ids) >= vocab:
+        raise ConfigError(
+            f"model.path={cfg.model.path!r}: the tokenizer in {model_path} gives token id {max(ids)}, but the model "
+            f"has {vocab} (vocab_size in config.json): the tokenizer is another model's; give the model's own"
         )
 
 

@@ -29,16 +29,39 @@ def header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t["shape"]) for name, t in header.items() if name != "__metadata__"}
 
 
+def safetensors_files(folder: Path) -> list[str]:
+    """The folder's safetensors files: those of its index when sharded, else every one."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
+    return sorted(p.name for p in folder.glob("*.safetensors"))
+
+
+def cut_short(path: str) -> str | None:
+    """The first safetensors file of the folder `path` that is shorter than its header says (a
+    copy or download that did not finish), or None."""
+    folder = Path(path).expanduser()
+    for name in safetensors_files(folder) if folder.is_dir() else []:
+        file = folder / name
+        have = file.stat().st_size if file.is_file() else 0
+        try:
+            with open(file, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size)) if 0 < size < 1 << 30 else None
+            ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+            need = 8 + size + max(ends, default=0)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return f"{file} has no readable safetensors header ({have} bytes): the file is damaged or cut short"
+        if have < need:
+            return f"{file} is cut short: {have} bytes, its header needs {need}"
+    return None
+
+
 def file_shapes(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """name -> (shape, the file that holds it), over the folder's safetensors files (those of its
     index when sharded); {} where there are none (`.bin` weights: not read here)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text()).get("weight_map", {}).values()))
-    else:
-        names = sorted(p.name for p in folder.glob("*.safetensors"))
     found = {}
-    for name in names:
+    for name in safetensors_files(folder):
         found.update({k: (shape, name) for k, shape in header_shapes(folder / name).items()})
     return found
 
