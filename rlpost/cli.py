@@ -116,7 +116,7 @@ def train_once(overrides: list[str], show_config: bool = False) -> int:
     from rlpost.config import ConfigError
     from rlpost.controller.checkpoint import CheckpointError
     from rlpost.controller.cluster import Stall
-    from rlpost.controller.run import train
+    from rlpost.controller.run import WorkersDied, train
     from rlpost.controller.scoring import RewardFailure
     from rlpost.controller.signals import Stopped
     from rlpost.data.dataset import DataError
@@ -137,7 +137,8 @@ def train_once(overrides: list[str], show_config: bool = False) -> int:
             sys.stderr.flush()
             os._exit(e.exit_code)
         return e.exit_code
-    except (CheckpointError, Stall, TrackerError) as e:  # a full disk; an actor call that never returned; W&B
+    except (CheckpointError, Stall, TrackerError, WorkersDied) as e:  # a full disk; a call that never returned;
+        # W&B; actors or a node that died with no restart left
         print(f"rlpost: {e}", file=sys.stderr)
         return 1
     except RewardFailure as e:  # the reward function fails on most samples, step after step

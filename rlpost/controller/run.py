@@ -31,7 +31,9 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 if stop.signal is not None and is_ray_error(e):  # the signal took the workers too
                     controller.stop_on(stop.signal, workers_gone=True)
                 dead = controller.dead_actors() if is_ray_error(e) else []
-                if not dead or restarts >= cfg.trainer.max_restarts:
+                if is_ray_error(e) and (not dead or restarts >= cfg.trainer.max_restarts):
+                    raise workers_died(cfg, controller, dead, restarts, e) from e
+                if not dead:
                     raise
                 restarts += 1
                 log(
@@ -47,6 +49,26 @@ def train(cfg: TrainConfig, log=print) -> Path:
         stop.restore()
 
 
+class WorkersDied(RuntimeError):
+    """Actors or a node of the run died and no restart is left: what died, and how to go on."""
+
+
+def workers_died(cfg: TrainConfig, controller: Controller, dead: list[str], restarts: int, e: Exception):
+    """The run's end when its actors died: which, why (Ray's first line), the newest complete
+    checkpoint and the command that goes on from it."""
+    from rlpost.controller.checkpoint import complete_checkpoints
+
+    newest = complete_checkpoints(controller.run_dir)[-1:]
+    why = (str(e).strip().splitlines() or [""])[0][:200]
+    left = f"after {restarts} restarts; " if restarts else ""
+    return WorkersDied(
+        f"{', '.join(dead) or 'a Ray worker or node of the run'} died ({type(e).__name__}: {why}); the run stopped "
+        f"{left}after step {controller.step}. Its newest complete checkpoint: "
+        f"{newest[0] if newest else 'none (trainer.save_every=N writes them)'}; to go on from it, run the same "
+        f"command with trainer.resume=auto run.dir={controller.run_dir} (trainer.max_restarts=N restarts by itself)"
+    )
+
+
 def is_ray_error(e: BaseException | None) -> bool:
     """Whether `e` is, or was caused by, an error of Ray (an actor that died, a lost node): a
     checkpoint that could not be written because its actors are gone is one too."""
@@ -59,4 +81,4 @@ def is_ray_error(e: BaseException | None) -> bool:
     return False
 
 
-__all__ = ["train"]
+__all__ = ["WorkersDied", "train"]

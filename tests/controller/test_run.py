@@ -3,6 +3,7 @@ still stops cleanly (the CI failure of a SIGTERM sent to the whole process group
 that dies while writing one restarts the run."""
 
 import signal
+from pathlib import Path
 
 import pytest
 import ray
@@ -25,9 +26,10 @@ def checkpoint_error_from_a_dead_actor() -> CheckpointError:
 
 class FakeController:
     calls: list = []
+    run_dir = Path("run")
 
     def __init__(self, cfg, log, restarts, stop, started):
-        self.stop, self.restarts, self.run_dir = stop, restarts, "run"
+        self.stop, self.restarts, self.run_dir, self.step = stop, restarts, FakeController.run_dir, 3
         FakeController.calls.append(("start", restarts))
 
     def run(self, stop):
@@ -148,3 +150,25 @@ def test_a_signal_while_the_workers_start_says_it_stops_once_they_have(capsys):
         )
     finally:
         stop.restore()
+
+
+@pytest.mark.parametrize("restarts", [0, 1])
+def test_actors_dead_with_no_restart_left_end_the_run_naming_them_and_how_to_go_on(fake, tmp_path, restarts):
+    """A killed trainer rank or node ended the command with Ray's traceback; now one message says
+    what died, after which step, the newest complete checkpoint and the command that goes on."""
+    fake.signal, fake.run_dir = False, tmp_path
+    (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_2" / "controller.pt").write_bytes(b"")
+    fake.run = lambda self, stop: (_ for _ in ()).throw(checkpoint_error_from_a_dead_actor().__cause__)
+    cfg = TrainConfig()
+    cfg.trainer.max_restarts = restarts
+    with pytest.raises(run_module.WorkersDied) as info:
+        run_module.train(cfg, log=lambda *_: None)
+    after = "after 1 restarts; " if restarts else ""
+    assert str(info.value) == (
+        f"trainer 0 died (RayActorError: The actor experienced an error before finishing this task.); the run stopped "
+        f"{after}after step 3. Its newest complete checkpoint: {tmp_path / 'checkpoints' / 'step_2'}; to go on from "
+        f"it, run the same command with trainer.resume=auto run.dir={tmp_path} (trainer.max_restarts=N restarts by "
+        "itself)"
+    )
+    assert fake.calls.count(("shutdown",)) == restarts + 1

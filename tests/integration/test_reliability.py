@@ -10,7 +10,7 @@ import time
 import pytest
 
 from rlpost.config import load_config
-from rlpost.controller.run import train
+from rlpost.controller.run import WorkersDied, train
 from rlpost.controller.scoring import RewardFailure
 from tests.helpers import assert_equal, trainer_state
 
@@ -78,13 +78,13 @@ def test_killed_actors_are_replaced_and_the_run_ends_where_an_uninterrupted_one_
 
 
 def test_a_death_past_max_restarts_stops_the_run(ray_session, base_overrides, tmp_path):
-    import ray
 
     run_dir = tmp_path / "run"
     done = []
     killer = threading.Thread(target=kill_when, args=(run_dir, [(0, 1, f"rollout-0-{os.getpid()}")], done), daemon=True)
     killer.start()
-    with pytest.raises(ray.exceptions.RayActorError):
+    with pytest.raises(WorkersDied, match=r"^rollout 0 died \(\w+: .*; to go on from it, run the same command with "
+                       r"trainer.resume=auto run.dir="):  # fmt: skip
         train(load_config(base_overrides(run_dir) + ["trainer.total_steps=50", "trainer.val_every=0"]))
     assert done
 
