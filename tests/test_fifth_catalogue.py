@@ -18,7 +18,7 @@ from rlpost.cli import main
 from rlpost.config import ConfigError, load_config, to_yaml
 from rlpost.controller import checkpoint
 from rlpost.controller.setup import check_vocab, check_weights
-from rlpost.data.dataset import PromptRow
+from rlpost.data.dataset import PromptRow, conflict_warning
 from tests.helpers import save_tiny_model
 
 QUICK = ["+recipe=quickstart"]
@@ -141,4 +141,14 @@ def test_a_tokenizer_of_a_larger_vocabulary_is_refused_before_the_first_generati
     assert str(info.value) == (
         f"model.path='{tmp_path}': the tokenizer in {tmp_path} gives token id {vocab + 199}, but the model has "
         f"{vocab} (vocab_size in config.json): the tokenizer is another model's; give the model's own"
+    )
+
+
+def test_prompts_with_contradicting_ground_truths_are_said(tmp_path):  # d03
+    rows = [PromptRow([1], f"{a}+1=", str(a + 1), "arithmetic") for a in range(5)]
+    assert conflict_warning(rows + rows) is None  # the same answer twice: a duplicate, not a contradiction
+    shifted = [PromptRow([1], f"{a}+1=", str(a + 2), "arithmetic") for a in range(3)]
+    assert conflict_warning(rows + shifted) == (
+        "warning: 3 training prompts appear with different ground truths, so the reward contradicts itself on "
+        "them (the first: '0+1=' with '1', '2')"
     )

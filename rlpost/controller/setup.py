@@ -11,7 +11,15 @@ from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig
 from rlpost.controller.alerts import setting_warnings
-from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts, overlap_warning, unknown_token_warning
+from rlpost.data.dataset import (
+    DataError,
+    PromptLoader,
+    PromptRow,
+    conflict_warning,
+    load_prompts,
+    overlap_warning,
+    unknown_token_warning,
+)
 from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.envs.base import env_factory
@@ -90,7 +98,8 @@ def load_data(
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
     check_env(cfg, train.rows[0])
     check_reward_values(cfg, train.rows, log, pool)
-    warnings = [overlap_warning(train.rows, val.rows), unknown_token_warning(train.rows + val.rows, tokenizer)]
+    warnings = [overlap_warning(train.rows, val.rows), conflict_warning(train.rows)]
+    warnings.append(unknown_token_warning(train.rows + val.rows, tokenizer))
     for warning in [*setting_warnings(cfg), *warnings]:
         if warning:
             log(warning)

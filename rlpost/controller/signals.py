@@ -1,4 +1,5 @@
-"""Signals: the first SIGTERM or SIGINT stops the run after the step under way (with a checkpoint,
+"""Signals: the first SIGTERM, SIGINT or SIGHUP (the terminal or ssh session closed; not under
+`nohup`, which ignores it) stops the run after the step under way (with a checkpoint,
 `trainer.save_on_signal`), a second one at once; one before the workers start (a model being built,
 the data being read) stops it at once."""
 
@@ -9,7 +10,7 @@ import sys
 
 
 class Stopped(Exception):
-    """The run stopped cleanly on a signal (SIGTERM, SIGINT); the exit code is 128 + signal."""
+    """The run stopped cleanly on a signal (SIGTERM, SIGINT, SIGHUP); the exit code is 128 + signal."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -17,14 +18,16 @@ class Stopped(Exception):
 
 
 class StopSignals:
-    """While it is installed, the first SIGTERM or SIGINT is only noted (`signal`: the loop stops
+    """While it is installed, the first SIGTERM, SIGINT or SIGHUP is only noted (`signal`: the loop stops
     after the step under way); a second one raises KeyboardInterrupt at once."""
 
     def __init__(self):
         self.signal: int | None = None
         self.before_start = True  # until the workers start there is no step to finish: a signal stops at once
         self.starting = False  # the workers starting: a signal lets them start, then stops the run
-        self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        if self.previous[signal.SIGHUP] is signal.SIG_IGN:  # `nohup`: the user asked to outlive the terminal
+            del self.previous[signal.SIGHUP]
         self.install()
 
     def install(self) -> None:

@@ -235,6 +235,22 @@ def overlap_warning(train: list[PromptRow], val: list[PromptRow]) -> str | None:
     return None
 
 
+def conflict_warning(rows: list[PromptRow]) -> str | None:
+    """Prompts that appear more than once with different ground truths (a merge of two files, an
+    answer column shifted): each copy is trained against its own answer, so at most one is right."""
+    answers: dict[str, set[str]] = {}
+    for row in rows:
+        answers.setdefault(row.prompt_text, set()).add(row.ground_truth)
+    conflicts = [(prompt, sorted(found)) for prompt, found in answers.items() if len(found) > 1]
+    if conflicts:
+        prompt, found = conflicts[0]
+        return (
+            f"warning: {len(conflicts)} training prompts appear with different ground truths, so the reward "
+            f"contradicts itself on them (the first: {prompt[:80]!r} with {', '.join(map(repr, found[:3]))})"
+        )
+    return None
+
+
 def unknown_token_warning(rows: list[PromptRow], tokenizer) -> str | None:
     """Prompts the tokenizer could only partly read (text it maps to its unknown token: a
     character-level tokenizer given characters it lacks), said with the first of them."""

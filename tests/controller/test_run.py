@@ -172,3 +172,22 @@ def test_actors_dead_with_no_restart_left_end_the_run_naming_them_and_how_to_go_
         "itself)"
     )
     assert fake.calls.count(("shutdown",)) == restarts + 1
+
+
+def test_a_hangup_stops_the_run_as_sigterm_does_unless_nohup_ignores_it():
+    """SIGHUP (the terminal or ssh session closed) killed the run at once, with no checkpoint and
+    the lock left behind (the fifth catalogue's s01); under `nohup` it stays ignored."""
+    from rlpost.controller.signals import StopSignals
+
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        signals = StopSignals()
+        assert signal.getsignal(signal.SIGHUP) == signals._note
+        signals.restore()
+        assert signal.getsignal(signal.SIGHUP) is before
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        signals = StopSignals()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN and signal.SIGHUP not in signals.previous
+        signals.restore()
+    finally:
+        signal.signal(signal.SIGHUP, before)
