@@ -9,11 +9,13 @@ a `config.yaml` that is not a run's is the user's, and refused.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -128,6 +130,27 @@ def _lock(run_dir: Path, log) -> None:
     gone (on this host) is taken over; one held on another host is refused: its owner cannot be
     checked from here."""
     path, me = run_dir / LOCK, {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+    with _one_claim_at_a_time(run_dir):
+        _take_lock(run_dir, path, me, log)
+
+
+@contextmanager
+def _one_claim_at_a_time(run_dir: Path):
+    """The folder itself flock-ed while a run claims it, so that two runs that both find a dead
+    run's lock cannot both take it over (each deleting the other's new lock). Where the file system
+    has no flock, claims go on unguarded, as before."""
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # (closing it releases the flock)
+
+
+def _take_lock(run_dir: Path, path: Path, me: dict, log) -> None:
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -148,6 +171,10 @@ def _lock(run_dir: Path, log) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(me, f)
         return
+    raise ConfigError(  # a dead run's lock came back as it was taken over: another claim, unguarded
+        f"run.dir={str(run_dir)!r}: {path} came back each time it was taken over (another run claiming the folder "
+        "at the same time?); try again, or choose another run.dir"
+    )
 
 
 def _read_lock(path: Path) -> dict:

@@ -256,3 +256,52 @@ def test_rows_that_no_run_wrote_in_a_runs_logs_are_named_and_kept(tmp_path):
     assert (tmp_path / "metrics.jsonl").read_text() == text
     (tmp_path / "metrics.jsonl").write_text('{"model": "mine", "acc": 0.91}\n')
     assert "metrics.jsonl line 1 is not a row rlpost wrote" in refusal(cfg_in(tmp_path))
+
+
+CLAIM = """
+import sys
+from rlpost.config import ConfigError, load_config
+from rlpost.controller.run_dir import claim_run_dir
+try:
+    claim_run_dir(load_config(["+recipe=quickstart", f"run.dir={sys.argv[1]}"]), log=lambda *_: None)
+    print("claimed")
+except ConfigError as e:
+    print("refused:", e)
+"""
+
+
+def test_two_runs_that_find_one_dead_lock_do_not_both_take_the_folder(tmp_path):
+    """Run B found the dead lock too and deleted A's new one: both ran in the folder (helper's
+    race, shown with a second process). Now B waits for A's claim to finish, then finds A's lock."""
+    (tmp_path / LOCK).write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname(), "since": 0}))
+    other = []
+
+    def b_starts_while_a_takes_over(_message):
+        other.append(subprocess.Popen([sys.executable, "-c", CLAIM, str(tmp_path)], stdout=subprocess.PIPE, text=True))
+        with pytest.raises(subprocess.TimeoutExpired):  # B waits on the folder while A holds the claim
+            other[0].wait(timeout=5)
+
+    claim_run_dir(cfg_in(tmp_path), log=b_starts_while_a_takes_over)
+    out, _ = other[0].communicate(timeout=120)
+    assert out.startswith(f"refused: run.dir={str(tmp_path)!r} is in use by another run (pid {os.getpid()} on host ")
+    assert json.loads((tmp_path / LOCK).read_text())["pid"] == os.getpid()
+    release_run_dir(tmp_path)
+
+
+def test_a_dead_lock_that_keeps_coming_back_is_not_a_claim_without_a_lock(tmp_path, monkeypatch):
+    """When every takeover finds the dead lock back (an unguarded claimant), the claim used to end
+    its two tries and go on with no lock at all."""
+    stale = json.dumps({"pid": dead_pid(), "host": socket.gethostname(), "since": 0})
+    (tmp_path / LOCK).write_text(stale)
+    real_open = os.open
+
+    def comes_back(path, flags, *args):  # between the takeover's unlink and its create, every time
+        if str(path).endswith(LOCK) and flags & os.O_EXCL:
+            (tmp_path / LOCK).write_text(stale)
+            raise FileExistsError(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", comes_back)
+    with pytest.raises(ConfigError, match=r"run.lock came back each time it was taken over"):
+        claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
+    assert not (tmp_path / "config.yaml").exists()  # refused before anything was written
