@@ -18,7 +18,7 @@ from rlpost.cli import main
 from rlpost.config import ConfigError, load_config, to_yaml
 from rlpost.controller import checkpoint
 from rlpost.controller.setup import check_vocab, check_weights
-from rlpost.data.dataset import PromptRow, conflict_warning
+from rlpost.data.dataset import DataError, PromptRow, conflict_warning, read_rows
 from tests.helpers import save_tiny_model
 
 QUICK = ["+recipe=quickstart"]
@@ -152,3 +152,38 @@ def test_prompts_with_contradicting_ground_truths_are_said(tmp_path):  # d03
         "warning: 3 training prompts appear with different ground truths, so the reward contradicts itself on "
         "them (the first: '0+1=' with '1', '2')"
     )
+
+
+def test_a_plan_for_a_gpu_smaller_than_the_cuda_contexts_names_the_size(capsys):  # c11
+    assert main(["plan", *QUICK, "trainer.device=cuda", "--gpu-gb", "0.001"]) != 0
+    said = capsys.readouterr().err.strip()
+    assert said.endswith(
+        "a GPU of 0.001 GiB (`rlpost plan --gpu-gb`, or the GPU found) does not hold even the CUDA contexts "
+        "(2 GiB): give the GPU's memory in GiB"
+    )
+
+
+def test_a_wildcard_in_a_data_path_says_it_is_not_expanded(tmp_path):  # d11
+    for name in ("a.jsonl", "b.jsonl"):
+        (tmp_path / name).write_text('{"prompt": "1+1=", "ground_truth": "2"}\n')
+    with pytest.raises(DataError) as info:
+        read_rows(str(tmp_path / "*.jsonl"))
+    assert str(info.value) == (
+        f"{tmp_path}/*.jsonl: no such file (wildcards are not expanded: list the files, e.g. "
+        f"[{tmp_path}/a.jsonl,{tmp_path}/b.jsonl])"
+    )
+    with pytest.raises(DataError, match=r"missing.jsonl: no such file$"):
+        read_rows(str(tmp_path / "missing.jsonl"))
+
+
+def test_a_json_file_of_columns_is_named_with_the_records_layout(tmp_path):  # d12
+    path = tmp_path / "columns.json"
+    path.write_text(json.dumps({"prompt": {"0": "1+1=", "1": "2+2="}, "ground_truth": {"0": "2", "1": "4"}}))
+    with pytest.raises(DataError) as info:
+        read_rows(str(path))
+    assert str(info.value) == (
+        f"{path}: one JSON object of columns (pandas' DataFrame.to_json() default), not rows; write records: "
+        "df.to_json(path, orient='records', lines=True) as .jsonl"
+    )
+    path.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "ground_truth": "2"}))  # one row
+    assert read_rows(str(path)) == [{"prompt": [{"role": "user", "content": "hi"}], "ground_truth": "2"}]

@@ -213,6 +213,11 @@ def check_plan(cfg: TrainConfig, plan: dict, log=print) -> None:
             f"{shape.heads} (and divides or is a multiple of {shape.kv_heads})"
         )
     room = plan["gpu_bytes"] - CONTEXT_GIB * GIB * (2 if Colocation.of(cfg).colocated else 1)
+    if room <= 0:  # (the knob advice below would be about nothing)
+        raise ConfigError(
+            f"a GPU of {plan['gpu_bytes'] / GIB:.3g} GiB (`rlpost plan --gpu-gb`, or the GPU found) does not hold even "
+            f"the CUDA contexts ({plan['gpu_bytes'] / GIB - room / GIB:.3g} GiB): give the GPU's memory in GiB"
+        )
     t = plan["trainer"]
     fixed = t["peak"] - t["activations"] - t["logits"]
     for kind, peak in plan["gpus"].items():

@@ -15,6 +15,7 @@ with the generation prompt appended.
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
 import math
@@ -47,23 +48,7 @@ def read_rows(source: str) -> list[dict]:
     path = Path(source).expanduser()
     suffix = path.suffix.lower()  # ROWS.JSONL too
     if suffix in (".jsonl", ".json", ".csv") and path.is_file():
-        text = read_text(path)
-        if suffix == ".csv":
-            return read_csv(path, text)
-        if suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
-            try:
-                return json.loads(text)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
-        rows = []
-        for i, line in enumerate(text.splitlines()):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}: row {i}: not valid JSON ({e.msg}); want one JSON object a line") from None
-        return rows
+        return read_text_rows(path, suffix)
     if suffix == ".parquet" and path.is_file():
         import pyarrow.parquet as pq
 
@@ -85,7 +70,9 @@ def read_rows(source: str) -> list[dict]:
             raise DataError(f"{path}: holds several splits {list(loaded)}; point at one split's folder")
         return list(loaded)
     if suffix in FORMATS:
-        raise DataError(f"{path}: no such file")
+        matches = sorted(glob.glob(str(path))) if glob.has_magic(str(path)) else []
+        wildcard = f" (wildcards are not expanded: list the files, e.g. [{','.join(matches[:2])}])" if matches else ""
+        raise DataError(f"{path}: no such file{wildcard}")
     if path.is_file():
         raise DataError(
             f"{path}: rlpost does not read {path.suffix or 'extension-less'} files; give rows as .jsonl (one JSON "
@@ -101,6 +88,42 @@ def read_rows(source: str) -> list[dict]:
             f"{source}: not a local file, and the hub could not be reached ({e}); give a local .jsonl, .parquet, ... "
             "file, or run where the hub answers once (datasets caches it; HF_DATASETS_OFFLINE=1 then reads the cache)"
         ) from None
+
+
+def read_text_rows(path: Path, suffix: str) -> list[dict]:
+    """Raw rows of a .jsonl (one object a line), .json (one array of objects) or .csv file."""
+    text = read_text(path)
+    if suffix == ".csv":
+        return read_csv(path, text)
+    if suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if suffix == ".json" and columns_layout(text):
+        raise DataError(
+            f"{path}: one JSON object of columns (pandas' DataFrame.to_json() default), not rows; write "
+            "records: df.to_json(path, orient='records', lines=True) as .jsonl"
+        )
+    rows = []
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: row {i}: not valid JSON ({e.msg}); want one JSON object a line") from None
+    return rows
+
+
+def columns_layout(text: str) -> bool:
+    """Whether `text` is one JSON object whose values are all objects or arrays (a column each)."""
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        return False
+    values = list(whole.values()) if isinstance(whole, dict) else []
+    return bool(values) and all(isinstance(v, (dict, list)) for v in values) and "prompt" in whole
 
 
 def read_csv(path: Path, text: str) -> list[dict]:
