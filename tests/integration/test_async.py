@@ -152,12 +152,13 @@ class FakeGroup:
 
 
 class FakeRollouts:
-    """What a `Stream` uses of `Rollouts`: config, loader, seeds, the job, scoring."""
+    """What a `Stream` uses of `Rollouts`: config, loader, seeds, the job, scoring, the busy clock."""
 
     def __init__(self, cfg, actors: int):
+        from rlpost.controller.rollouts import BusyClock
         from rlpost.data.dataset import PromptLoader, PromptRow
 
-        self.cfg, self.pad_id, self.group = cfg, 0, FakeGroup(actors)
+        self.cfg, self.pad_id, self.group, self.busy = cfg, 0, FakeGroup(actors), BusyClock()
         self.loader = PromptLoader([PromptRow([i], f"p{i}", "", "") for i in range(12)], 4, seed=0, shuffle=False)
 
     def seed(self, draw):
