@@ -15,6 +15,7 @@ from rlpost.controller.run_dir import claim_run_dir
 from rlpost.data.dataset import DataError, load_prompts
 from rlpost.models.loading import load_tokenizer
 from rlpost.tiny.model import build_char_tokenizer
+from tests.helpers import controller_bytes
 
 
 def test_a_model_folder_without_weights_is_refused_at_start(tmp_path):
@@ -63,9 +64,10 @@ def test_a_run_folder_under_a_file_is_named(tmp_path):
 def test_an_export_under_a_file_or_onto_a_file_is_refused_before_loading(tmp_path, capsys):
     (tmp_path / "a_file").write_text("x")
     run = tmp_path / "run"
-    (run / "checkpoints" / "step_2").mkdir(parents=True)
-    (run / "checkpoints" / "step_2" / "controller.pt").write_bytes(b"")
-    (run / "checkpoints" / "step_2" / "manifest.json").write_text('{"controller.pt": 0}')
+    step = run / "checkpoints" / "step_2"
+    step.mkdir(parents=True)
+    (step / "controller.pt").write_bytes(controller_bytes())
+    (step / "manifest.json").write_text(json.dumps({"controller.pt": len(controller_bytes())}))
     (run / "config.yaml").write_text("{}\n")
     assert main(["export", str(run), "--out", str(tmp_path / "a_file" / "hf")]) == 2
     assert "hf: cannot make the folder (Not a directory)" in capsys.readouterr().err
@@ -91,8 +93,8 @@ def saved_run(tmp_path, *overrides):
     run = tmp_path / "run"
     step = run / "checkpoints" / "step_11"
     step.mkdir(parents=True)
-    (step / "controller.pt").write_bytes(b"x")
-    (step / "manifest.json").write_text(json.dumps({"controller.pt": 1}))
+    (step / "controller.pt").write_bytes(controller_bytes())
+    (step / "manifest.json").write_text(json.dumps({"controller.pt": len(controller_bytes())}))
     (run / "config.yaml").write_text(to_yaml(load_config(["+recipe=quickstart", f"run.dir={run}", *overrides])))
     return run
 
