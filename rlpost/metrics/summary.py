@@ -9,6 +9,7 @@ from pathlib import Path
 # the controller's phases of a step (`timing_s/<phase>`; their sum is about `timing_s/step`);
 # `update_worker`, `optimizer_step`, ... are parts of these and left out
 PHASES = ("gen", "reward", "filter", "logprob", "values", "critic_update", "update", "weight_sync")
+FAILURES = ("errors", "timeouts", "crashes", "bad_values")  # reward/<kind>: samples that scored reward.error_score
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -59,6 +60,7 @@ def summarize(rows: list[dict], wall_s: float | None = None) -> dict:
             "first": _mean(rewards[:tenth]),
             "last": _mean(rewards[-tenth:]),
             "steps_averaged": tenth,
+            "failed_samples": int(sum(r.get(f"reward/{kind}", 0.0) for r in steps for kind in FAILURES)),
         },
         "weight_syncs": {
             "done": len(syncs),
@@ -93,8 +95,10 @@ def format_summary(summary: dict, files: dict[str, str]) -> str:
     r = s["reward"]
     if r["first"] is not None:
         n = r["steps_averaged"]
+        failed = r.get("failed_samples", 0)
         lines.append(
             f"  reward: {r['first']:.3f} (mean of the first {n} step{'s' * (n > 1)}) -> {r['last']:.3f} (the last)"
+            + (f"; {failed} samples failed to score (reward/errors, timeouts, crashes, bad_values)" if failed else "")
         )
     w = s["weight_syncs"]
     lines.append(f"  weight syncs: {w['done']} done, {w['verified']} verified by checksum")

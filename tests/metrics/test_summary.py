@@ -41,7 +41,12 @@ def test_summary_numbers_are_those_of_the_rows():
     assert s["val_s"] == 1.0
     assert s["val_accuracy"] == {"start": 0.5, "best": 0.9, "best_step": 10, "final": 0.8, "final_step": 20}
     # the first and the last tenth of the steps: 2 each
-    assert s["reward"] == {"first": (0.05 + 0.10) / 2, "last": (0.95 + 1.0) / 2, "steps_averaged": 2}
+    assert s["reward"] == {
+        "first": (0.05 + 0.10) / 2,
+        "last": (0.95 + 1.0) / 2,
+        "steps_averaged": 2,
+        "failed_samples": 0,
+    }
     assert s["weight_syncs"] == {"done": 20, "verified": 19}
 
 
@@ -66,6 +71,19 @@ def test_printed_summary_says_what_the_numbers_are():
         "  weight syncs: 20 done, 19 verified by checksum",
         "  checkpoints: runs/x/checkpoints/step_20",
     ]
+
+
+def test_the_summary_says_how_many_samples_failed_to_score():
+    """A reward that raised on every sample ended with "reward: 0.000 -> 0.000" and exit 0, the
+    failures only in the metrics (the fifth catalogue's r06, r08)."""
+    rows = [step_row(1, 0.0, **{"reward/errors": 30.0, "reward/timeouts": 2.0}), step_row(2, 0.0)]
+    rows[1].update({"reward/crashes": 1.0, "reward/bad_values": 3.0, "reward/mean_raw": 9.0})
+    s = summarize(rows)
+    assert s["reward"]["failed_samples"] == 36
+    assert format_summary(s, {}).splitlines()[2] == (
+        "  reward: 0.000 (mean of the first 1 step) -> 0.000 (the last); 36 samples failed to score "
+        "(reward/errors, timeouts, crashes, bad_values)"
+    )
 
 
 def test_a_step_written_twice_counts_once_with_its_last_row(tmp_path):
