@@ -187,3 +187,14 @@ def test_a_json_file_of_columns_is_named_with_the_records_layout(tmp_path):  # d
     )
     path.write_text(json.dumps({"prompt": [{"role": "user", "content": "hi"}], "ground_truth": "2"}))  # one row
     assert read_rows(str(path)) == [{"prompt": [{"role": "user", "content": "hi"}], "ground_truth": "2"}]
+
+
+def test_a_bool_score_says_how_to_return_a_number():  # r05
+    from rlpost.rewards.executor import BadValue, checked
+
+    with pytest.raises(BadValue) as info:
+        checked(True)
+    assert str(info.value) == "returned True (bool), not a finite number (return float(True) for a score)"
+    with pytest.raises(BadValue) as info:
+        checked("yes")
+    assert str(info.value) == "returned 'yes' (str), not a finite number"

@@ -161,7 +161,8 @@ def checked(raw) -> float:
     a one-element array or tensor; `BadValue` if it is not a finite number (a bool is not one)."""
     raw = unwrap_scalar(raw)
     if isinstance(raw, bool) or not isinstance(raw, numbers.Real) or not math.isfinite(raw):
-        raise BadValue(f"returned {raw!r} ({type(raw).__name__}), not a finite number")
+        hint = f" (return float({raw!r}) for a score)" if isinstance(raw, bool) else ""
+        raise BadValue(f"returned {raw!r} ({type(raw).__name__}), not a finite number{hint}")
     return float(raw)
 
 
