@@ -198,3 +198,16 @@ def test_a_bool_score_says_how_to_return_a_number():  # r05
     with pytest.raises(BadValue) as info:
         checked("yes")
     assert str(info.value) == "returned 'yes' (str), not a finite number"
+
+
+def test_a_response_cap_that_cannot_hold_the_answer_is_said_before_the_first_step():  # a17
+    from rlpost.data.dataset import short_cap_warning
+    from rlpost.tiny.model import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    rows = [PromptRow([1], "12+56=", "0068", "arithmetic"), PromptRow([1], "1+1=", "2", "arithmetic")]
+    assert short_cap_warning(rows, tok, 5) is None  # 4 characters and the eos
+    assert short_cap_warning(rows, tok, 2) == (
+        "warning: rollout.max_response_length=2 tokens cannot hold the longest ground truth ('0068': 5 tokens with "
+        "the eos); raise it, or those rows score nothing"
+    )

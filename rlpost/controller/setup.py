@@ -18,6 +18,7 @@ from rlpost.data.dataset import (
     conflict_warning,
     load_prompts,
     overlap_warning,
+    short_cap_warning,
     unknown_token_warning,
 )
 from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
@@ -100,6 +101,7 @@ def load_data(
     check_reward_values(cfg, train.rows, log, pool)
     warnings = [overlap_warning(train.rows, val.rows), conflict_warning(train.rows)]
     warnings.append(unknown_token_warning(train.rows + val.rows, tokenizer))
+    warnings.append(short_cap_warning(train.rows, tokenizer, cfg.rollout.max_response_length))
     for warning in [*setting_warnings(cfg), *warnings]:
         if warning:
             log(warning)
