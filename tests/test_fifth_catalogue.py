@@ -211,3 +211,15 @@ def test_a_response_cap_that_cannot_hold_the_answer_is_said_before_the_first_ste
         "warning: rollout.max_response_length=2 tokens cannot hold the longest ground truth ('0068': 5 tokens with "
         "the eos); raise it, or those rows score nothing"
     )
+
+
+def test_a_row_in_verls_layout_says_where_the_ground_truth_goes():  # d07
+    from rlpost.data.dataset import check_row
+
+    row = {"prompt": "1+1=", "data_source": "x", "reward_model": {"style": "rule", "ground_truth": "2"}}
+    with pytest.raises(DataError) as info:
+        check_row(row, "d.jsonl: row 0")
+    assert str(info.value) == (
+        "d.jsonl: row 0: field 'ground_truth' is missing (fields present: ['data_source', 'prompt', 'reward_model']); "
+        "verl's layout: write reward_model.ground_truth as a top-level ground_truth"
+    )

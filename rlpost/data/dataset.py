@@ -155,7 +155,9 @@ def check_row(row: dict, where: str) -> dict:
         raise DataError(f"{where}: expected an object with 'prompt' and 'ground_truth', got {type(row).__name__}{hint}")
     for key in ("prompt", "ground_truth"):
         if key not in row:
-            raise DataError(f"{where}: field '{key}' is missing (fields present: {sorted(row)})")
+            verl = key == "ground_truth" and isinstance(row.get("reward_model"), dict) and key in row["reward_model"]
+            hint = "; verl's layout: write reward_model.ground_truth as a top-level ground_truth" if verl else ""
+            raise DataError(f"{where}: field '{key}' is missing (fields present: {sorted(row)}){hint}")
         if row[key] is None:
             raise DataError(f"{where}: field '{key}' is null")
     prompt = row["prompt"]
