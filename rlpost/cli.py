@@ -19,7 +19,7 @@ import sys
 def cmd_train(argv: list[str]) -> int:
     """`rlpost train [OVERRIDE ...] [--cfg job] [-m] [-h]` (rlpost/config/command_line.py)."""
     from rlpost.config import ConfigError
-    from rlpost.config.command_line import parse_train_args, train_help
+    from rlpost.config.command_line import parse_train_args, repeated_keys, train_help
     from rlpost.config.compose import RECIPE_DIR
 
     try:
@@ -30,6 +30,8 @@ def cmd_train(argv: list[str]) -> int:
     if args.help:
         print(train_help(sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))))
         return 0
+    for said in repeated_keys(args.overrides):
+        print(f"rlpost: {said}", file=sys.stderr)
     if args.multirun:
         return train_sweep(args.overrides, args.show_config)
     return train_once(args.overrides, args.show_config)

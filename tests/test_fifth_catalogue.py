@@ -223,3 +223,16 @@ def test_a_row_in_verls_layout_says_where_the_ground_truth_goes():  # d07
         "d.jsonl: row 0: field 'ground_truth' is missing (fields present: ['data_source', 'prompt', 'reward_model']); "
         "verl's layout: write reward_model.ground_truth as a top-level ground_truth"
     )
+
+
+def test_a_key_given_twice_is_said_with_both_values(capsys):  # a15
+    from rlpost.config.command_line import repeated_keys
+
+    assert repeated_keys(["trainer.total_steps=2", "+recipe=quickstart", "trainer.total_steps=3", "run.seed=1"]) == [
+        "trainer.total_steps given 2 times (2, 3): the last, 3, is used"
+    ]
+    assert repeated_keys(["a.b=1", "a.c=1"]) == []
+    assert main(["train", *QUICK, "trainer.total_steps=2", "trainer.total_steps=3", "--cfg", "job"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "rlpost: trainer.total_steps given 2 times (2, 3): the last, 3, is used\n"
+    assert "total_steps: 3" in captured.out

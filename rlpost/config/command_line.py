@@ -50,6 +50,18 @@ def parse_train_args(argv: list[str]) -> TrainArgs:
     return args
 
 
+def repeated_keys(overrides: list[str]) -> list[str]:
+    """A key given more than once (`trainer.total_steps=2 ... trainer.total_steps=3`): the last
+    value is used, as Hydra does, and each such key is said with its values."""
+    values: dict[str, list[str]] = {}
+    for override in overrides:
+        key, eq, value = override.lstrip("+~").partition("=")
+        if eq:
+            values.setdefault(key, []).append(value)
+    repeated = [(key, v) for key, v in values.items() if len(v) > 1]
+    return [f"{key} given {len(v)} times ({', '.join(v)}): the last, {v[-1]}, is used" for key, v in repeated]
+
+
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     """Every combination of a sweep's values, as one override list a run (Hydra's basic sweeper's
     order: the first swept key changes slowest)."""
