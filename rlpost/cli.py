@@ -53,6 +53,8 @@ def checked_config(overrides: list[str]):
             hint = " (a mapping is written in braces, its new keys with +: +KEY={name: value})"
         if "extraneous input '='" in str(e):  # Hydra's grammar: the parser's token list is no help here
             e, hint = str(e).split(": extraneous")[0], ": write KEY=VALUE, with one ="
+        if "Value '' of type 'str' could not be converted" in str(e):  # `key=` with nothing after it
+            hint = " (the override gives the key no value: write KEY=VALUE, or KEY=null where null is allowed)"
         if "LexerNoViableAlt" in str(e):  # Hydra's grammar: `~` starts a deletion, some characters end a value
             hint = """ (quote a value that holds characters such as ~ = , [ ] or spaces: "run.dir='~/runs/a'")"""
         print(f"rlpost: config error: {e}{hint}", file=sys.stderr)

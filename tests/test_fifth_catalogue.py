@@ -236,3 +236,11 @@ def test_a_key_given_twice_is_said_with_both_values(capsys):  # a15
     captured = capsys.readouterr()
     assert captured.err == "rlpost: trainer.total_steps given 2 times (2, 3): the last, 3, is used\n"
     assert "total_steps: 3" in captured.out
+
+
+def test_an_override_with_no_value_says_so(capsys):  # a01
+    assert main(["train", *QUICK, "trainer.total_steps=", "--cfg", "job"]) == 2
+    said = capsys.readouterr().err
+    assert "trainer.total_steps=" in said
+    hint = "(the override gives the key no value: write KEY=VALUE, or KEY=null where null is allowed)"
+    assert said.rstrip().endswith(hint)
