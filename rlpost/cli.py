@@ -126,10 +126,11 @@ def train_once(overrides: list[str], show_config: bool = False) -> int:
     from rlpost.data.dataset import DataError
     from rlpost.metrics.trackers import TrackerError
     from rlpost.models.gguf import GGUFError
+    from rlpost.models.loading import ModelFileError
 
     try:
         train(cfg)
-    except (DataError, FileNotFoundError, ConfigError, GGUFError) as e:
+    except (DataError, FileNotFoundError, ConfigError, GGUFError, ModelFileError) as e:
         # bad input (names the file, row and field) or settings that do not fit the machine
         print(f"rlpost: {e}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import ray
@@ -71,6 +72,7 @@ def start_ray(cfg: TrainConfig, log=print) -> None:
     if os.environ.get("RAY_ADDRESS"):  # Ray would join that cluster, and refuse the resources given here
         log(f"RAY_ADDRESS={os.environ['RAY_ADDRESS']} is set, cluster.address is not: starting a local Ray (to "
             "train on that cluster, set cluster.address)")  # fmt: skip
+    check_ray_can_start()
     # logical CPUs: enough for every bundle even on a 2-core machine (actors take turns)
     needed = cfg.trainer.world_size + cfg.rollout.num_workers
     ray.init(
@@ -82,6 +84,24 @@ def start_ray(cfg: TrainConfig, log=print) -> None:
         log_to_driver=True,  # the actors' warnings and errors, with their name and pid
         logging_level=level,
     )
+
+
+def check_ray_can_start() -> None:
+    """What stops a local Ray from starting, said before it tries (its own errors come late, from
+    its processes): a home folder it cannot write `~/.ray` into, and warnings made errors, which
+    end Ray's own processes as they start."""
+    from rlpost.config import ConfigError
+
+    home = Path.home()
+    if not (home.is_dir() and os.access(home, os.W_OK)):
+        raise ConfigError(f"HOME={str(home)!r} is not a folder this user can write: Ray writes ~/.ray; set HOME")
+    filters = [f.strip().split(":") for f in os.environ.get("PYTHONWARNINGS", "").split(",")]
+    if any(f[0] == "error" and not any(f[1:]) for f in filters):  # `error` for every warning of every module
+        raise ConfigError(
+            f"PYTHONWARNINGS={os.environ['PYTHONWARNINGS']!r} makes every warning an error, also in Ray's own "
+            "processes, which then cannot start: unset it, or make errors of your modules' warnings only "
+            "(error::Category:module)"
+        )
 
 
 def visible_gpus() -> int:

@@ -200,6 +200,27 @@ def render_prompt(prompt, tokenizer, tools: list[dict] | None = None) -> str:
     return tokenizer.apply_chat_template(prompt, tools=tools or None, tokenize=False, add_generation_prompt=True)
 
 
+def prompt_ids(prompt, tokenizer, tools, where: str) -> tuple[str, list[int]]:
+    """The prompt's text and token ids; text the tokenizer cannot take (an unpaired surrogate) or
+    a chat template that fails on it is named with the row, not a traceback."""
+    from jinja2 import TemplateError
+
+    try:
+        text = render_prompt(prompt, tokenizer, tools)
+        return text, tokenizer(text, add_special_tokens=False).input_ids
+    except TemplateError as e:
+        folder = getattr(tokenizer, "name_or_path", "")
+        raise DataError(
+            f"{where}: the model's chat template fails on this prompt ({type(e).__name__}: {e}): fix the template "
+            f"(chat_template.jinja or tokenizer_config.json's chat_template in {folder})"
+        ) from None
+    except (TypeError, UnicodeError) as e:
+        raise DataError(
+            f"{where}: the prompt holds text the tokenizer cannot take ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:120]}), e.g. a lone UTF-16 surrogate written as \\ud800: fix the row"
+        ) from None
+
+
 @dataclass
 class LoadResult:
     rows: list[PromptRow]
@@ -231,8 +252,8 @@ def load_prompts(
                     f"({getattr(tokenizer, 'name_or_path', '') or 'model.path'}): give string prompts, or a model "
                     "whose tokenizer_config.json or chat_template.jinja holds one"
                 )
-            text = render_prompt(row["prompt"], tokenizer, tools_of(row) if tools_of and chat else None)
-            ids = tokenizer(text, add_special_tokens=False).input_ids
+            tools = tools_of(row) if tools_of and chat else None
+            text, ids = prompt_ids(row["prompt"], tokenizer, tools, f"{source}: row {i}")
             if len(ids) > max_prompt_length:
                 dropped += 1
                 shortest_dropped = min(shortest_dropped or len(ids), len(ids))

@@ -48,6 +48,10 @@ def load_value_model(path: str, dtype: str, attn_implementation: str = "sdpa", t
     )
 
 
+class ModelFileError(ValueError):
+    """A model folder's file that is there but cannot be read (damaged, cut short)."""
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     """The tokenizer of a model folder or hub id. One saved from a plain `tokenizers` object
     (rlpost's character tokenizer: `tokenizer_class` TokenizersBackend) loads as it was saved:
@@ -56,16 +60,22 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     config = Path(path).expanduser() / "tokenizer_config.json"
-    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") == "TokenizersBackend":
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
-    else:
-        try:
+    try:
+        if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") == "TokenizersBackend":
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+        else:
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        except OSError as e:  # a hub id without the network, a folder without tokenizer files
-            raise FileNotFoundError(
-                f"the model {path!r} has no tokenizer to load ({str(e).strip().splitlines()[0]}): give a local "
-                "folder with the model's files (or, for a hub id, a network or HF_HUB_OFFLINE=1 with a filled cache)"
-            ) from None
+    except OSError as e:  # a hub id without the network, a folder without tokenizer files
+        raise FileNotFoundError(
+            f"the model {path!r} has no tokenizer to load ({str(e).strip().splitlines()[0]}): give a local "
+            "folder with the model's files (or, for a hub id, a network or HF_HUB_OFFLINE=1 with a filled cache)"
+        ) from None
+    except Exception as e:  # noqa: BLE001  (a damaged tokenizer.json or tokenizer_config.json)
+        why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160]}"
+        raise ModelFileError(
+            f"the tokenizer files in {path} cannot be read ({why}): tokenizer.json or tokenizer_config.json is "
+            "damaged or cut short; copy the model's files again"
+        ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -1,0 +1,73 @@
+"""The sixth catalogue of bad inputs (issue 39), tried by someone who did not write the code: the
+five that ended in a traceback. Each is now a clear error naming what is at fault."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlpost.config import ConfigError
+from rlpost.controller.cluster import check_ray_can_start
+from rlpost.data.dataset import DataError, load_prompts
+from rlpost.models.loading import ModelFileError, load_tokenizer
+from tests.helpers import save_tiny_model
+
+
+def test_a_prompt_with_a_lone_surrogate_names_its_row(tmp_path):  # d07
+    from rlpost.tiny.model import build_char_tokenizer
+
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text('{"prompt": "1+1=", "ground_truth": "2"}\n{"prompt": "12+\\ud800=", "ground_truth": "000"}\n')
+    with pytest.raises(DataError) as info:
+        load_prompts([str(path)], build_char_tokenizer(), 64)
+    assert str(info.value).startswith(f"{path}: row 1: the prompt holds text the tokenizer cannot take (")
+    assert str(info.value).endswith("e.g. a lone UTF-16 surrogate written as \\ud800: fix the row")
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_a_tokenizer_file_cut_short_is_named(tmp_path, name):  # m01
+    save_tiny_model(tmp_path, hidden=32, layers=2, intermediate=64)
+    text = (tmp_path / name).read_text()
+    (tmp_path / name).write_text(text[: len(text) // 2])
+    with pytest.raises(ModelFileError) as info:
+        load_tokenizer(str(tmp_path))
+    assert str(info.value).startswith(f"the tokenizer files in {tmp_path} cannot be read (")
+    assert str(info.value).endswith("is damaged or cut short; copy the model's files again")
+
+
+def test_a_chat_template_that_fails_names_the_row_and_the_template(tmp_path):  # m03b
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(_folder_with_tokenizer(tmp_path))
+    tok.chat_template = "{% for m in messages %}{{ m.content }{% endfor %}"  # one brace short
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"prompt": [{"role": "user", "content": "1+1?"}], "ground_truth": "2"}) + "\n")
+    with pytest.raises(DataError) as info:
+        load_prompts([str(path)], tok, 64)
+    assert str(info.value).startswith(f"{path}: row 0: the model's chat template fails on this prompt (")
+    assert "fix the template (chat_template.jinja or tokenizer_config.json's chat_template in " in str(info.value)
+
+
+def _folder_with_tokenizer(tmp_path):
+    folder = tmp_path / "model"
+    save_tiny_model(folder, hidden=32, layers=2, intermediate=64)
+    return str(folder)
+
+
+def test_a_home_ray_cannot_write_into_is_refused_before_ray_starts(monkeypatch):  # e02
+    monkeypatch.setenv("HOME", "/dev/null")
+    with pytest.raises(ConfigError, match=r"^HOME='/dev/null' is not a folder this user can write: Ray writes ~/.ray"):
+        check_ray_can_start()
+
+
+@pytest.mark.parametrize("value, refused", [("error", True), ("ignore,error", True), ("error::", True),
+                                            ("error::DeprecationWarning", False), ("default", False)])  # fmt: skip
+def test_warnings_made_errors_everywhere_are_refused_before_ray_starts(monkeypatch, tmp_path, value, refused):  # e03
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PYTHONWARNINGS", value)
+    if refused:
+        with pytest.raises(ConfigError, match=r"makes every warning an error, also in Ray's own processes"):
+            check_ray_can_start()
+    else:
+        check_ray_can_start()
