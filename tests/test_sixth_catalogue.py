@@ -71,3 +71,16 @@ def test_warnings_made_errors_everywhere_are_refused_before_ray_starts(monkeypat
             check_ray_can_start()
     else:
         check_ray_can_start()
+
+
+def test_a_reward_that_ends_its_process_on_the_first_try_stops_the_run(tmp_path):  # r04
+    from rlpost.config import load_config
+    from rlpost.controller.setup import check_reward_values
+    from rlpost.data.dataset import PromptRow
+
+    (tmp_path / "r_exit.py").write_text("import os\ndef score(sample):\n    os._exit(3)\n")
+    cfg = load_config(["+recipe=quickstart", f"reward.fn={tmp_path}/r_exit.py:score"])
+    with pytest.raises(ConfigError) as info:
+        check_reward_values(cfg, [PromptRow([1], "2+2=", "4", "arithmetic")])
+    assert "on a first try" in str(info.value) and "the reward worker died (exit code 3)" in str(info.value)
+    assert str(info.value).endswith("The function ended its process; it must return a number")

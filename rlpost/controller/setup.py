@@ -301,6 +301,8 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool
         raise ConfigError(
             f"{tried}: {error}\nA reward function must return a number (int, float, a numpy or torch scalar)"
         )
+    if scores.counts["crashes"]:  # the process went (os._exit, a crash in native code): every sample would too
+        raise ConfigError(f"{tried}: {error}\nThe function ended its process; it must return a number")
     log(f"warning: {tried} failed: {error.strip().splitlines()[-1]}; such samples score reward.error_score")
 
 
