@@ -84,3 +84,22 @@ def test_a_reward_that_ends_its_process_on_the_first_try_stops_the_run(tmp_path)
         check_reward_values(cfg, [PromptRow([1], "2+2=", "4", "arithmetic")])
     assert "on a first try" in str(info.value) and "the reward worker died (exit code 3)" in str(info.value)
     assert str(info.value).endswith("The function ended its process; it must return a number")
+
+
+def test_a_pipe_named_as_a_data_file_is_not_called_missing(tmp_path):  # d06
+    import os
+
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    with pytest.raises(DataError, match=r"fifo.jsonl: not a regular file \(a pipe or a device\): save the rows"):
+        load_prompts([str(tmp_path / "fifo.jsonl")], None, 64)
+
+
+@pytest.mark.parametrize("odd", ["checkpoints", "metrics.jsonl"])
+def test_a_run_file_of_the_wrong_kind_is_refused_when_the_folder_is_claimed(tmp_path, odd):  # f04
+    from rlpost.config import load_config
+    from rlpost.controller.run_dir import claim_run_dir
+
+    (tmp_path / odd).write_text("mine") if odd == "checkpoints" else (tmp_path / odd).mkdir()
+    with pytest.raises(ConfigError, match=rf"holds {odd} of another kind than a run writes there"):
+        claim_run_dir(load_config(["+recipe=quickstart", f"run.dir={tmp_path}"]), log=lambda *_: None)
+    assert not (tmp_path / "config.yaml").exists()

@@ -79,6 +79,14 @@ def check_run_files(run_dir: Path) -> None:
     writes its `config.yaml` first, so without one they are someone else's; and every line of
     the logs must be a row rlpost wrote (a JSON object with its `step`), which a resumed run keeps
     or drops by step. A file that is not is named, with its line, and nothing is touched."""
+    odd = [n for n in RUN_FILES if (run_dir / n).exists() and not (run_dir / n).is_file()]
+    odd += ["checkpoints"] if (run_dir / "checkpoints").exists() and not (run_dir / "checkpoints").is_dir() else []
+    if odd:
+        raise ConfigError(
+            f"run.dir={str(run_dir)!r} holds {', '.join(odd)} of another kind than a run writes there (a folder "
+            "where a run writes a file, or a file where it writes its checkpoints/ folder): move it, or choose "
+            "another run.dir"
+        )
     found = [name for name in RUN_FILES if (run_dir / name).exists()]
     if found and not (run_dir / "config.yaml").exists():
         raise ConfigError(

@@ -69,6 +69,8 @@ def read_rows(source: str) -> list[dict]:
         if isinstance(loaded, datasets.DatasetDict):
             raise DataError(f"{path}: holds several splits {list(loaded)}; point at one split's folder")
         return list(loaded)
+    if suffix in FORMATS and path.exists():
+        raise DataError(f"{path}: not a regular file (a pipe or a device): save the rows to a file")
     if suffix in FORMATS:
         matches = sorted(glob.glob(str(path))) if glob.has_magic(str(path)) else []
         wildcard = f" (wildcards are not expanded: list the files, e.g. [{','.join(matches[:2])}])" if matches else ""
