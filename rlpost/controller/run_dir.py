@@ -110,19 +110,13 @@ def check_run_files(run_dir: Path) -> None:
 
 
 def holds_a_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a run's steps: a checkpoint, or a metrics row past step 0."""
+    """Whether `run_dir` holds a run's steps: a checkpoint, or a metrics row past step 0 (every
+    line already a run's row: `check_run_files`)."""
     if any((run_dir / "checkpoints").glob("step_*")):
         return True
     metrics = run_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        return False
-    for line in metrics.read_text(errors="replace").splitlines():
-        try:
-            if int(json.loads(line).get("step", 0)) > 0:
-                return True
-        except (ValueError, TypeError, AttributeError):
-            return True  # not ours to judge: keep it
-    return False
+    lines = metrics.read_text(errors="replace").splitlines() if metrics.is_file() else []
+    return any(json.loads(line)["step"] > 0 for line in lines if line.strip())
 
 
 def _delete_run(run_dir: Path, log) -> None:
