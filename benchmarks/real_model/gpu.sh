@@ -33,7 +33,7 @@
 #   bash benchmarks/real_model/gpu.sh one_7b # one H200: the 7B shape, full parameters, offloaded (issue 42 item 2)
 #   bash benchmarks/real_model/gpu.sh x4i    # one_7b on one GPU of four beside issue 36's gap runs (jobs_x4i.txt)
 #   bash benchmarks/real_model/gpu.sh x4j    # the same, 2 steps, beside the GPU tests and one gap run (jobs_x4j.txt)
-#   bash benchmarks/real_model/gpu.sh x4k    # one_7b unprofiled beside LoRA rank 64 at 7B, merged and adapter (jobs_x4k.txt)
+#   bash benchmarks/real_model/gpu.sh x4k    # one_7b unprofiled beside LoRA rank 64 at 7B, merged and adapter, and gap seed 6 (jobs_x4k.txt)
 #   bash benchmarks/real_model/gpu.sh algos  # not yet run: smollm2_sums under each algorithm with its mini-batches (jobs_algos.txt)
 #   bash benchmarks/real_model/gpu.sh async  # not yet run: issue 41's modes x 3 seeds on 2 + 2 GPUs (jobs_async.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
