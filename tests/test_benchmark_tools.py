@@ -149,3 +149,37 @@ def test_bitwise_compares_every_value_but_time_and_memory(tmp_path):
     moved = [dict(ref[0], **{"reward/mean": 0.5000001})]
     assert bitwise.differences(ref, moved) == [{"step": 1, "key": "reward/mean", "reference": 0.5, "run": 0.5000001}]
     assert bitwise.differences(ref, []) == [{"step": None, "key": "rows", "reference": 1, "run": 0}]
+
+
+def test_the_gap_comparison_pairs_seeds_over_the_steps_both_runs_have():
+    gap = load_benchmark("benchmarks/real_model/gap_compare.py")
+
+    def run(maxima, means, p999=None):
+        n = len(maxima)
+        return {
+            "per_step": {
+                "step": list(range(1, n + 1)),
+                "logprob_gap_max": maxima,
+                "logprob_gap_mean": means,
+                "logprob_gap_p999": p999 or [None] * n,
+                "logprob_gap_max_rollout_logprob": [-1.0] * n,
+                "logprob_gap_max_trainer_logprob": [-2.0] * n,
+            }
+        }
+
+    runs = {
+        "gap_s1": run([0.5, 1.0, 9.0], [0.01, 0.03, 0.5], [0.2, 0.4, 0.1]),
+        "gap_lora_s1": run([1.5, 0.5], [0.02, 0.04], [0.3, 0.2]),  # stopped after 2 steps: step 3 is not compared
+        "gap_s2": run([1.0], [0.1]),  # no LoRA twin: no comparison
+        "gap_s3": run([1.0], [0.1]),
+        "gap_lora_s3": run([2.0], [0.1]),  # runs of before the tail was logged: no p999
+    }
+    out = gap.compare(runs)
+    assert set(out) == {"seed_1", "seed_3"}
+    s1 = out["seed_1"]
+    assert s1["steps"] == 2 and s1["full"]["max"] == 1.0 and s1["full"]["max_at_step"] == 2
+    assert s1["lora"]["max"] == 1.5 and s1["max_ratio"] == 1.5 and s1["mean_ratio"] == 1.5
+    assert s1["full"]["p999_max"] == 0.4 and s1["p999_max_ratio"] == 0.75
+    assert s1["full"]["median_step_max"] == 0.75
+    assert s1["lora"]["max_token_logprobs"] == {"rollout": -1.0, "trainer": -2.0}
+    assert "p999_max" not in out["seed_3"]["full"] and out["seed_3"]["max_ratio"] == 2.0

@@ -31,6 +31,14 @@ PER_STEP = {
     "step_s": "timing_s/step",
     "update_peak_gb": "perf/update_peak_gb",
     "sync_verified": "weight_sync/verified",
+    "gen_s": "timing_s/gen",
+    "update_s": "timing_s/update",
+    "sync_s": "timing_s/weight_sync",
+    "sync_bytes": "weight_sync/bytes",
+    "entropy": "actor/entropy",
+    "pg_clipfrac": "actor/pg_clipfrac",  # the three below: whether the PPO ratio ever left 1 (issue 40 item 3)
+    "ppo_ratio_max": "actor/ppo_ratio_max",
+    "ppo_ratio_min": "actor/ppo_ratio_min",
 }
 
 

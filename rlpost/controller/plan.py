@@ -2,10 +2,12 @@
 settings, before anything starts (`rlpost plan`, and the check at start-up).
 
 A trainer rank (FSDP2 over `trainer.world_size` ranks, float32 master weights, `model.dtype` for
-compute) holds between phases its shard of the weights, of the frozen reference (KL) and of
-Adam's two moments (`trainer.optim.offload=none`); `trainer.param_offload` moves the weight
-shards to the host between phases, `layerwise` keeps only two FSDP units' moments on the GPU at a
-time, `cpu` all of them on the host. During the update it adds the gradient shards, two gathered
+compute) holds between phases its shard of the weights, of the frozen reference (KL, stored in
+`model.dtype`) and of Adam's two moments (`trainer.optim.offload=none`); `trainer.param_offload`
+moves the weight shards to the host between phases (the reference comes to the update only when
+the update scores it: one optimizer step a batch), `layerwise` keeps only two FSDP units' moments
+on the GPU, during the optimizer step alone (after the backward has let go of its activations),
+`cpu` all of them on the host. During the update it adds the gradient shards, two gathered
 decoder layers (the one computing and the one prefetched) and the gathered root (embeddings, LM
 head) in the compute dtype, one unsharded float32 gradient unit, and the activations of one
 micro-batch: per token, each decoder layer's saved tensors, and the logits of the tokens that
@@ -30,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlpost.config import Colocation, ConfigError, TrainConfig
+from rlpost.controller.step import old_logprobs_in_update
 from rlpost.trainer.logprobs import resolve_layout
 
 GIB = 2**30
@@ -144,14 +147,14 @@ def logit_tokens(cfg: TrainConfig, tokens: int) -> float:
 
 
 def trainer_plan(cfg: TrainConfig, shape: ModelShape) -> dict[str, float]:
-    """Bytes of each part of a trainer rank's memory at its peak (the update), and `resident`:
-    what stays between phases."""
+    """Bytes of each part of a trainer rank's memory at its peak (the update), `peak` (what is there
+    at once), `fixed` (the peak of a micro-batch of no tokens) and `resident`: what stays between phases."""
     w, o = cfg.trainer.world_size, cfg.trainer.optim
     b = DTYPE_BYTES[cfg.model.dtype]
     lora = cfg.model.lora.rank > 0
     trainable = shape.lora_params(cfg.model.lora.rank, cfg.model.lora.target_modules) if lora else shape.params
     master = 4 * (shape.params + (trainable if lora else 0)) / w
-    reference = 4 * shape.params / w if cfg.algo.kl_coef > 0 and not lora else 0.0
+    reference = b * shape.params / w if cfg.algo.kl_coef > 0 and not lora else 0.0  # stored in the compute dtype
     if o.offload == "none":
         adam = 2 * 4 * trainable / w
     elif o.offload == "layerwise":  # two units' moments in flight (one stepping, one arriving)
@@ -171,10 +174,18 @@ def trainer_plan(cfg: TrainConfig, shape: ModelShape) -> dict[str, float]:
     }
     if o.offload == "cpu":  # FSDP's CPU offload: weights and gradients live on the host too
         parts["weights"] = parts["gradients"] = 0.0
+    if cfg.trainer.param_offload and not old_logprobs_in_update(cfg):
+        parts["reference"] = 0.0  # on the device for its own pass only, not in the update's
     resident = (0.0 if cfg.trainer.param_offload else parts["weights"] + parts["reference"]) + (
         adam if o.offload == "none" else 0.0
     )
-    return {**parts, "peak": sum(parts.values()), "resident": resident}
+    kept = parts["weights"] + parts["reference"] + parts["gradients"] + (adam if o.offload == "none" else 0.0)
+    passes = parts["gathered"] + parts["activations"] + parts["logits"]  # forward and backward
+    # layerwise: the moments' device slots exist during the optimizer step only, after the backward
+    apart = o.offload == "layerwise"
+    peak = kept + (max(passes, adam) if apart else passes)
+    fixed = kept + (max(parts["gathered"], adam) if apart else parts["gathered"])  # at no tokens
+    return {**parts, "peak": peak, "fixed": fixed, "resident": resident, "slots_apart": float(apart)}
 
 
 def gpu_plan(cfg: TrainConfig, shape: ModelShape, gpu_bytes: float) -> dict:
@@ -219,7 +230,7 @@ def check_plan(cfg: TrainConfig, plan: dict, log=print) -> None:
             f"the CUDA contexts ({plan['gpu_bytes'] / GIB - room / GIB:.3g} GiB): give the GPU's memory in GiB"
         )
     t = plan["trainer"]
-    fixed = t["peak"] - t["activations"] - t["logits"]
+    fixed = t["fixed"]
     for kind, peak in plan["gpus"].items():
         awake = plan["rollout_awake"] if kind != "trainer" else 0.0
         need = max(fixed if kind != "rollout" else 0.0, (t["resident"] if kind != "rollout" else 0.0) + awake)
@@ -274,7 +285,12 @@ def format_plan(plan: dict) -> str:
     lines.append(
         "  trainer rank at its peak (the update): "
         + ", ".join(f"{part} {t[part] / GIB:.2f}" for part in KNOBS if t[part] > 0)
-        + f" = {t['peak'] / GIB:.2f}; between phases {t['resident'] / GIB:.2f}"
+        + (
+            f"; at once {t['peak'] / GIB:.2f} (Adam's layerwise slots in the optimizer step, after the passes)"
+            if t["slots_apart"]
+            else f" = {t['peak'] / GIB:.2f}"
+        )
+        + f"; between phases {t['resident'] / GIB:.2f}"
     )
     if plan["rollout_awake"]:
         lines.append(f"  vLLM engine awake: {plan['rollout_awake'] / GIB:.2f} (rollout.gpu_memory_utilization)")

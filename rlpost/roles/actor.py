@@ -63,6 +63,11 @@ class ActorWorker:
         """Per-token log-probs [b, R] of the response tokens (and entropy [b, R])."""
         return response_logprobs(model, mb, self.cfg.rollout.temperature, self.layout, with_entropy)
 
+    def _resident(self, with_ref: bool):
+        """`trainer.param_offload`: the phase's models on the device, the reference only when the
+        phase scores with it (at 7B on one GPU its 14 GiB are more than an update has to spare)."""
+        return self.engine.resident(self.model, *([self.ref_model] if with_ref and self.ref_model is not None else []))
+
     def _ref_logprobs(self, mb: Batch) -> torch.Tensor:
         with torch.no_grad():
             if self.ref_model is not None:
@@ -78,7 +83,7 @@ class ActorWorker:
         loss: the controller checks with them that the rollouts serve the adapter."""
         with_ref = self.cfg.algo.kl_coef > 0 or (base and self.lora is not None)
         out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": [], "row_index": []}
-        with torch.no_grad(), self.engine.resident():
+        with torch.no_grad(), self._resident(with_ref):
             for mini in split_shard(shard):
                 for mb in mini:
                     out["old_logprobs"].append(self._logprobs(self.model, mb, False)[0].cpu())
@@ -111,7 +116,7 @@ class ActorWorker:
         with_ref = a.kl_coef > 0 or (base and self.lora is not None)
         out: dict[str, list[torch.Tensor]] = {"old_logprobs": [], "ref_logprobs": [], "row_index": []}
         self.engine.phase_peak(start=True)
-        with self.engine.resident():
+        with self._resident(fused and with_ref):  # a separate pass scored the reference already
             minis = split_shard(shard)
             if fused and (a.ppo_epochs > 1 or len(minis) > 1):
                 raise ValueError(

@@ -96,8 +96,13 @@ class FSDPEngine:
         self.peak = 0  # bytes: the allocator's peak of the phase under way (`phase_peak`)
 
     def frozen_copy(self):
-        """A sharded, frozen copy of the model as loaded (a KL reference), in the compute dtype."""
-        frozen = shard_model(self.spec.load_model(), self.device, self.compute_dtype).eval().requires_grad_(False)
+        """A sharded, frozen copy of the model as loaded (a KL reference), its parameters stored in
+        the compute dtype: it computes with exactly the values mixed precision would cast a float32
+        copy to, in half the memory (7B: 14 GiB, not 28). Buffers (rotary frequencies) stay as loaded."""
+        model = self.spec.load_model()
+        for p in model.parameters():
+            p.data = p.data.to(self.compute_dtype)
+        frozen = shard_model(model, self.device, self.compute_dtype).eval().requires_grad_(False)
         self.frozen.append(frozen)
         return frozen
 

@@ -6,7 +6,10 @@ the units in order over three CUDA streams created once per run: the host-to-dev
 copies unit i + k's states into a reusable device slot (k = `prefetch_layers`), the compute stream
 runs AdamW on unit i's local shards (parameters and gradients never leave the device), and the
 device-to-host stream writes unit i's new states back. Only `prefetch_layers + 1` units' states
-are on the device at any time. On the CPU the same grouping and update code runs with no streams.
+are on the device at any time, and only during a step: the slots are made for each step and let go
+after it (a colocated rollout engine wakes into that memory; at 7B the largest unit, the
+embeddings, makes two slots 17 GB). On the CPU the same grouping and update code runs with no
+streams.
 
 The update is torch's AdamW (decoupled weight decay, bias correction), operation for operation
 as `torch.optim.AdamW(foreach=False)` computes it, with the states in the parameters' dtype:
@@ -87,14 +90,13 @@ class LayerwiseAdamW(torch.optim.Optimizer):
             )
         # host states: [exp_avg | exp_avg_sq] per unit, pinned when a GPU reads them
         self.host = [torch.zeros(2 * n, dtype=self.dtype, pin_memory=cuda) for n in self.numels]
-        slots = min(self.prefetch + 1, len(self.units))
-        self.slots = [torch.empty(2 * max(self.numels), dtype=self.dtype, device=self.device) for _ in range(slots)]
+        self.slot_count = min(self.prefetch + 1, len(self.units))  # device slots of one step (`_slots`)
         self.steps = 0  # host-side step counter (all groups step together)
         if cuda:
             self.h2d, self.compute, self.d2h = (torch.cuda.Stream(self.device) for _ in range(3))
-            self.loaded = [torch.cuda.Event() for _ in self.slots]
-            self.updated = [torch.cuda.Event() for _ in self.slots]
-            self.freed = [torch.cuda.Event() for _ in self.slots]
+            self.loaded = [torch.cuda.Event() for _ in range(self.slot_count)]
+            self.updated = [torch.cuda.Event() for _ in range(self.slot_count)]
+            self.freed = [torch.cuda.Event() for _ in range(self.slot_count)]
         self._group_of = {id(p): g for g in self.param_groups for p in g["params"]}
 
     # ------------------------------------------------------------------------------------ step
@@ -104,16 +106,23 @@ class LayerwiseAdamW(torch.optim.Optimizer):
         self.steps += 1
         with torch.no_grad():
             if self.device.type == "cuda":
-                self._step_streams()
+                self._step_streams(self._slots(self.slot_count))
             else:
+                buffer = self._slots(1)[0]
                 for i, unit in enumerate(self.units):
-                    slot = self.slots[0][: 2 * self.numels[i]]
+                    slot = buffer[: 2 * self.numels[i]]
                     slot.copy_(self.host[i])
                     self._update_unit(unit, slot)
                     self.host[i].copy_(slot)
 
-    def _step_streams(self):  # pragma: no mutate block (CUDA only: tests/gpu/test_layerwise_optim_gpu.py)
-        n, slots = len(self.units), len(self.slots)
+    def _slots(self, count: int) -> list[torch.Tensor]:
+        """`count` device buffers for one step, each the largest unit's two moments."""
+        return [torch.empty(2 * max(self.numels), dtype=self.dtype, device=self.device) for _ in range(count)]
+
+    def _step_streams(self, buffers: list[torch.Tensor]):  # pragma: no mutate block (CUDA only: tests/gpu/...)
+        # the buffers go back to the allocator when this returns: the current stream waits for the
+        # side streams below, so no later kernel of it can touch them before the copies are done
+        n, slots = len(self.units), len(buffers)
         current = torch.cuda.current_stream(self.device)
         self.compute.wait_stream(current)  # gradients are ready
         self.h2d.wait_stream(self.d2h)  # last step's states are all back on the host
@@ -124,10 +133,10 @@ class LayerwiseAdamW(torch.optim.Optimizer):
                 s = j % slots
                 with torch.cuda.stream(self.h2d):
                     self.h2d.wait_event(self.freed[s])  # the slot's previous unit is written back
-                    self.slots[s][: 2 * self.numels[j]].copy_(self.host[j], non_blocking=True)
+                    buffers[s][: 2 * self.numels[j]].copy_(self.host[j], non_blocking=True)
                     self.loaded[s].record(self.h2d)
             s = i % slots
-            slot = self.slots[s][: 2 * self.numels[i]]
+            slot = buffers[s][: 2 * self.numels[i]]
             with torch.cuda.stream(self.compute):
                 self.compute.wait_event(self.loaded[s])
                 self._update_unit(unit, slot)

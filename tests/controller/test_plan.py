@@ -60,7 +60,7 @@ def test_each_part_of_a_trainer_rank(tmp_path):
     per_token_layer = 2 * (6 * h + 2 * kv + 4 * i) + 8 * h
     want = {
         "weights": 4 * P / 2,  # float32 master shards
-        "reference": 4 * P / 2,  # the frozen copy, sharded alike
+        "reference": 2 * P / 2,  # the frozen copy, sharded alike, stored in bfloat16
         "adam": 8 * P / 2,
         "gradients": 4 * P / 2,
         "gathered": 2 * (2 * layer + v * h + h) + 4 * layer,
@@ -84,6 +84,18 @@ def test_settings_that_move_memory(tmp_path):
     layerwise = trainer_plan(cfg_of(path, "trainer.optim.offload=layerwise"), s)
     assert layerwise["adam"] == pytest.approx(2 * 2 * 4 * s.root_params / 2)  # the root is the largest unit
     assert layerwise["resident"] == pytest.approx(base["weights"])
+    passes = sum(base[k] for k in ("gathered", "activations", "logits"))  # the moments' slots come after these
+    assert layerwise["peak"] == pytest.approx(base["weights"] + base["gradients"] + max(passes, layerwise["adam"]))
+    fixed = base["weights"] + base["gradients"] + max(base["gathered"], layerwise["adam"])  # at no tokens
+    assert layerwise["fixed"] == pytest.approx(fixed) and base["fixed"] == pytest.approx(
+        base["peak"] - passes + base["gathered"]
+    )
+    few = ["trainer.optim.offload=layerwise", "trainer.max_tokens_per_microbatch=64"]
+    few_tokens = trainer_plan(cfg_of(path, *few), s)
+    assert few_tokens["peak"] == pytest.approx(base["weights"] + base["gradients"] + layerwise["adam"])
+    ref = ["algo.kl_coef=0.001", "trainer.param_offload=true"]  # the reference in the update only when it scores there
+    assert trainer_plan(cfg_of(path, *ref), s)["reference"] == pytest.approx(2 * s.params / 2)
+    assert trainer_plan(cfg_of(path, *ref, "algo.ppo_mini_batch_size=4"), s)["reference"] == 0
     cpu = trainer_plan(cfg_of(path, "trainer.optim.offload=cpu"), s)
     assert cpu["adam"] == cpu["weights"] == cpu["gradients"] == 0
     tokens = trainer_plan(cfg_of(path, "trainer.max_tokens_per_microbatch=1024"), s)

@@ -30,10 +30,11 @@ def cfg_of(*overrides):
 
 def plan_of(awake_gib: float, gpus: dict, **gib) -> dict:
     """A plan of parts given in GiB: weights, reference, adam, gradients, gathered, activations,
-    logits and resident; its peak is their sum (all but resident)."""
+    logits and resident; its peak is their sum (all but resident), its fixed part the peak at no tokens."""
     parts = dict.fromkeys(("weights", "reference", "adam", "gradients", "gathered", "activations", "logits"), 0.0)
     parts.update({k: v * GIB for k, v in gib.items() if k != "resident"})
-    trainer = {**parts, "peak": sum(parts.values()), "resident": gib["resident"] * GIB}
+    peak, fixed = sum(parts.values()), sum(parts.values()) - parts["activations"] - parts["logits"]
+    trainer = {**parts, "peak": peak, "fixed": fixed, "resident": gib["resident"] * GIB, "slots_apart": 0.0}
     return {"trainer": trainer, "rollout_awake": awake_gib * GIB, "gpus": {k: v * GIB for k, v in gpus.items()},
             "gpu_bytes": 10 * GIB, "shape": SHAPE}  # fmt: skip
 

@@ -68,3 +68,23 @@ def test_adapters_off_skips_the_adapters_and_leaves_them_trainable(tmp_path):
     assert not torch.equal(adapted, reference)
     assert torch.equal(off, reference)
     assert torch.equal(again, adapted)  # on again when the context ends
+
+
+def test_a_kl_reference_is_stored_in_the_compute_dtype_and_scores_as_the_policy_before_a_step(tmp_path):
+    """The reference of a KL keeps its parameters in the compute dtype (bfloat16 here: half the
+    memory of a float32 copy; at 7B on one GPU 14 GiB of an update that did not fit) and computes
+    with exactly the values mixed precision gives the float32 policy: before any step the two
+    score every token alike. Its buffers (the rotary frequencies) are not cast."""
+    from rlpost.roles.actor import ActorWorker
+
+    model, _ = save_tiny_model(tmp_path / "model")
+    cfg = config("model.dtype=bfloat16", "algo.kl_coef=0.1")
+    worker = ActorWorker(cfg, str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
+    try:
+        assert {p.dtype for p in worker.ref_model.parameters()} == {torch.bfloat16}
+        assert {p.dtype for p in worker.model.parameters()} == {torch.float32}
+        assert {b.dtype for b in worker.ref_model.buffers()} == {b.dtype for b in worker.model.buffers()}
+        out = worker.compute_logprobs(shards_for(model, cfg)[0])
+    finally:
+        worker.shutdown()
+    assert torch.equal(out["ref_logprobs"], out["old_logprobs"])

@@ -182,3 +182,31 @@ def test_a_reference_copy_exists_only_for_a_kl_without_lora(tmp_path, overrides,
         assert worker.engine.frozen == ([worker.ref_model] if reference else [])
     finally:
         worker.shutdown()
+
+
+def test_the_reference_comes_to_the_device_only_in_the_phases_that_score_with_it(tmp_path, monkeypatch):
+    """`trainer.param_offload`: a phase brings the models it computes with. The reference scores in
+    `compute_logprobs` and in an update that makes its own old log-probs, not in an update of a
+    shard that brought them (its 14 GiB at 7B are more than that update has to spare)."""
+    from rlpost.roles.actor import ActorWorker
+    from tests.actor_batches import config, shards_for
+
+    model, _ = save_tiny_model(tmp_path / "model")
+    cfg = config("algo.kl_coef=0.1", "trainer.param_offload=true")
+    worker = ActorWorker(cfg, str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
+    brought = []
+    resident = worker.engine.resident
+    monkeypatch.setattr(worker.engine, "resident", lambda *m, **k: brought.append(m) or resident(*m, **k))
+    try:
+        shard = shards_for(model, cfg)[0]
+        scored = worker.compute_logprobs(shard)
+        shard["ref_logprobs"] = shard["old_logprobs"].clone()  # as the controller adds the scored ones
+        worker.update(shard)
+        fused = Batch({k: v for k, v in shard.tensors.items() if k not in ("old_logprobs", "ref_logprobs")})
+        worker.update(fused)
+    finally:
+        worker.shutdown()
+    assert "ref_logprobs" in scored
+    policy, ref = worker.model, worker.ref_model
+    both, alone = [id(policy), id(ref)], [id(policy)]
+    assert [[id(m) for m in models] for models in brought] == [both, alone, both]
