@@ -220,6 +220,8 @@ def cmd_export(argv: list[str]) -> int:
         help="dtype of the saved weights (default: the run's model.dtype)",
     )
     args = parser.parse_args(argv)
+    if sum(a == "--step" or a.startswith("--step=") for a in argv) > 1:
+        parser.error("--step given more than once: give the one checkpoint step to export")
     from rlpost.config import ConfigError
     from rlpost.controller.checkpoint import export
 

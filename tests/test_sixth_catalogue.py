@@ -103,3 +103,87 @@ def test_a_run_file_of_the_wrong_kind_is_refused_when_the_folder_is_claimed(tmp_
     with pytest.raises(ConfigError, match=rf"holds {odd} of another kind than a run writes there"):
         claim_run_dir(load_config(["+recipe=quickstart", f"run.dir={tmp_path}"]), log=lambda *_: None)
     assert not (tmp_path / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("rows", ["", '{"step": 0, "rollout/gpu_used_gb": 10.0}\n'])
+def test_plotting_a_run_without_a_trained_step_is_refused_by_name(tmp_path, rows, capsys):  # p07
+    from rlpost.cli import main
+
+    (tmp_path / "metrics.jsonl").write_text(rows)
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 2
+    assert f"{tmp_path / 'metrics.jsonl'} has no trained step yet: nothing to plot" in capsys.readouterr().err
+    assert not (tmp_path / "c.png").exists()
+
+
+@pytest.mark.parametrize("steps", [["--step", "2", "--step", "3"], ["--step=2", "--step", "2"]])
+def test_export_refuses_a_step_given_twice(tmp_path, steps, capsys):  # p08
+    from rlpost.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["export", str(tmp_path), *steps, "--out", str(tmp_path / "out")])
+    assert info.value.code == 2 and "--step given more than once" in capsys.readouterr().err
+
+
+def test_a_sigterm_while_ray_starts_is_a_stop_said_as_one(monkeypatch, capsys):  # k02
+    """Ray's `ray.init` puts in its own SIGTERM handler (`sys.exit(15)`) while it starts: a SIGTERM
+    then ended the run with exit code 15 and no word. It is a stop on SIGTERM (exit code 143), said,
+    with what Ray had started shut down; any other exit goes on as it was."""
+    import os
+    import signal
+    import sys
+
+    import ray
+
+    from rlpost.controller import cluster
+    from rlpost.controller.signals import Stopped
+
+    def init_then_sigterm(**kwargs):
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # as ray.init does
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    shut = []
+    monkeypatch.setattr(ray, "init", init_then_sigterm)
+    monkeypatch.setattr(ray, "shutdown", lambda: shut.append(True))
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(Stopped) as info:
+            cluster.init_ray(address="local")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert info.value.exit_code == 143 and shut == [True]
+    assert "SIGTERM while Ray was starting: stopping now" in capsys.readouterr().err
+    monkeypatch.setattr(ray, "init", lambda **kwargs: sys.exit(3))
+    with pytest.raises(SystemExit) as other:
+        cluster.init_ray(address="local")
+    assert other.value.code == 3
+
+
+def test_a_hub_id_without_a_network_or_a_cache_is_said_at_once(monkeypatch):  # m02
+    """Without a network transformers retried a hub id for about a minute, then spoke of a missing
+    tokenizer. A hub id not in the Hugging Face cache, with the hub unreachable, is refused at once;
+    one in the cache, or with HF_HUB_OFFLINE=1, goes on without a probe."""
+    import socket
+    import time
+
+    import huggingface_hub
+
+    from rlpost.models.loading import resolve_path
+
+    probes = []
+
+    def unreachable(address, timeout=None):
+        probes.append(address)
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: None)
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError, match=r"^the model 'org/model' is not a local folder nor in the Hugging "):
+        resolve_path("org/model", "/tmp/unused")
+    assert time.monotonic() - start < 2 and probes == [("huggingface.co", 443)]
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: "/cache/config.json")
+    assert resolve_path("org/model", "/tmp/unused") == "org/model" and len(probes) == 1  # cached: no probe
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: None)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert resolve_path("org/model", "/tmp/unused") == "org/model" and len(probes) == 1  # offline: the cache only

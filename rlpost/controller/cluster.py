@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,7 @@ def start_ray(cfg: TrainConfig, log=print) -> None:
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if cfg.cluster.address:
         check_cluster_answers(cfg.cluster.address)
-        ray.init(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)}, logging_level=level)
+        init_ray(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)}, logging_level=level)
         return
     workers_at_normal_priority()
     if os.environ.get("RAY_ADDRESS"):  # Ray would join that cluster, and refuse the resources given here
@@ -75,7 +76,7 @@ def start_ray(cfg: TrainConfig, log=print) -> None:
     check_ray_can_start()
     # logical CPUs: enough for every bundle even on a 2-core machine (actors take turns)
     needed = cfg.trainer.world_size + cfg.rollout.num_workers
-    ray.init(
+    init_ray(
         address="local",  # a new local instance, whatever RAY_ADDRESS says
         num_cpus=max(os.cpu_count() or 1, needed),
         num_gpus=visible_gpus() if cfg.trainer.device == "cuda" else None,
@@ -84,6 +85,24 @@ def start_ray(cfg: TrainConfig, log=print) -> None:
         log_to_driver=True,  # the actors' warnings and errors, with their name and pid
         logging_level=level,
     )
+
+
+def init_ray(**kwargs) -> None:
+    """`ray.init`, whose own SIGTERM handler (in place while it starts, until rlpost's is installed
+    again) ends the process with `sys.exit(15)` and no word: that is a stop on SIGTERM, said as one,
+    with what Ray had started shut down."""
+    import signal
+
+    from rlpost.controller.signals import Stopped
+
+    try:
+        ray.init(**kwargs)
+    except SystemExit as e:
+        if e.code != signal.SIGTERM:
+            raise
+        ray.shutdown()
+        print("\nrlpost: SIGTERM while Ray was starting: stopping now, before any actor started", file=sys.stderr)
+        raise Stopped(signal.SIGTERM) from None
 
 
 def check_ray_can_start() -> None:

@@ -69,6 +69,9 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> tupl
     plt = _pyplot()
     dirs = [Path(d) for d in run_dirs]
     runs = [read_metrics(d) for d in dirs]
+    for d, rows in zip(dirs, runs):
+        if not any(r.get("step", 0) >= 1 for r in rows):
+            raise ValueError(f"{d / 'metrics.jsonl'} has no trained step yet: nothing to plot for {d}")
     names = _names(dirs)
     titles = [title for title, _ in RUN_PANELS] + [PHASE_PANEL]
     fig, axes = _grid(plt, len(titles))

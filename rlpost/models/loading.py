@@ -89,4 +89,34 @@ def resolve_path(path: str, cache_dir: str, log=print) -> str:
     if is_gguf(path):
         return str(ensure_converted(path, cache_dir, log))
     local = Path(path).expanduser()
-    return str(local) if local.exists() else path
+    if local.exists():
+        return str(local)
+    check_hub_reachable(path)
+    return path
+
+
+def check_hub_reachable(repo_id: str, timeout_s: float = 5.0) -> None:
+    """A hub id that is not in the Hugging Face cache needs the hub: without a network transformers
+    retries for about a minute and then speaks of a missing tokenizer. Said at once instead (not
+    with HF_HUB_OFFLINE=1, where the cache is all there is)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except ValueError:  # not a hub id at all: transformers says so itself, at once
+        return
+    if constants.HF_HUB_OFFLINE or cached:
+        return
+    url = urlparse(constants.ENDPOINT)
+    try:
+        port = url.port or (80 if url.scheme == "http" else 443)
+        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise FileNotFoundError(
+            f"the model {repo_id!r} is not a local folder nor in the Hugging Face cache, and {constants.ENDPOINT} "
+            f"cannot be reached ({e.strerror or type(e).__name__}): give a local folder with the model's files, or "
+            "download it where there is a network (`huggingface-cli download` fills the cache)"
+        ) from None
