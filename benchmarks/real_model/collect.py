@@ -35,6 +35,7 @@ PER_STEP = {
     "update_s": "timing_s/update",
     "sync_s": "timing_s/weight_sync",
     "sync_bytes": "weight_sync/bytes",
+    "asleep_gpu_used_gb": "rollout/asleep_gpu_used_gb",  # the device right after vLLM slept (from 2026-11-27)
     "entropy": "actor/entropy",
     "pg_clipfrac": "actor/pg_clipfrac",  # the three below: whether the PPO ratio ever left 1 (issue 40 item 3)
     "ppo_ratio_max": "actor/ppo_ratio_max",

@@ -19,7 +19,7 @@ def start_metrics(c) -> dict[str, float]:
     """The engines' memory; at step 0 the start model's held-out greedy accuracy and pass@k (a
     built tiny model's from its own evaluation, a real model's measured here)."""
     cfg = c.cfg
-    out = {k: v for m in c.workers.rollouts.call("memory") for k, v in m.items()}
+    out = engines_memory(c)
     if c.step == 0:
         start = start_eval(c.model_path).items()
         out.update({f"start/{k}": float(v) for k, v in start if k == "greedy_accuracy" or k.startswith("pass@")})
@@ -29,6 +29,19 @@ def start_metrics(c) -> dict[str, float]:
         if k and "start/pass@1" not in out:
             params = sampling_params(cfg, cfg.run.seed, n=k, greedy=False)
             out.update(c.workers.batches.pass_at_k(c.val_rows, params))
+    return out
+
+
+def engines_memory(c) -> dict[str, float]:
+    """The rollout engines' GPU memory (`RolloutWorker.memory`), the largest figure of any engine."""
+    return largest(c.workers.rollouts.call("memory"))
+
+
+def largest(reports: list[dict[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for report in reports:
+        for k, v in report.items():
+            out[k] = max(v, out.get(k, v))
     return out
 
 
@@ -76,6 +89,8 @@ def timed_step(c) -> dict[str, float]:
     metrics["timing_s/step"] = time.perf_counter() - start
     metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / metrics["timing_s/step"]
     metrics.update(idle_fractions(cfg, metrics))
+    if cfg.trainer.device == "cuda":  # what a sleeping engine keeps: the plan's colocated peak leaves it out
+        metrics.update(engines_memory(c))
     last = c.step == cfg.trainer.total_steps
     if cfg.trainer.val_every and (c.step % cfg.trainer.val_every == 0 or last):
         metrics.update(c.validate())

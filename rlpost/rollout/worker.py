@@ -80,6 +80,7 @@ class RolloutWorker:
         self._tokenizer = None  # multi-turn episodes only: decodes turns, renders the environment's messages
         self.sync_group: SyncGroup | None = None
         self.busy_s = 0.0  # seconds spent generating (`_stamped`)
+        self.asleep: dict[str, float] = {}  # the device's memory right after the engine last slept (`sleep`)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
         start = time.perf_counter()
@@ -132,12 +133,19 @@ class RolloutWorker:
             "rollout/gpu_used_gb": (total - free) / 2**30,
             "rollout/torch_allocated_gb": torch.cuda.memory_allocated() / 2**30,
             "rollout/gpu_total_gb": total / 2**30,
+            **self.asleep,
         }
 
     def sleep(self) -> None:
         """Colocate placement: give the device to the trainer until the next sync or generate."""
         if hasattr(self.engine, "sleep"):
             self.engine.sleep()
+            if self.cfg.trainer.device == "cuda":  # what the sleeping engine keeps, before the trainer moves in
+                free, total = torch.cuda.mem_get_info()
+                self.asleep = {
+                    "rollout/asleep_gpu_used_gb": (total - free) / 2**30,
+                    "rollout/asleep_torch_reserved_gb": torch.cuda.memory_reserved() / 2**30,
+                }
 
     def receive_weights(self, version: int, kind: str | None = None) -> SyncStats:
         """One sync of `kind` (`rlpost.weightsync.kinds`; default: the whole model, as the first

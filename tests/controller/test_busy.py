@@ -86,3 +86,17 @@ def test_the_rollout_worker_stamps_its_rank_and_growing_seconds(tmp_path):
     first, second = one["rollout_busy_s"][0].item(), two["rollout_busy_s"][0].item()
     assert 0 < first < second and second == pytest.approx(worker.busy_s)
     assert one["rollout_busy_s"].dtype == torch.float64
+
+
+def test_the_engines_memory_is_the_largest_figure_of_any_engine():
+    """Each rollout engine reports its device's memory (awake, and right after it last slept); with
+    several engines the step logs the largest of each figure, not whichever engine answered last."""
+    from rlpost.controller.progress import largest
+
+    reports = [
+        {"rollout/gpu_used_gb": 70.0, "rollout/asleep_gpu_used_gb": 12.0},
+        {"rollout/gpu_used_gb": 75.0, "rollout/asleep_gpu_used_gb": 9.0},
+        {"rollout/gpu_used_gb": 72.0},  # an engine that has not slept yet
+    ]
+    assert largest(reports) == {"rollout/gpu_used_gb": 75.0, "rollout/asleep_gpu_used_gb": 12.0}
+    assert largest([]) == {} and largest([{}, {}]) == {}
