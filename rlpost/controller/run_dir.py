@@ -24,6 +24,8 @@ from rlpost.controller.checkpoint import check_resume
 
 LOCK = "run.lock"
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png")  # what a run writes, with checkpoints/
+RUN_TREES = {"checkpoints": "step_*", "tensorboard": "events.out.tfevents.*", "profile": "update_step*"}  # and in these
+HEADER = "# rlpost: this run's config, written by the run (a new run in this folder replaces it)\n"
 
 
 def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
@@ -48,7 +50,7 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
             _delete_run(run_dir, log)
         check_resume(cfg, run_dir)  # before this run's config.yaml replaces the saving run's
         check_config_file(run_dir / "config.yaml")
-        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        (run_dir / "config.yaml").write_text(HEADER + to_yaml(cfg))
     except BaseException:
         release_run_dir(run_dir)
         raise
@@ -62,12 +64,15 @@ def check_config_file(path: Path) -> None:
         return
     import yaml
 
+    text = path.read_text(errors="replace")
     try:
-        found = yaml.safe_load(path.read_text(errors="replace"))
+        found = yaml.safe_load(text)
     except yaml.YAMLError:
         found = None
     sections = {f.name for f in dataclasses.fields(TrainConfig)}
-    if not (isinstance(found, dict) and "run" in found and set(found) <= sections):
+    # a run's: the header runs write, or (written before the header) the main sections and no comment
+    old_style = "#" not in text and {"run", "model", "data", "trainer", "algo"} <= set(found or ())
+    if not (isinstance(found, dict) and set(found) <= sections and (text.startswith(HEADER) or old_style)):
         raise ConfigError(
             f"run.dir={str(path.parent)!r} holds a config.yaml that no rlpost run wrote, which a run would "
             "replace with its own: choose another run.dir (a new or empty folder)"
@@ -120,11 +125,24 @@ def holds_a_run(run_dir: Path) -> bool:
 
 
 def _delete_run(run_dir: Path, log) -> None:
-    """`run.overwrite=true`: the earlier run's logs and checkpoints go; nothing else in the folder."""
-    for name in RUN_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    log(f"run.overwrite=true: deleted the earlier run's {', '.join(RUN_FILES)} and checkpoints/ in {run_dir}")
+    """`run.overwrite=true`: the earlier run's logs, checkpoints, TensorBoard events and profiles go
+    (what a run writes: `RUN_FILES`, and `RUN_TREES`' entries by name); nothing else in the folder."""
+    gone = [name for name in RUN_FILES if (run_dir / name).exists()]
+    for name in gone:
+        (run_dir / name).unlink()
+    kept = []
+    for folder, pattern in RUN_TREES.items():
+        made = sorted((run_dir / folder).glob(pattern))
+        for entry in made:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        gone += [f"{folder}/{pattern}"] if made else []
+        if (run_dir / folder).is_dir():
+            if any((run_dir / folder).iterdir()):
+                kept.append(folder)  # what the run did not write there stays
+            else:
+                (run_dir / folder).rmdir()
+    also = f"; kept what no run wrote in {', '.join(f'{k}/' for k in kept)}" if kept else ""
+    log(f"run.overwrite=true: deleted the earlier run's {', '.join(gone) or 'files'} in {run_dir}{also}")
 
 
 def _lock(run_dir: Path, log) -> None:

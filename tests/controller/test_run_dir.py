@@ -216,9 +216,50 @@ def test_overwrite_deletes_every_file_of_the_earlier_run_and_says_which_even_wit
     claim_run_dir(cfg_in(tmp_path, "run.overwrite=true"), log=said.append)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "notes.txt", LOCK]
     assert said == [
-        "run.overwrite=true: deleted the earlier run's metrics.jsonl, samples.jsonl, summary.json, curves.png and "
-        f"checkpoints/ in {tmp_path}"
+        "run.overwrite=true: deleted the earlier run's metrics.jsonl, samples.jsonl, summary.json, curves.png in "
+        f"{tmp_path}"
     ]
+    release_run_dir(tmp_path)
+
+
+def test_overwrite_deletes_the_runs_checkpoints_events_and_profiles_and_keeps_a_users_files_beside_them(tmp_path):
+    """The seventh catalogue's s11 and s12: overwrite deleted all of checkpoints/ (a user's notes
+    in it too) and kept the earlier run's TensorBoard events and profiles, which then showed under
+    the new run. Now it deletes by name what a run writes there, and says what it kept."""
+    run_config(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    made = [
+        "checkpoints/step_1/controller.pt",
+        "tensorboard/events.out.tfevents.1.vm.1.0",
+        "profile/update_step2_rank0.txt",
+    ]
+    mine = ["checkpoints/NOTES.txt", "profile/my_trace.json"]
+    for name in made + mine:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    said = []
+    claim_run_dir(cfg_in(tmp_path, "run.overwrite=true"), log=said.append)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert left == ["checkpoints/NOTES.txt", "config.yaml", "profile/my_trace.json", LOCK]
+    assert not (tmp_path / "tensorboard").exists()  # emptied: gone
+    assert said == [
+        f"run.overwrite=true: deleted the earlier run's metrics.jsonl, checkpoints/step_*, tensorboard/events.out."
+        f"tfevents.*, profile/update_step* in {tmp_path}; kept what no run wrote in checkpoints/, profile/"
+    ]
+    release_run_dir(tmp_path)
+
+
+def test_a_hand_written_config_yaml_with_the_runs_sections_is_kept_and_refused(tmp_path):
+    """The seventh catalogue's s25: a config.yaml written by hand in rlpost's sections (a comment,
+    a few keys) passed for a run's and was replaced. A run's starts with the header runs write; one
+    written before the header has every main section and no comment."""
+    own = "# tuned by hand\nrun: {seed: 3}\ntrainer: {total_steps: 50}\n"
+    (tmp_path / "config.yaml").write_text(own)
+    assert "holds a config.yaml that no rlpost run wrote" in refusal(cfg_in(tmp_path))
+    assert (tmp_path / "config.yaml").read_text() == own
+    (tmp_path / "config.yaml").write_text(to_yaml(load_config(["+recipe=quickstart"])))  # a run's, before the header
+    claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
+    assert (tmp_path / "config.yaml").read_text().startswith("# rlpost: this run's config, written by the run")
     release_run_dir(tmp_path)
 
 
