@@ -357,6 +357,10 @@ def cmd_doctor(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command itself (not a test calling main): a console that cannot end the run
+        from rlpost.console import steady_console
+
+        steady_console()
     argv = sys.argv[1:] if argv is None else argv
     commands = {
         "train": cmd_train,
@@ -366,8 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         "plot": cmd_plot,
         "doctor": cmd_doctor,
     }
+    if argv and argv[0] in ("-h", "--help", "help"):  # asked for: on stdout, exit 0
+        print(__doc__.strip())
+        return 0
     if not argv or argv[0] not in commands:
-        if argv and argv[0] not in ("-h", "--help", "help"):
+        if argv:
             print(f"rlpost: unknown command {argv[0]!r}; the commands are {', '.join(commands)}\n", file=sys.stderr)
         print(__doc__.strip(), file=sys.stderr)
         return 2

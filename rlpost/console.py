@@ -1,0 +1,53 @@
+"""The console of `rlpost` as a command: text it cannot encode is written escaped (an ASCII
+terminal, `PYTHONIOENCODING=ascii`), and a reader that goes away (`rlpost train ... | head`) does
+not end the run: the stream is pointed at /dev/null and the run goes on, its log and metrics in
+the run folder."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+class SteadyStream:
+    """`stream`, whose broken pipe (the reader quit) sends what follows to /dev/null, said once."""
+
+    def __init__(self, stream, name: str):
+        self._stream, self._name, self.gone = stream, name, False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        if self.gone:
+            return
+        self.gone = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # (what is still buffered goes there too, at exit as well)
+        os.close(devnull)
+        other = sys.stderr if self._name == "stdout" else None
+        if other is not None:
+            other.write(f"rlpost: the reader of its {self._name} went away (a closed pipe); the run goes on, its "
+                        "log and metrics in the run folder\n")  # fmt: skip
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def steady_console() -> None:
+    """Make `sys.stdout` and `sys.stderr` steady (`SteadyStream`, escaped text): for the command only."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+        setattr(sys, name, SteadyStream(stream, name))
