@@ -262,13 +262,27 @@ def reward_pool(cfg: TrainConfig) -> RewardPool:
         pool.load()
     except RuntimeError as e:
         pool.close()
-        raise not_loaded(r.fn, e) from None
+        raise not_loaded(r.fn, e, r.memory_mb) from None
     return pool
 
 
-def not_loaded(spec: str, error: RuntimeError) -> ConfigError:
-    """A reward worker could not build `reward.fn`: the file's own error is its message's last line."""
-    return ConfigError(f"reward.fn={spec!r} could not be loaded: {str(error).strip().splitlines()[-1]}")
+def not_loaded(spec: str, error: RuntimeError, memory_mb: int = 0) -> ConfigError:
+    """A reward worker could not build `reward.fn`: the file's own error, from the traceback's last
+    exception line on (numpy's ImportError goes on over several lines); under a memory cap an
+    import that fails for want of memory names `reward.memory_mb`."""
+    import re
+
+    lines = str(error).strip().splitlines()
+    named = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", line)]
+    why = " ".join(line.strip() for line in lines[named[-1] if named else -1 :] if line.strip())[:300]
+    starved = re.search(r"MemoryError|ImportError|can't start new thread|Cannot allocate memory", str(error))
+    cap = (
+        f" (under reward.memory_mb={memory_mb}, each reward worker's memory cap: one this low can stop the file's "
+        "imports; raise it, or 0 for none)"
+        if memory_mb and starved
+        else ""
+    )
+    return ConfigError(f"reward.fn={spec!r} could not be loaded: {why}{cap}")
 
 
 def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool: RewardPool | None = None) -> None:
@@ -289,7 +303,7 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool
     try:
         scores = pool.score([RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source)])
     except RuntimeError as e:
-        raise not_loaded(r.fn, e) from None
+        raise not_loaded(r.fn, e, r.memory_mb) from None
     finally:
         if own:
             pool.close()

@@ -96,8 +96,8 @@ def _call_one(fn: Callable, item, timeout_key: str) -> Result:
     except BadValue as e:
         _running = False
         return None, "bad_values", str(e)
-    except (Exception, SystemExit):  # noqa: BLE001  (user code: any failure is counted, with its traceback;
-        _running = False  # a sys.exit() ends the call, not the worker)
+    except (Exception, SystemExit, KeyboardInterrupt):  # noqa: BLE001  (user code: any failure is counted, with
+        _running = False  # its traceback; a sys.exit() or a KeyboardInterrupt it raises ends the call, not the worker)
         return None, "errors", traceback.format_exc(limit=-8)
     return value, "ok", ""
 
@@ -144,7 +144,7 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
 
     try:
         fn = setup()
-    except Exception:  # noqa: BLE001  (the user's module: the parent raises it, with the traceback)
+    except (Exception, SystemExit, KeyboardInterrupt):  # noqa: BLE001  (the user's module: the parent raises it)
         conn.send(traceback.format_exc(limit=-8))
         return
     conn.send("ready")

@@ -1,0 +1,44 @@
+"""The seventh catalogue of bad inputs (issue 39), tried by someone who did not write the code:
+what it found that the rules of the config (tests/config/test_config.py: s01, s20, s37, s38), the
+run folder (tests/controller/test_run_dir.py: s11, s12, s25) and the console (tests/test_console.py:
+s15, s19) do not already cover. Each is now a clear error, or counted as what it is."""
+
+from __future__ import annotations
+
+from rlpost.controller.setup import not_loaded
+from rlpost.rewards import RewardInput
+from rlpost.rewards.executor import RewardPool
+
+
+def test_a_reward_that_raises_a_keyboard_interrupt_is_an_error_of_the_sample_not_a_dead_worker(tmp_path):  # s07
+    """A KeyboardInterrupt raised by the function (not a signal: the workers ignore SIGINT) killed
+    its worker on every sample, printed a traceback each time and was called a crash."""
+    (tmp_path / "r.py").write_text(
+        "def reward(sample):\n    if sample.response == 'x':\n        raise KeyboardInterrupt('mine')\n    return 1.0\n"
+    )
+    pool = RewardPool(f"{tmp_path / 'r.py'}:reward", {}, 1, timeout_s=5, memory_mb=0, error_score=-1.0)
+    try:
+        pool.score([RewardInput("p", "1", "1", "x")])
+        worker = pool.pool.procs[0]
+        out = pool.score([RewardInput("p", r, "1", "x") for r in ("x", "1", "x", "1")])
+        assert pool.pool.procs[0] is worker and worker.is_alive()  # the same worker scored them all
+    finally:
+        pool.close()
+    assert out.scores == [-1.0, 1.0, -1.0, 1.0]
+    assert out.counts["errors"] == 2 and out.counts["crashes"] == 0
+    assert "KeyboardInterrupt: mine" in out.first_error
+
+
+def test_a_reward_file_that_cannot_load_says_its_whole_error_and_names_a_low_memory_cap():  # s82
+    numpy_like = RuntimeError(
+        'a reward worker could not start: Traceback (most recent call last):\n  File "r.py", line 1\n'
+        "ImportError: \n\nIMPORTANT: PLEASE READ THIS FOR ADVICE ON HOW TO SOLVE THIS ISSUE!\n"
+        "your python interpreter from there."
+    )
+    said = str(not_loaded("r.py:score", numpy_like, memory_mb=60))
+    assert said.startswith("reward.fn='r.py:score' could not be loaded: ImportError: IMPORTANT: PLEASE READ")
+    assert said.endswith("(under reward.memory_mb=60, each reward worker's memory cap: one this low can stop the "
+                         "file's imports; raise it, or 0 for none)")  # fmt: skip
+    plain = str(not_loaded("r.py:score", RuntimeError("Traceback ...\nNameError: name 'x' is not defined"), 60))
+    assert plain == "reward.fn='r.py:score' could not be loaded: NameError: name 'x' is not defined"
+    assert "reward.memory_mb" not in str(not_loaded("r.py:score", numpy_like, memory_mb=0))
