@@ -274,7 +274,7 @@ def not_loaded(spec: str, error: RuntimeError, memory_mb: int = 0) -> ConfigErro
 
     lines = str(error).strip().splitlines()
     named = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", line)]
-    why = " ".join(line.strip() for line in lines[named[-1] if named else -1 :] if line.strip())[:300]
+    why = " ".join(line.strip() for line in lines[named[-1] if named else -1 :] if line.strip())[:1000]
     starved = re.search(r"MemoryError|ImportError|can't start new thread|Cannot allocate memory", str(error))
     cap = (
         f" (under reward.memory_mb={memory_mb}, each reward worker's memory cap: one this low can stop the file's "
