@@ -5,6 +5,8 @@ s15, s19) do not already cover. Each is now a clear error, or counted as what it
 
 from __future__ import annotations
 
+import pytest
+
 from rlpost.controller.setup import not_loaded
 from rlpost.rewards import RewardInput
 from rlpost.rewards.executor import RewardPool
@@ -42,3 +44,49 @@ def test_a_reward_file_that_cannot_load_says_its_whole_error_and_names_a_low_mem
     plain = str(not_loaded("r.py:score", RuntimeError("Traceback ...\nNameError: name 'x' is not defined"), 60))
     assert plain == "reward.fn='r.py:score' could not be loaded: NameError: name 'x' is not defined"
     assert "reward.memory_mb" not in str(not_loaded("r.py:score", numpy_like, memory_mb=0))
+
+
+def test_a_temporary_folder_too_long_for_rays_sockets_is_refused_before_ray_starts(tmp_path, monkeypatch):  # s17
+    import tempfile
+
+    from rlpost.config import ConfigError
+    from rlpost.controller.cluster import check_ray_can_start
+
+    long = tmp_path / ("t" * 90)
+    long.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long))
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (gettempdir keeps what it found first)
+    with pytest.raises(ConfigError, match=r"the temporary folder '.*ttt' \(TMPDIR\) is too long for Ray: its sockets'"):
+        check_ray_can_start()
+    monkeypatch.setenv("RAY_TMPDIR", "/tmp")  # Ray's own folder, short: fine
+    check_ray_can_start()
+
+
+def test_a_full_disk_leaves_no_half_row_and_names_the_file(tmp_path, monkeypatch):  # s32
+    """At a full disk the run ended in three chained tracebacks, naming no file, and left its last
+    metrics row cut mid-line (which a resume then called a row no run wrote)."""
+    import errno
+    import os
+
+    from rlpost.metrics.trackers import JsonlTracker, TrackerError
+
+    tracker = JsonlTracker(tmp_path)
+    tracker.log({"reward/mean": 0.5}, 1)
+    real = os.write
+
+    def half_then_full(fd, data):
+        real(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(TrackerError) as info:
+        tracker.log({"reward/mean": 0.75}, 2)
+    monkeypatch.setattr(os, "write", real)
+    tracker.close()
+    tracker.close()  # twice: (the run's finally) nothing to raise
+    assert str(info.value) == (
+        f"cannot write step 2's row to {tmp_path / 'metrics.jsonl'} (No space left on device): free space there (or "
+        "choose another run.dir) and go on from the newest checkpoint with trainer.resume=auto"
+    )
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "reward/mean": 0.5}\n'

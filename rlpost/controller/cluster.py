@@ -107,8 +107,8 @@ def init_ray(**kwargs) -> None:
 
 def check_ray_can_start() -> None:
     """What stops a local Ray from starting, said before it tries (its own errors come late, from
-    its processes): a home folder it cannot write `~/.ray` into, and warnings made errors, which
-    end Ray's own processes as they start."""
+    its processes): a home folder it cannot write `~/.ray` into, warnings made errors, which end
+    Ray's own processes as they start, and a temporary folder too long for its sockets' paths."""
     from rlpost.config import ConfigError
 
     home = Path.home()
@@ -121,6 +121,19 @@ def check_ray_can_start() -> None:
             "processes, which then cannot start: unset it, or make errors of your modules' warnings only "
             "(error::Category:module)"
         )
+    import tempfile
+
+    root = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()  # Ray's sessions and their sockets go there
+    socket_path = f"{root}/ray/session_2026-01-01_00-00-00_000000_{os.getpid()}/sockets/plasma_store"
+    if len(socket_path.encode()) > SOCKET_PATH_MAX:
+        raise ConfigError(
+            f"the temporary folder {root!r} (TMPDIR) is too long for Ray: its sockets' paths would be "
+            f"{len(socket_path.encode())} bytes, over the {SOCKET_PATH_MAX} a socket path may have; set TMPDIR "
+            "(or RAY_TMPDIR) to a shorter folder, e.g. /tmp"
+        )
+
+
+SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket path (Linux), which Ray checks as it starts
 
 
 def visible_gpus() -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -28,15 +29,42 @@ CONSOLE_KEYS = (
 
 class JsonlTracker:
     def __init__(self, run_dir: Path):
-        self.file = open(run_dir / "metrics.jsonl", "a")
+        self.file = RowFile(run_dir / "metrics.jsonl")
 
     def log(self, metrics: dict, step: int) -> None:
         clean = {k: (v if isinstance(v, (int, str)) or math.isfinite(v) else None) for k, v in metrics.items()}
-        self.file.write(json.dumps({"step": step, **clean}) + "\n")
-        self.file.flush()
+        self.file.append(json.dumps({"step": step, **clean}) + "\n", step)
 
     def close(self) -> None:
         self.file.close()
+
+
+class RowFile:
+    """A log of JSON rows, each appended whole or not at all: a full disk (or a lost folder) leaves
+    no half row behind, and stops the run naming the file (each row is one unbuffered write)."""
+
+    def __init__(self, path: Path):
+        self.path, self.fd = path, os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def append(self, line: str, step: int) -> None:
+        data, end = line.encode(), os.fstat(self.fd).st_size
+        try:
+            while data:
+                data = data[os.write(self.fd, data) :]
+        except OSError as e:
+            try:
+                os.ftruncate(self.fd, end)  # the part that fit goes too
+            except OSError:
+                pass
+            raise TrackerError(
+                f"cannot write step {step}'s row to {self.path} ({e.strerror}): free space there (or choose another "
+                "run.dir) and go on from the newest checkpoint with trainer.resume=auto"
+            ) from None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def trim_logs(run_dir: Path, step: int) -> None:
@@ -67,11 +95,11 @@ class SampleLog:
         """`rows`: the step's prompts (`prompt_text`), each sampled `n` times: response i is row i // n's."""
         if not self.per_step:
             return
-        self.file = self.file or open(self.path, "a")
+        self.file = self.file or RowFile(self.path)
         for i, (response, reward) in enumerate(list(zip(responses, rewards))[: self.per_step]):
             prompt = rows[i // n].prompt_text
-            self.file.write(json.dumps({"step": step, "prompt": prompt, "response": response, "reward": reward}) + "\n")
-        self.file.flush()
+            row = json.dumps({"step": step, "prompt": prompt, "response": response, "reward": reward})
+            self.file.append(row + "\n", step)
 
     def close(self) -> None:
         if self.file:
