@@ -222,6 +222,8 @@ def cmd_export(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if sum(a == "--step" or a.startswith("--step=") for a in argv) > 1:
         parser.error("--step given more than once: give the one checkpoint step to export")
+    from safetensors import SafetensorError
+
     from rlpost.config import ConfigError
     from rlpost.controller.checkpoint import export
 
@@ -230,6 +232,10 @@ def cmd_export(argv: list[str]) -> int:
     except (FileNotFoundError, FileExistsError, ConfigError, ValueError) as e:
         print(f"rlpost export: {e}", file=sys.stderr)
         return 2
+    except (OSError, SafetensorError) as e:  # a full disk, no permission: the half-made folder is gone
+        why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1][:200]
+        print(f"rlpost export: cannot write {args.out} ({why}): free space, or give another --out", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -90,3 +90,24 @@ def test_a_full_disk_leaves_no_half_row_and_names_the_file(tmp_path, monkeypatch
         "choose another run.dir) and go on from the newest checkpoint with trainer.resume=auto"
     )
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1, "reward/mean": 0.5}\n'
+
+
+def test_an_export_that_does_not_fit_names_the_folder_and_leaves_nothing(tmp_path, monkeypatch, capsys):  # s79
+    from safetensors import SafetensorError
+
+    from rlpost.cli import main
+    from rlpost.controller import checkpoint
+
+    def full(*args, **kwargs):
+        (tmp_path / "out" / "model.safetensors").write_text("half")
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                              "\"No space left on device\" })")  # fmt: skip
+
+    monkeypatch.setattr(checkpoint, "run_config", lambda run_dir: None)
+    monkeypatch.setattr(checkpoint, "select", lambda run_dir, step, log: run_dir)
+    monkeypatch.setattr(checkpoint, "check_base_model", lambda cfg, run_dir: None)
+    monkeypatch.setattr(checkpoint, "write_export", full)
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "out"), "--dtype", "float32"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"rlpost export: cannot write {tmp_path / 'out'} (Error while serializing: IoError(Os")
+    assert err.endswith("): free space, or give another --out\n") and not (tmp_path / "out").exists()
