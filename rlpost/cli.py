@@ -74,6 +74,12 @@ def train_sweep(overrides: list[str], show_config: bool) -> int:
 
     try:
         jobs = sweep_jobs(overrides)
+        dirs = sorted({o for job in jobs for o in job if o.startswith("run.dir=")})
+        if len(dirs) > 1:  # each job would take the first's folder
+            raise ConfigError(
+                f"run.dir is swept ({', '.join(d.split('=', 1)[1] for d in dirs)}): a sweep's runs go into numbered "
+                "folders under one run.dir; give one, and sweep other keys"
+            )
         folder = sweep_folder(compose(jobs[0]).run.dir)
     except ConfigError as e:
         print(f"rlpost: config error: {e}", file=sys.stderr)

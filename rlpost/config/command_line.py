@@ -45,6 +45,12 @@ def parse_train_args(argv: list[str]) -> TrainArgs:
                 f"unknown option {word!r} for `rlpost train`: it takes Hydra overrides (key=value, "
                 f"+recipe=NAME) and {', '.join(FLAGS)}; see `rlpost train --help`"
             )
+        elif word.lstrip("+~").startswith("hydra."):
+            key = word.lstrip("+~").partition("=")[0]
+            raise ConfigError(
+                f"{key}: rlpost composes its config without Hydra's app, so Hydra's own settings are not used; "
+                "the run folder is run.dir=PATH (a sweep's runs go into numbered folders under it)"
+            )
         else:
             args.overrides.append(word)
     return args

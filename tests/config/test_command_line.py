@@ -92,3 +92,14 @@ def test_multirun_with_cfg_job_prints_each_job(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("# job ") == 2 and "seed: 3" in out and "seed: 4" in out
     assert not (tmp_path / "multirun.yaml").exists()
+
+
+def test_hydras_own_settings_and_a_swept_run_dir_are_refused_by_name(tmp_path, capsys):
+    """The seventh catalogue's s03 and s46: `hydra.run.dir=...` was taken and dropped (the run went
+    to runs/<date>), and `-m run.dir=a,b` put both jobs under a/."""
+    assert cli.main(["train", "+recipe=quickstart", f"hydra.run.dir={tmp_path}"]) == 2
+    assert "hydra.run.dir: rlpost composes its config without Hydra's app" in capsys.readouterr().err
+    assert cli.main(["train", "-m", "--cfg", "job", "+recipe=quickstart", f"run.dir={tmp_path}/a,{tmp_path}/b"]) == 2
+    err = capsys.readouterr().err
+    assert f"run.dir is swept ({tmp_path}/a, {tmp_path}/b): a sweep's runs go into numbered folders" in err
+    assert not any(tmp_path.iterdir())
