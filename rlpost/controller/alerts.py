@@ -66,6 +66,13 @@ def setting_warnings(cfg: TrainConfig) -> list[str]:
                 f"(trainer.total_steps x algo.ppo_epochs x mini-batches a batch): the learning rate never reaches "
                 f"{name}.optim.lr={o.lr:g}{decay}"
             )
+    if "critic" in ALGORITHMS.get(cfg.algo.name).roles and cfg.critic.warmup_steps >= cfg.trainer.total_steps:
+        out.append(
+            f"warning: critic.warmup_steps={cfg.critic.warmup_steps} is not below trainer.total_steps="
+            f"{cfg.trainer.total_steps}: only the critic trains in this run, the policy never does"
+        )
+    if cfg.trainer.optim.lr == 0:
+        out.append("warning: trainer.optim.lr=0: the policy's weights never change (it measures; it does not train)")
     longest, budget = (
         cfg.data.max_prompt_length + cfg.rollout.max_response_length,
         cfg.trainer.max_tokens_per_microbatch,

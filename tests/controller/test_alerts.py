@@ -119,7 +119,7 @@ def test_a_warmup_as_long_as_the_run_is_said_and_a_cosine_decay_with_it():
 
 def test_the_critics_warmup_is_checked_only_where_the_algorithm_has_a_critic():
     # PPO: 2 steps x 1 epoch x (64 // 16) mini-batches = 8 optimizer steps
-    ppo = ["+recipe=ppo", "trainer.total_steps=2", "trainer.optim.warmup_steps=0", "critic.optim.lr=0.5"]
+    ppo = ["+recipe=ppo", "trainer.total_steps=2", "trainer.optim.warmup_steps=0", "critic.optim.lr=0.5", "critic.warmup_steps=1"]
     cfg = load_config([*ppo, "critic.optim.warmup_steps=8", "critic.optim.lr_schedule=constant"], this_machine=False)
     assert setting_warnings(cfg) == [warmup_warning("critic", 8, 8, 0.5, "")]
     assert setting_warnings(load_config([*ppo, "critic.optim.warmup_steps=7"], this_machine=False)) == []
@@ -135,3 +135,21 @@ def test_a_microbatch_budget_warns_only_below_one_sequence():
     one = load_config([*lengths, "trainer.max_tokens_per_microbatch=1"], this_machine=False)
     [said] = setting_warnings(one)
     assert said.startswith("warning: trainer.max_tokens_per_microbatch=1 is below one sequence's 32 tokens ")
+
+
+def test_a_critic_warmup_as_long_as_the_run_and_a_zero_learning_rate_are_said():
+    """The seventh catalogue's s36 and s35: PPO whose critic warms up for the whole run, and a
+    learning rate of 0, trained nothing without a word."""
+    ppo = ["+recipe=ppo", "trainer.total_steps=3"]
+    said = setting_warnings(load_config([*ppo, "critic.warmup_steps=3"], this_machine=False))
+    assert said == [
+        "warning: critic.warmup_steps=3 is not below trainer.total_steps=3: only the critic trains in this run, "
+        "the policy never does"
+    ]
+    assert setting_warnings(load_config([*ppo, "critic.warmup_steps=2"], this_machine=False)) == []
+    grpo = load_config(["+recipe=quickstart", "critic.warmup_steps=99"], this_machine=False)  # no critic: nothing
+    assert setting_warnings(grpo) == []
+    frozen = load_config(["+recipe=quickstart", "trainer.optim.lr=0"], this_machine=False)
+    assert "warning: trainer.optim.lr=0: the policy's weights never change (it measures; it does not train)" in (
+        setting_warnings(frozen)
+    )
