@@ -111,3 +111,18 @@ def test_an_export_that_does_not_fit_names_the_folder_and_leaves_nothing(tmp_pat
     err = capsys.readouterr().err
     assert err.startswith(f"rlpost export: cannot write {tmp_path / 'out'} (Error while serializing: IoError(Os")
     assert err.endswith("): free space, or give another --out\n") and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "rows, said",
+    [
+        ('{"step": 1, "reward/mean": "abc"}\n', "step 1's reward/mean is 'abc', not a number: not plotted"),
+        ('{"step": 1, "reward/mean": 0.5}\n{"step": 2, "timing_s/gen": true}\n', "step 2's timing_s/gen is True"),
+    ],
+)
+def test_plot_refuses_rows_no_run_wrote(tmp_path, rows, said, capsys):  # s27
+    from rlpost.cli import main
+
+    (tmp_path / "metrics.jsonl").write_text(rows)
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 2
+    assert said in capsys.readouterr().err and not (tmp_path / "c.png").exists()

@@ -70,8 +70,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> tupl
     dirs = [Path(d) for d in run_dirs]
     runs = [read_metrics(d) for d in dirs]
     for d, rows in zip(dirs, runs):
-        if not any(r.get("step", 0) >= 1 for r in rows):
-            raise ValueError(f"{d / 'metrics.jsonl'} has no trained step yet: nothing to plot for {d}")
+        check_plottable(d / "metrics.jsonl", rows)
     names = _names(dirs)
     titles = [title for title, _ in RUN_PANELS] + [PHASE_PANEL]
     fig, axes = _grid(plt, len(titles))
@@ -102,6 +101,18 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> tupl
     out = Path(out) if out else dirs[0] / ("curves.png" if len(dirs) == 1 else "compare.png")
     _save(fig, plt, out, titles)
     return out, titles
+
+
+def check_plottable(path: Path, rows: list[dict]) -> None:
+    """Rows a run wrote (`read_metrics`: one a step): a trained step at least, and numbers (or null)
+    where the panels read; else the file is named (a text value drew a text axis)."""
+    if not any(r.get("step", 0) >= 1 for r in rows):
+        raise ValueError(f"{path} has no trained step yet: nothing to plot for {path.parent}")
+    keys = [key for _, key in RUN_PANELS] + [f"timing_s/{p}" for p in PHASES]
+    for r in rows:
+        odd = [k for k in keys if r.get(k) is not None and (type(r[k]) is bool or not isinstance(r[k], (int, float)))]
+        if odd:
+            raise ValueError(f"{path}: step {r.get('step')}'s {odd[0]} is {r[odd[0]]!r}, not a number: not plotted")
 
 
 def _dress(ax, title: str, xlabel: str, legend: bool) -> None:
