@@ -183,8 +183,13 @@ def cmd_data(argv: list[str]) -> int:
     from rlpost.data.tasks import task_rows, write_jsonl
 
     flags = {"arithmetic_digits": args.digits, "val_size": args.num_val}
+    given = {o.lstrip("+").partition("=")[0]: o for o in overrides}
     overrides = [f"data.task={args.task}", *overrides] + [f"data.{k}={v}" for k, v in flags.items() if v is not None]
     try:
+        both = [(k, v) for k, v in flags.items() if v is not None and f"data.{k}" in given]
+        if both:  # (the option's value was taken and the key dropped without a word)
+            key, value = both[0]
+            raise ConfigError(f"data.{key} given twice, as {given[f'data.{key}']} and by its option ({value}): one")
         if any(not o.lstrip("+").startswith("data.") for o in overrides):
             raise ConfigError(f"rlpost data takes data.KEY=VALUE settings only, got {overrides[1:]}")
         cfg = compose(overrides)
@@ -344,19 +349,8 @@ def cmd_doctor(argv: list[str]) -> int:
         return 0
     import importlib
 
-    for name in (
-        "torch",
-        "transformers",
-        "ray",
-        "hydra",
-        "omegaconf",
-        "peft",
-        "datasets",
-        "vllm",
-        "flash_attn",
-        "wandb",
-        "tensorboard",
-    ):
+    packages = "torch transformers ray hydra omegaconf peft datasets vllm flash_attn wandb tensorboard"
+    for name in packages.split():
         try:
             module = importlib.import_module(name)
             print(f"{name:14s} {getattr(module, '__version__', '?')}")

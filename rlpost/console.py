@@ -37,8 +37,8 @@ class SteadyStream:
         os.close(devnull)
         other = sys.stderr if self._name == "stdout" else None
         if other is not None:
-            other.write(f"rlpost: the reader of its {self._name} went away (a closed pipe); the run goes on, its "
-                        "log and metrics in the run folder\n")  # fmt: skip
+            other.write(f"\nrlpost: the reader of its {self._name} went away (a closed pipe): what it prints there is "
+                        "dropped; a run goes on, its log and metrics in its folder\n")  # fmt: skip
 
     def __getattr__(self, name):
         return getattr(self._stream, name)

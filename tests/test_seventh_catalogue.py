@@ -126,3 +126,14 @@ def test_plot_refuses_rows_no_run_wrote(tmp_path, rows, said, capsys):  # s27
     (tmp_path / "metrics.jsonl").write_text(rows)
     assert main(["plot", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 2
     assert said in capsys.readouterr().err and not (tmp_path / "c.png").exists()
+
+
+def test_rlpost_data_refuses_an_option_and_its_key_given_both(tmp_path, capsys):  # s29
+    from rlpost.cli import main
+
+    argv = ["data", "arithmetic", "--out", str(tmp_path / "d"), "--digits", "1", "data.arithmetic_digits=2"]
+    assert main(argv) == 2
+    assert "data.arithmetic_digits given twice, as data.arithmetic_digits=2 and by its option (1): one" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "d").exists()
