@@ -6,6 +6,7 @@ s15, s19) do not already cover. Each is now a clear error, or counted as what it
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rlpost.controller.setup import not_loaded
 from rlpost.rewards import RewardInput
@@ -137,3 +138,23 @@ def test_rlpost_data_refuses_an_option_and_its_key_given_both(tmp_path, capsys):
         capsys.readouterr().err
     )
     assert not (tmp_path / "d").exists()
+
+
+def test_the_hf_rollout_samples_as_rlpost_says_whatever_the_folders_generation_config(tmp_path):  # s23
+    """A model folder whose generation_config.json set a repetition penalty and banned repeated
+    tokens: the hf rollout applied them and the trainer did not (a log-prob gap of 1.6-1.9 nats,
+    accuracy 0.85 -> 0.26). The rollout's log-probs are the model's own again."""
+    import json
+
+    from rlpost.rollout.base import SamplingParams
+    from rlpost.rollout.hf import HFRolloutEngine
+    from tests.helpers import reference_logprobs, save_tiny_model
+
+    model, tok = save_tiny_model(tmp_path)
+    config = json.loads((tmp_path / "generation_config.json").read_text())
+    config.update({"repetition_penalty": 5.0, "no_repeat_ngram_size": 1, "min_new_tokens": 6})
+    (tmp_path / "generation_config.json").write_text(json.dumps(config))
+    engine = HFRolloutEngine(str(tmp_path), "float32", "cpu", tok.pad_token_id, tok.eos_token_id, batch_size=8)
+    batch = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=0))
+    expected = reference_logprobs(model, batch) * batch["response_mask"]
+    torch.testing.assert_close(batch["rollout_logprobs"], expected, rtol=0, atol=1e-4)

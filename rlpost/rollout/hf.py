@@ -69,6 +69,13 @@ class HFRolloutEngine:
             self.params = dict(model.named_parameters())
         self.model = model.to(self.device)
         self.model.eval().requires_grad_(False)
+        # what is sampled is rlpost's alone (`SamplingParams`): a folder's generation_config.json (a repetition
+        # penalty, banned n-grams, a minimum length) would change the rollout's distribution, not the trainer's
+        from transformers import GenerationConfig
+
+        self.model.generation_config = GenerationConfig(
+            bos_token_id=model.config.bos_token_id, eos_token_id=eos_id, pad_token_id=pad_id
+        )
         self.pad_id, self.eos_id, self.batch_size = pad_id, eos_id, batch_size
         self.weight_version = 0
         self.pauser = Pauser()
