@@ -92,6 +92,13 @@ def test_one_skipped_optimizer_step_of_the_actor_is_said_in_full():
         "gradient norm was not finite, so it did not train; rewards or values too large for float32 (above about "
         "1e19) overflow its loss: scale the reward down"
     }
+    far = no_signal(cfg, 4, {**LEARNS, "actor/skipped_steps": 1.0, "rollout/logprob_diff_mean": 1.58})
+    assert far["skipped_actor"].endswith(  # the seventh catalogue's s23: the reward was blamed for this
+        "so it did not train; the rollout's log-probs are 1.58 nats a token from the trainer's "
+        "(rollout/logprob_diff_mean): the two do not hold the same model or sample the same distribution"
+    )
+    near = no_signal(cfg, 4, {**LEARNS, "actor/skipped_steps": 1.0, "rollout/logprob_diff_mean": 0.5})
+    assert near == found
     short = load_config(["+recipe=quickstart", "rollout.max_response_length=7"], this_machine=False)
     cut = no_signal(short, 4, {**LEARNS, "response_length/truncated_frac": 1.0})
     assert cut["truncated"] == (
