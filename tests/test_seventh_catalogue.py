@@ -158,3 +158,23 @@ def test_the_hf_rollout_samples_as_rlpost_says_whatever_the_folders_generation_c
     batch = engine.generate([[1, 2, 3], [4, 5]], SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=0))
     expected = reference_logprobs(model, batch) * batch["response_mask"]
     torch.testing.assert_close(batch["rollout_logprobs"], expected, rtol=0, atol=1e-4)
+
+
+def test_a_resume_on_other_training_rows_is_refused_by_name():  # s58
+    """A training file rewritten with other rows resumed at the old run's place in the data, which
+    counts rows that are not there, without a word."""
+    from rlpost.data.dataset import DataError, PromptLoader, PromptRow
+
+    rows = [PromptRow([i], f"{i}+1=", str(i + 1), "x") for i in range(12)]
+    loader = PromptLoader(rows, 4, seed=0)
+    next(loader)
+    state = loader.state_dict()
+    same = PromptLoader(list(rows), 4, seed=0)
+    same.load_state_dict(state)  # the same rows: resumes
+    assert (same.epoch, same.position) == (0, 4)
+    changed = PromptLoader([*rows[:11], PromptRow([99], "11+1=", "13", "x")], 4, seed=0)  # one answer changed
+    with pytest.raises(DataError, match=r"^the training rows are not those the checkpoint's run trained on \(12 rows "):
+        changed.load_state_dict(state)
+    old = {"epoch": 0, "position": 4}  # a checkpoint from before the fingerprint: taken as it is
+    changed.load_state_dict(old)
+    assert changed.position == 4

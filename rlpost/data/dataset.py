@@ -355,8 +355,28 @@ class PromptLoader:
         return [self.rows[i] for i in idx]
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
+        rows = {"rows": len(self.rows), "fingerprint": self.fingerprint()}
+        return {"epoch": self.epoch, "position": self.position, **rows}
 
     def load_state_dict(self, state: dict) -> None:
+        """The place in the data where a checkpoint's run stopped; it counts that run's rows, so other
+        rows (a file rewritten, other data settings) are refused, not trained from a place that means
+        nothing for them (checkpoints from before the fingerprint are taken as they are)."""
+        if state.get("fingerprint", self.fingerprint()) != self.fingerprint():
+            raise DataError(
+                f"the training rows are not those the checkpoint's run trained on ({state['rows']} rows then, "
+                f"{len(self.rows)} now, other prompts or answers): its place in them (epoch {state['epoch']}, row "
+                f"{state['position']}) counts the old rows; resume with the same data.train_files and data settings, "
+                "or start a new run"
+            )
         self.epoch, self.position = state["epoch"], state["position"]
         self._order = self._epoch_order()
+
+    def fingerprint(self) -> str:
+        """The rows' prompts and answers, in order, hashed."""
+        import hashlib
+
+        digest = hashlib.sha1()
+        for row in self.rows:
+            digest.update(repr((getattr(row, "prompt_text", row), getattr(row, "ground_truth", None))).encode())
+        return digest.hexdigest()
