@@ -178,3 +178,14 @@ def test_a_resume_on_other_training_rows_is_refused_by_name():  # s58
     old = {"epoch": 0, "position": 4}  # a checkpoint from before the fingerprint: taken as it is
     changed.load_state_dict(old)
     assert changed.position == 4
+
+
+def test_a_run_folder_deleted_under_the_run_stops_it_by_name(tmp_path):  # s69
+    from rlpost.controller.checkpoint import CheckpointError
+    from rlpost.controller.progress import check_run_folder
+
+    (tmp_path / "config.yaml").write_text("run: {}\n")
+    check_run_folder(tmp_path, 4)
+    (tmp_path / "config.yaml").unlink()
+    with pytest.raises(CheckpointError, match=rf"^the run folder {tmp_path} \(its config.yaml\) is gone, deleted"):
+        check_run_folder(tmp_path, 4)

@@ -64,6 +64,7 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
         pending = first if c.step > 0 else {}
         val_acc = first.get("val/accuracy")  # the bar shows the newest
         while c.step < cfg.trainer.total_steps and stop.signal is None:
+            check_run_folder(c.run_dir, c.step)
             metrics, pending = {**pending, **timed_step(c)}, {}
             trackers.log(metrics, c.step)
             alerts.check(c.step, metrics)  # a step that could not learn is said at once
@@ -79,6 +80,18 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
         trackers.close()
     c.report()
     return c.run_dir
+
+
+def check_run_folder(run_dir: Path, step: int) -> None:
+    """The run's folder (its config.yaml) must still be there: one deleted under a run made it write
+    its later checkpoints into a new folder no command could read, and end with exit 0."""
+    from rlpost.controller.checkpoint import CheckpointError
+
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(
+            f"the run folder {run_dir} (its config.yaml) is gone, deleted after step {step} while the run trained: "
+            "stopped, as nothing it keeps there could be read again; start the run again in a folder that stays"
+        )
 
 
 def timed_step(c) -> dict[str, float]:

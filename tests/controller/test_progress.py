@@ -5,6 +5,7 @@ a resumed run's memory row replaced the saved step's metrics)."""
 
 import io
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -32,6 +33,8 @@ class FakeController:
             ]  # fmt: skip
         )
         self.step, self.run_dir, self.model_path = step, run_dir, str(run_dir)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "config.yaml").write_text("run: {}\n")  # (the run's, as claim_run_dir writes it)
         self.algorithm = SimpleNamespace(name="grpo")
         memory = [{"rollout/gpu_used_gb": 5.0}]
         self.workers = SimpleNamespace(rollouts=SimpleNamespace(call=lambda method: memory))
@@ -49,6 +52,25 @@ def test_a_new_run_logs_the_engines_memory_at_step_0(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert rows[0] == {"step": 0, "rollout/gpu_used_gb": 5.0}
     assert [r["reward/mean"] for r in rows[1:]] == [1.0, 2.0, 3.0]
+
+
+def test_a_run_folder_deleted_while_the_run_trains_stops_it_before_the_next_step(tmp_path):
+    """The seventh catalogue's s69: the run went on into a new folder (checkpoints without a
+    config.yaml, which nothing could read again) and exited 0."""
+    from rlpost.controller.checkpoint import CheckpointError
+
+    c = FakeController(tmp_path, 0)
+    step = c.train_step
+
+    def then_deleted():
+        if c.step == 1:
+            (tmp_path / "config.yaml").unlink()
+        return step()
+
+    c.train_step = then_deleted
+    with pytest.raises(CheckpointError, match="is gone, deleted after step 2 while the run trained"):
+        run_steps(c)
+    assert c.step == 2
 
 
 def test_a_resumed_run_logs_them_with_its_first_new_step(tmp_path):
