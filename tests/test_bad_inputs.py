@@ -261,8 +261,8 @@ def test_a_batch_still_scoring_says_so_while_it_waits(tmp_path):
         pool.close()
     assert out.counts["timeouts"] == 6 and said
     assert said[0] == (
-        "reward: 6 of 6 items not scored after 1 s (reward.timeout_s=0.5 each; a function that hangs costs 3 of "
-        "them a worker)"
+        "reward: 1 of 1 workers still scoring their share (6 of 6 items) after 1 s (reward.timeout_s=0.5 each; a "
+        "function that hangs costs 3 of them a worker)"
     )
 
 

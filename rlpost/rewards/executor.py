@@ -285,11 +285,11 @@ class WorkerPool:
         report = start + self.report_s
         while waiting:
             if time.monotonic() >= report:
-                left = sum(len(chunk) for _, chunk, _ in waiting.values())
-                took = time.monotonic() - start
-                self.log(
-                    f"{self.name}: {left} of {len(items)} items not scored after {took:.0f} s ({self.timeout_key}="
-                    f"{timeout_s:g} each; a function that hangs costs {HANGS_AFTER} of them a worker)"
+                left, took = sum(len(chunk) for _, chunk, _ in waiting.values()), time.monotonic() - start
+                self.log(  # (a worker sends its share back whole: how much of it is done is not known here)
+                    f"{self.name}: {len(waiting)} of {k} workers still scoring their share ({left} of {len(items)} "
+                    f"items) after {took:.0f} s ({self.timeout_key}={timeout_s:g} each; a function that hangs costs "
+                    f"{HANGS_AFTER} of them a worker)"
                 )
                 report += self.report_s
             deadline = min(min(d for *_, d in waiting.values()), report)

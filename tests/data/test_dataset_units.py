@@ -173,9 +173,10 @@ def test_a_hub_id_is_loaded_with_its_split_or_train(monkeypatch):
 
 def test_a_loader_holding_exactly_one_batch_serves_it_every_epoch():
     loader = PromptLoader(list("abcd"), 4, seed=0)
-    assert loader.state_dict() == {"epoch": 0, "position": 0}
-    assert sorted(next(loader)) == list("abcd") and loader.state_dict() == {"epoch": 0, "position": 4}
-    assert sorted(next(loader)) == list("abcd") and loader.state_dict() == {"epoch": 1, "position": 4}
+    place = lambda: {k: loader.state_dict()[k] for k in ("epoch", "position")}  # noqa: E731
+    assert place() == {"epoch": 0, "position": 0}
+    assert sorted(next(loader)) == list("abcd") and place() == {"epoch": 0, "position": 4}
+    assert sorted(next(loader)) == list("abcd") and place() == {"epoch": 1, "position": 4}
 
 
 def test_the_shuffled_order_of_a_seed_is_fixed_across_versions():
