@@ -24,7 +24,7 @@ from rlpost.controller.checkpoint import check_resume
 
 LOCK = "run.lock"
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png")  # what a run writes, with checkpoints/
-RUN_TREES = {"checkpoints": "step_*", "tensorboard": "events.out.tfevents.*", "profile": "update_step*"}  # and in these
+RUN_TREES = {"checkpoints": "*step_*", "tensorboard": "events.out.tfevents.*", "profile": "update_step*"}  # and these
 HEADER = "# rlpost: this run's config, written by the run (a new run in this folder replaces it)\n"
 
 
@@ -132,7 +132,7 @@ def _delete_run(run_dir: Path, log) -> None:
         (run_dir / name).unlink()
     kept = []
     for folder, pattern in RUN_TREES.items():
-        made = sorted((run_dir / folder).glob(pattern))
+        made = [entry for entry in sorted((run_dir / folder).glob(pattern)) if written_by_a_run(folder, entry)]
         for entry in made:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         gone += [f"{folder}/{pattern}"] if made else []
@@ -143,6 +143,15 @@ def _delete_run(run_dir: Path, log) -> None:
                 (run_dir / folder).rmdir()
     also = f"; kept what no run wrote in {', '.join(f'{k}/' for k in kept)}" if kept else ""
     log(f"run.overwrite=true: deleted the earlier run's {', '.join(gone) or 'files'} in {run_dir}{also}")
+
+
+def written_by_a_run(folder: str, entry: Path) -> bool:
+    """A checkpoint is a run's when it holds the controller's state (`step_N/controller.pt`), or is
+    one being written (`.tmp_step_N`); anything else in checkpoints/ (an export put there) is not."""
+    if folder != "checkpoints":
+        return True
+    checkpoint = entry.name.startswith("step_") and (entry / "controller.pt").exists()
+    return checkpoint or entry.name.startswith(".tmp_step_")
 
 
 def _lock(run_dir: Path, log) -> None:

@@ -33,6 +33,7 @@ def earlier_run(run_dir):
     """What a run that got to step 2 leaves: its config, metrics, a checkpoint, a file of the user's."""
     run_config(run_dir)
     (run_dir / "checkpoints" / "step_2").mkdir(parents=True)
+    (run_dir / "checkpoints" / "step_2" / "controller.pt").write_bytes(b"")  # what makes it a run's checkpoint
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n')
     (run_dir / "notes.txt").write_text("mine")
 
@@ -233,17 +234,18 @@ def test_overwrite_deletes_the_runs_checkpoints_events_and_profiles_and_keeps_a_
         "tensorboard/events.out.tfevents.1.vm.1.0",
         "profile/update_step2_rank0.txt",
     ]
-    mine = ["checkpoints/NOTES.txt", "profile/my_trace.json"]
+    mine = ["checkpoints/NOTES.txt", "profile/my_trace.json", "checkpoints/step_99/model.safetensors"]  # an export
     for name in made + mine:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
     said = []
     claim_run_dir(cfg_in(tmp_path, "run.overwrite=true"), log=said.append)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    assert left == ["checkpoints/NOTES.txt", "config.yaml", "profile/my_trace.json", LOCK]
+    assert left == ["checkpoints/NOTES.txt", "checkpoints/step_99/model.safetensors", "config.yaml",
+                    "profile/my_trace.json", LOCK]  # fmt: skip
     assert not (tmp_path / "tensorboard").exists()  # emptied: gone
     assert said == [
-        f"run.overwrite=true: deleted the earlier run's metrics.jsonl, checkpoints/step_*, tensorboard/events.out."
+        f"run.overwrite=true: deleted the earlier run's metrics.jsonl, checkpoints/*step_*, tensorboard/events.out."
         f"tfevents.*, profile/update_step* in {tmp_path}; kept what no run wrote in checkpoints/, profile/"
     ]
     release_run_dir(tmp_path)
