@@ -162,3 +162,19 @@ def test_a_run_folder_given_as_the_checkpoint_to_resume_says_which_to_give(tmp_p
     (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=r"\(no controller.pt\) \(a run folder: trainer.resume=auto with run"):
         find(tmp_path, str(tmp_path), log=lambda *_: None)
+
+
+def test_an_async_run_resumed_as_a_synchronous_one_is_refused(tmp_path):
+    """The eighth catalogue's e52: the batches an async run had drawn ahead are in its checkpoint,
+    which only an async run reads: resumed synchronously, 192 prompts were never trained."""
+    split = ["cluster.placement=split", "trainer.world_size=1"]
+    run = saved_run(tmp_path, *split, "algo.async_rollouts=true", "algo.max_staleness=2")
+    sync = load_config(sync_args(run, split))
+    with pytest.raises(ConfigError, match=r"algo.async_rollouts=true there, false here \(the prompts it had drawn"):
+        claim_run_dir(sync, log=lambda *_: None)
+    again = load_config([*sync_args(run, split), "algo.async_rollouts=true", "algo.max_staleness=2"])
+    claim_run_dir(again, log=lambda *_: None)  # async again: it goes on
+
+
+def sync_args(run, split):
+    return ["+recipe=quickstart", f"run.dir={run}", "trainer.resume=auto", *split, "trainer.total_steps=20"]

@@ -190,6 +190,8 @@ def check_resume(cfg, run_dir: Path) -> None:
     had, has = ("critic" in ALGORITHMS.get(c.algo.name).roles for c in (saved, cfg))
     if had != has:
         differ.append(f"algo.name={saved.algo.name!r} there, {cfg.algo.name!r} here (a critic in one, not the other)")
+    if saved.algo.async_rollouts and not cfg.algo.async_rollouts:  # its drawn-ahead batches: only async reads them
+        differ.append("algo.async_rollouts=true there, false here (the prompts it had drawn ahead would never train)")
     if differ:
         raise ConfigError(
             f"trainer.resume={cfg.trainer.resume}: {folder} was saved by a run with other settings: "
