@@ -33,6 +33,7 @@ import torch
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, right_pad
 from rlpost.envs import Environment, Turn
+from rlpost.envs.base import EnvStep
 from rlpost.rollout.base import RolloutEngine, SamplingParams
 
 MARK = "\u2063rlpost-turn\u2063"  # stands in for a model turn when rendering what follows it
@@ -179,15 +180,19 @@ def run_episodes(
 
 
 def answer(future, e: Episode, episodes: list[Episode]):
-    """The environment's step for episode `e`, or None when it raised: the episode ends there,
-    counted in `errors` (the first of the batch said on the console)."""
+    """The environment's step for episode `e`, or None when it raised or returned no `EnvStep`: the
+    episode ends there, counted in `errors` (the first of the batch said on the console)."""
     try:
-        return future.result()
+        step = future.result()
+        if isinstance(step, EnvStep):
+            return step
+        problem = f"returned {step!r} ({type(step).__name__}), not an EnvStep"  # (a None ended it without a word)
     except Exception as error:  # noqa: BLE001  (the user's environment: counted, the episode ends)
-        e.errors, e.done = e.errors + 1, True
-        if not any(other.errors for other in episodes if other is not e):
-            print(f"warning: env.step raised {error!r} in an episode: it ends there (env/errors counts)")
-        return None
+        problem = f"raised {error!r}"
+    e.errors, e.done = e.errors + 1, True
+    if not any(other.errors for other in episodes if other is not e):
+        print(f"warning: env.step {problem} in an episode: it ends there (env/errors counts)")
+    return None
 
 
 def episodes_batch(episodes: list[Episode], pad_id: int, weight_version: int) -> Batch:

@@ -258,3 +258,22 @@ def test_an_environment_that_raises_ends_its_episode_counted_and_the_others_go_o
     assert capsys.readouterr().out == (
         "warning: env.step raised KeyError('feedback') in an episode: it ends there (env/errors counts)\n"
     )
+
+
+class NoneEnv(ScriptedEnv):
+    """The user's environment whose step returns None from its second turn on (the eighth catalogue's
+    e46: the episode ended without a word, env/errors 0)."""
+
+    def step(self, turn: Turn) -> EnvStep:
+        return None if turn.index >= 1 else super().step(turn)
+
+
+def test_an_environment_that_returns_no_step_ends_its_episode_counted_and_said(capsys):
+    forever = [ids("x") + [EOS]] * 10
+    engine = ScriptedEngine({"A=": forever, "B=": forever})
+    params = SamplingParams(n=1, max_tokens=200)
+    batch = run_episodes(engine, TOK, [ids("A="), ids("B=")], [NoneEnv(), ScriptedEnv()], params, 4, 60.0)
+    assert batch["env_errors"].tolist() == [1, 0] and batch["env_turns"].tolist() == [2, 4]
+    assert capsys.readouterr().out == (
+        "warning: env.step returned None (NoneType), not an EnvStep in an episode: it ends there (env/errors counts)\n"
+    )
