@@ -175,3 +175,17 @@ def test_wandb_that_cannot_start_is_one_line_naming_the_mode(tmp_path, monkeypat
         "logger.wandb_mode=online: wandb could not start (TimeoutError: Timed out while retrying); run `wandb login` "
         "and check the network, or set logger.wandb_mode=offline (sync later with `wandb sync`)"
     )
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_lora_on_a_layer_tied_to_the_embeddings_is_refused_before_the_actors(tmp_path, tied):
+    """The eighth catalogue's e03: LoRA on `embed_tokens` of a tied model was refused only by the
+    trainer actors, after Ray started, as a 69-line traceback."""
+    save_tiny_model(tmp_path / "m", tied=tied)
+    for target in ("embed_tokens", "lm_head"):
+        cfg = load_config([*QUICK, "model.lora.rank=8", f"model.lora.target_modules=[{target}]"], this_machine=False)
+        if tied:
+            with pytest.raises(ConfigError, match=rf"LoRA on \['{target}'\], whose weight is the input embeddings'"):
+                check_lora_targets(cfg, str(tmp_path / "m"))
+        elif target == "lm_head":  # untied: the head is a layer of its own
+            check_lora_targets(cfg, str(tmp_path / "m"))

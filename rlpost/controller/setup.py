@@ -196,6 +196,14 @@ def check_lora_targets(cfg: TrainConfig, model_path: str) -> None:
             f"model.lora.target_modules={targets}: {missing} names no layer of {model_path}; its layers are "
             f"{sorted({n.rsplit('.', 1)[-1] for n in layers})} (or [all-linear])"
         )
+    embedding = model.get_input_embeddings().weight  # (the trainer refuses these too, but after Ray started)
+    shared = [n for n, m in model.named_modules() if getattr(m, "weight", None) is embedding]
+    tied = [t for t in targets if any(n == t or n.endswith(f".{t}") for n in shared)]
+    if tied:
+        raise ConfigError(
+            f"model.lora.target_modules={targets}: LoRA on {tied}, whose weight is the input embeddings' (tied in "
+            f"{model_path}), is not supported; leave it out of model.lora.target_modules"
+        )
 
 
 def check_weights(cfg: TrainConfig, model_path: str) -> None:
