@@ -5,6 +5,8 @@ s15, s19) do not already cover. Each is now a clear error, or counted as what it
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -189,3 +191,28 @@ def test_a_run_folder_deleted_under_the_run_stops_it_by_name(tmp_path):  # s69
     (tmp_path / "config.yaml").unlink()
     with pytest.raises(CheckpointError, match=rf"^the run folder {tmp_path} \(its config.yaml\) is gone, deleted"):
         check_run_folder(tmp_path, 4)
+
+
+def test_an_export_whose_checkpoint_a_live_run_rotates_away_says_so(tmp_path, monkeypatch):  # the eighth's e11
+    """Exporting from a folder whose run is still training: its rotation deleted the step under
+    export, and the error spoke of a missing adapter_config.json."""
+    from rlpost.controller import checkpoint
+
+    step = tmp_path / "checkpoints" / "step_3"
+    step.mkdir(parents=True)
+
+    def rotated(*args, **kwargs):
+        import shutil
+
+        shutil.rmtree(step)  # the live run's rotation, while the export reads
+        raise OSError("Can't find 'adapter_config.json' at the step's adapter/")
+
+    monkeypatch.setattr(
+        checkpoint, "run_config", lambda run_dir: SimpleNamespace(model=SimpleNamespace(dtype="float32"))
+    )
+    monkeypatch.setattr(checkpoint, "select", lambda run_dir, step_, log: step)
+    monkeypatch.setattr(checkpoint, "check_base_model", lambda cfg, run_dir: None)
+    monkeypatch.setattr(checkpoint, "write_export", rotated)
+    with pytest.raises(FileNotFoundError, match=r"step_3 was deleted while it was exported: a run training in "):
+        checkpoint.export(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -284,6 +284,11 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     path.unlink(missing_ok=True)
+        if not folder.exists():  # a run training in the folder rotated it away (trainer.keep_checkpoints)
+            raise FileNotFoundError(
+                f"{folder} was deleted while it was exported: a run training in {run_dir} keeps only its newest "
+                "checkpoints (trainer.keep_checkpoints); export a newer one, or after that run ends"
+            ) from None
         raise
     log(f"exported {folder} to {out_dir}")
     return out_dir
