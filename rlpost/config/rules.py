@@ -264,6 +264,19 @@ def kl_target_acts(cfg):
         )
 
 
+@rule("algo.clip_ratio_low")
+def clip_low_read(cfg):
+    """CISPO's loss caps its importance weight from above only: a lower bound set for it is not read."""
+    from rlpost.algos.algorithms import ALGORITHMS
+
+    a = cfg.algo
+    if ALGORITHMS.get(a.name).policy_loss == "cispo" and a.clip_ratio_low != 0.2:
+        return (
+            f"algo.clip_ratio_low={a.clip_ratio_low:g} is not read by algo.name={a.name}: its loss caps the importance "
+            "weight at 1 + algo.clip_ratio_high only; leave algo.clip_ratio_low out"
+        )
+
+
 @rule("model.lora.target_modules")
 def lora_targets(cfg):
     targets = list(cfg.model.lora.target_modules)
