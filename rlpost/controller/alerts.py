@@ -43,13 +43,14 @@ def no_signal(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[st
     gap = metrics.get("rollout/logprob_diff_mean", 0.0)
     for role in ("actor", "critic"):
         skipped = metrics.get(f"{role}/skipped_steps", 0.0)
-        why = (
-            f"the rollout's log-probs are {gap:.2f} nats a token from the trainer's (rollout/logprob_diff_mean): the "
-            "two do not hold the same model or sample the same distribution"
-            if role == "actor" and gap > 0.5
-            else "rewards or values too large for float32 (above about 1e19) overflow its loss: scale the reward down"
-        )
         if skipped > 0:
+            why = (
+                f"the rollout's log-probs are {gap:.2f} nats a token from the trainer's (rollout/logprob_diff_mean): "
+                "the two do not hold the same model or sample the same distribution"
+                if role == "actor" and gap > 0.5
+                else "rewards or values too large for float32 (above about 1e19) overflow its loss: scale the reward "
+                "down"
+            )
             out[f"skipped_{role}"] = (
                 f"warning: in step {step} {skipped:g} optimizer steps of the {role} were skipped "
                 f"({role}/skipped_steps): its gradient norm was not finite, so it did not train; {why}"

@@ -15,6 +15,7 @@ with the generation prompt appended.
 from __future__ import annotations
 
 import csv
+import functools
 import glob
 import io
 import json
@@ -355,14 +356,14 @@ class PromptLoader:
         return [self.rows[i] for i in idx]
 
     def state_dict(self) -> dict:
-        rows = {"rows": len(self.rows), "fingerprint": self.fingerprint()}
+        rows = {"rows": len(self.rows), "fingerprint": self.fingerprint}
         return {"epoch": self.epoch, "position": self.position, **rows}
 
     def load_state_dict(self, state: dict) -> None:
         """The place in the data where a checkpoint's run stopped; it counts that run's rows, so other
         rows (a file rewritten, other data settings) are refused, not trained from a place that means
         nothing for them (checkpoints from before the fingerprint are taken as they are)."""
-        if state.get("fingerprint", self.fingerprint()) != self.fingerprint():
+        if state.get("fingerprint", self.fingerprint) != self.fingerprint:
             raise DataError(
                 f"the training rows are not those the checkpoint's run trained on ({state['rows']} rows then, "
                 f"{len(self.rows)} now, other prompts or answers): its place in them (epoch {state['epoch']}, row "
@@ -372,8 +373,9 @@ class PromptLoader:
         self.epoch, self.position = state["epoch"], state["position"]
         self._order = self._epoch_order()
 
+    @functools.cached_property
     def fingerprint(self) -> str:
-        """The rows' prompts and answers, in order, hashed."""
+        """The rows' prompts and answers, in order, hashed (once: the rows do not change)."""
         import hashlib
 
         digest = hashlib.sha1()

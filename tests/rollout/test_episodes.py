@@ -248,18 +248,6 @@ class RaisingEnv(ScriptedEnv):
         return super().step(turn)
 
 
-def test_an_environment_that_raises_ends_its_episode_counted_and_the_others_go_on(capsys):
-    forever = [ids("x") + [EOS]] * 10
-    engine = ScriptedEngine({"A=": forever, "B=": forever})
-    params = SamplingParams(n=1, max_tokens=200)
-    batch = run_episodes(engine, TOK, [ids("A="), ids("B=")], [RaisingEnv(), ScriptedEnv()], params, 4, 60.0)
-    assert batch["env_errors"].tolist() == [1, 0] and batch["env_turns"].tolist() == [2, 4]
-    assert batch["env_reward"].tolist() == [0.5, 2.0]  # what its steps scored before the one that raised
-    assert capsys.readouterr().out == (
-        "warning: env.step raised KeyError('feedback') in an episode: it ends there (env/errors counts)\n"
-    )
-
-
 class NoneEnv(ScriptedEnv):
     """The user's environment whose step returns None from its second turn on (the eighth catalogue's
     e46: the episode ended without a word, env/errors 0)."""
@@ -268,12 +256,18 @@ class NoneEnv(ScriptedEnv):
         return None if turn.index >= 1 else super().step(turn)
 
 
-def test_an_environment_that_returns_no_step_ends_its_episode_counted_and_said(capsys):
+@pytest.mark.parametrize(
+    "env, said",
+    [
+        (RaisingEnv, "raised KeyError('feedback')"),
+        (NoneEnv, "returned None (NoneType), not an EnvStep"),  # it ended without a word, env/errors 0
+    ],
+)
+def test_an_environment_that_fails_ends_its_episode_counted_and_the_others_go_on(capsys, env, said):
     forever = [ids("x") + [EOS]] * 10
     engine = ScriptedEngine({"A=": forever, "B=": forever})
     params = SamplingParams(n=1, max_tokens=200)
-    batch = run_episodes(engine, TOK, [ids("A="), ids("B=")], [NoneEnv(), ScriptedEnv()], params, 4, 60.0)
+    batch = run_episodes(engine, TOK, [ids("A="), ids("B=")], [env(), ScriptedEnv()], params, 4, 60.0)
     assert batch["env_errors"].tolist() == [1, 0] and batch["env_turns"].tolist() == [2, 4]
-    assert capsys.readouterr().out == (
-        "warning: env.step returned None (NoneType), not an EnvStep in an episode: it ends there (env/errors counts)\n"
-    )
+    assert batch["env_reward"].tolist() == [0.5, 2.0]  # what its steps scored before the one that failed
+    assert capsys.readouterr().out == f"warning: env.step {said} in an episode: it ends there (env/errors counts)\n"
