@@ -183,3 +183,26 @@ def test_the_gap_comparison_pairs_seeds_over_the_steps_both_runs_have():
     assert s1["full"]["median_step_max"] == 0.75
     assert s1["lora"]["max_token_logprobs"] == {"rollout": -1.0, "trainer": -2.0}
     assert "p999_max" not in out["seed_3"]["full"] and out["seed_3"]["max_ratio"] == 2.0
+
+
+def test_a_killed_runs_prompts_are_counted_against_the_uninterrupted_runs(tmp_path):
+    """kill_resume.py: each step's prompts (samples.jsonl has n samples of each, in a row), a prompt
+    trained twice, and the steps whose prompts differ from the reference's."""
+    import json
+
+    count = load_benchmark("benchmarks/real_model/kill_resume.py").count
+
+    def write(run, steps):
+        run.mkdir()
+        rows = [{"step": s, "prompt": p, "response": "r"} for s, ps in steps.items() for p in ps for _ in range(2)]
+        (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write(tmp_path / "ref", {1: ["a", "b"], 2: ["c", "d"], 3: ["e", "f"]})
+    write(tmp_path / "same", {1: ["a", "b"], 2: ["c", "d"], 3: ["e", "f"]})
+    write(tmp_path / "other", {1: ["a", "b"], 2: ["c", "a"], 3: ["e", "f"]})
+    same = count(tmp_path / "same", tmp_path / "ref", n=2)
+    assert same["prompts_trained"] == 6 and same["distinct"] == 6 and same["trained_more_than_once"] == []
+    assert same["steps_compared"] == 3 and same["steps_with_other_prompts"] == []
+    other = count(tmp_path / "other", tmp_path / "ref", n=2)
+    assert other["distinct"] == 5 and other["trained_more_than_once"] == ["a"]
+    assert other["steps_with_other_prompts"] == [2]

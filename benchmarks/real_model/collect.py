@@ -40,6 +40,15 @@ PER_STEP = {
     "pg_clipfrac": "actor/pg_clipfrac",  # the three below: whether the PPO ratio ever left 1 (issue 40 item 3)
     "ppo_ratio_max": "actor/ppo_ratio_max",
     "ppo_ratio_min": "actor/ppo_ratio_min",
+    "run_s": "time/run_s",  # the rest: issue 41's async runs (run_s: from 2026-11-28)
+    "staleness": "rollout/staleness",
+    "staleness_mean": "async/staleness_mean",
+    "is_weight_mean": "rollout_corr/is_weight_mean",
+    "is_weight_max": "rollout_corr/is_weight_max",
+    "regenerated_groups": "async/regenerated_groups",
+    "dropped_groups": "async/dropped_groups",
+    "trainer_idle_frac": "perf/trainer_idle_frac",
+    "rollout_idle_frac": "perf/rollout_idle_frac",
 }
 
 

@@ -35,7 +35,7 @@
 #   bash benchmarks/real_model/gpu.sh x4j    # the same, 2 steps, beside the GPU tests and one gap run (jobs_x4j.txt)
 #   bash benchmarks/real_model/gpu.sh x4k    # one_7b unprofiled beside LoRA rank 64 at 7B, merged and adapter, and gap seed 6 (jobs_x4k.txt)
 #   bash benchmarks/real_model/gpu.sh algos  # not yet run: smollm2_sums under each algorithm with its mini-batches (jobs_algos.txt)
-#   bash benchmarks/real_model/gpu.sh async  # not yet run: issue 41's modes x 3 seeds on 2 + 2 GPUs (jobs_async.txt)
+#   bash benchmarks/real_model/gpu.sh async  # issue 41's modes x 3 seeds, two 1 + 1 runs at a time, a kill -9 (jobs_async.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
@@ -194,7 +194,9 @@ model.lora.alpha=128 model.lora.target_modules=[all-linear] trainer.optim.lr=1e-
     ;;
   async)  # issue 41: time to accuracy, synchronous / one-step-off / async (jobs_async.txt), over several calls
     export ASYNC="+recipe=smollm2_steps data.operands=2 data.max_operands=24 data.arithmetic_digits=2 \
-data.max_prompt_length=192 rollout.max_response_length=1024 cluster.placement=split trainer.total_steps=30 trainer.val_every=10"
+data.max_prompt_length=192 rollout.max_response_length=1024 cluster.placement=split trainer.total_steps=30 trainer.val_every=10 \
+trainer.save_every=5 trainer.start_pass_k=0"
+    export COMMON  # kill_async2_s0's command line names it (a `sh:` job gets no common overrides from the queue)
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_async.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;

@@ -95,7 +95,9 @@ def check_run_folder(run_dir: Path, step: int) -> None:
 
 
 def timed_step(c) -> dict[str, float]:
-    """One step of `c` with its time and tokens/s, then validation and a checkpoint when due."""
+    """One step of `c` with its time and tokens/s, then validation and a checkpoint when due, and the
+    wall time since this process's controller started (`time/run_s`: Ray's and the models' start,
+    every step, validation and checkpoint so far; a resumed run's counts from its own start)."""
     cfg, start = c.cfg, time.perf_counter()
     metrics = c.train_step()
     c.step += 1
@@ -109,4 +111,5 @@ def timed_step(c) -> dict[str, float]:
         metrics.update(c.validate())
     if cfg.trainer.save_every and (c.step % cfg.trainer.save_every == 0 or last):
         c.save()
+    metrics["time/run_s"] = time.monotonic() - c.started  # wall time: the x axis of accuracy against time
     return metrics

@@ -5,6 +5,7 @@ a resumed run's memory row replaced the saved step's metrics)."""
 
 import io
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -33,6 +34,7 @@ class FakeController:
             ]  # fmt: skip
         )
         self.step, self.run_dir, self.model_path = step, run_dir, str(run_dir)
+        self.started = time.monotonic()
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "config.yaml").write_text("run: {}\n")  # (the run's, as claim_run_dir writes it)
         self.algorithm = SimpleNamespace(name="grpo")
@@ -116,6 +118,7 @@ class Scripted(FakeController):
 
     def save(self):
         self.saved.append(self.step)
+        time.sleep(0.05)  # a checkpoint takes time: the run's wall time must count it
 
     def stop_on(self, signal):
         self.stopped.append(signal)
@@ -194,6 +197,10 @@ def test_validation_and_checkpoints_on_schedule_and_at_the_last_step(tmp_path, s
     for step in range(1, 6):  # 10 tokens a step, in timing_s/step seconds
         t = rows[step]["timing_s/step"]
         assert 0 < t < 60 and rows[step]["perf/tokens_per_s"] == pytest.approx(10.0 / t)
+    # the wall time since the start counts each step and each checkpoint (0.05 s each, at steps 3 and 5)
+    since = [rows[s]["time/run_s"] for s in range(1, 6)]
+    assert since == sorted(since) and since[0] >= rows[1]["timing_s/step"]
+    assert since[2] - since[1] >= 0.05 and since[4] - since[3] >= 0.05
 
 
 def test_a_new_runs_start_metrics_and_a_resumed_runs(tmp_path, seen):
