@@ -35,12 +35,14 @@
 #   bash benchmarks/real_model/gpu.sh x4j    # the same, 2 steps, beside the GPU tests and one gap run (jobs_x4j.txt)
 #   bash benchmarks/real_model/gpu.sh x4k    # one_7b unprofiled beside LoRA rank 64 at 7B, merged and adapter, and gap seed 6 (jobs_x4k.txt)
 #   bash benchmarks/real_model/gpu.sh algos  # not yet run: smollm2_sums under each algorithm with its mini-batches (jobs_algos.txt)
-#   bash benchmarks/real_model/gpu.sh async  # issue 41's modes x 3 seeds, two 1 + 1 runs at a time, a kill -9 (jobs_async.txt)
+#   bash benchmarks/real_model/gpu.sh async  # issue 41's modes x 3 seeds, two 1 + 1 runs at a time, a kill -9 (jobs_async.txt):
+#                                            # as run on 2026-11-28 (sync_s0, async2_s0, the kill: async_h100x4.json)
+#   bash benchmarks/real_model/gpu.sh async_b  # not yet run: the same on an easier task, no padding (jobs_async_b.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, algos, async, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, algos, async, async_b, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -198,6 +200,16 @@ data.max_prompt_length=192 rollout.max_response_length=1024 cluster.placement=sp
 trainer.save_every=5 trainer.start_pass_k=0"
     export COMMON  # kill_async2_s0's command line names it (a `sh:` job gets no common overrides from the queue)
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_async.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --deadline $((LIMIT - (SECONDS - START) - 50))
+    ;;
+  async_b)  # issue 41 again (jobs_async_b.txt): a task the 135M model learns (1-digit sums of 2 to 12 numbers) and an
+            # update without padding (async's run had 64-68% padding and an update of 10.4 s: async_h100x4.json)
+    export ASYNC="+recipe=smollm2_steps data.operands=2 data.max_operands=12 data.arithmetic_digits=1 \
+data.max_prompt_length=128 rollout.max_response_length=1024 cluster.placement=split trainer.total_steps=20 trainer.val_every=5 \
+trainer.save_every=5 trainer.start_pass_k=0 model.attn_implementation=rlpost_varlen trainer.micro_batch_size=512 \
+trainer.max_tokens_per_microbatch=16384"
+    export COMMON
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_async_b.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   algos)  # issue 40 item 3 on the real model's task: each algorithm with its mini-batches (jobs_algos.txt), several calls

@@ -94,10 +94,20 @@ def check_run_folder(run_dir: Path, step: int) -> None:
         )
 
 
+def run_time_at(run_dir: Path, step: int) -> float:
+    """`time/run_s` of `step`'s row in the run's metrics (0 where the step's row has none: a run
+    logged before it was written): where a resumed run's wall time goes on from."""
+    from rlpost.metrics.summary import read_metrics
+
+    rows = [r for r in read_metrics(run_dir) if r["step"] == step] if (run_dir / "metrics.jsonl").is_file() else []
+    return float(rows[0].get("time/run_s", 0.0)) if rows else 0.0
+
+
 def timed_step(c) -> dict[str, float]:
     """One step of `c` with its time and tokens/s, then validation and a checkpoint when due, and the
-    wall time since this process's controller started (`time/run_s`: Ray's and the models' start,
-    every step, validation and checkpoint so far; a resumed run's counts from its own start)."""
+    run's wall time so far (`time/run_s`: Ray's and the models' start, every step, validation and
+    checkpoint; a run resumed by a new process goes on from the resumed step's figure, so the time
+    of steps lost after the last checkpoint and the downtime are not in it)."""
     cfg, start = c.cfg, time.perf_counter()
     metrics = c.train_step()
     c.step += 1

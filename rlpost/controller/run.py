@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rlpost.config import TrainConfig
 from rlpost.controller.loop import Controller
+from rlpost.controller.progress import run_time_at
 from rlpost.controller.signals import StopSignals
 
 
@@ -23,6 +24,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
     try:
         while True:
             controller = Controller(cfg, log=log, restarts=restarts, stop=stop, started=started)
+            if restarts == 0 and controller.step > 0:  # resumed by a new process: its time goes on from the step's
+                started = controller.started = started - run_time_at(controller.run_dir, controller.step)
             try:
                 if stop.signal is not None:  # arrived while the workers started
                     controller.stop_on(stop.signal)

@@ -125,6 +125,9 @@ class LayerwiseAdamW(torch.optim.Optimizer):
         n, slots = len(self.units), len(buffers)
         current = torch.cuda.current_stream(self.device)
         self.compute.wait_stream(current)  # gradients are ready
+        # the slots were just allocated on the current stream: memory its queued kernels may still use
+        # (a block freed there is handed out again at once); the first copy into them waits for those
+        self.h2d.wait_stream(current)
         self.h2d.wait_stream(self.d2h)  # last step's states are all back on the host
         loaded_up_to = -1
         for i, unit in enumerate(self.units):

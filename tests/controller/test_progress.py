@@ -232,3 +232,13 @@ def test_a_signal_stops_after_the_step_under_way_and_not_after_the_last(tmp_path
     c = Scripted(tmp_path / "b", 0, signal_after=3)  # during the last step: the run is complete
     run_steps(c, c.stop)
     assert c.step == 3 and c.stopped == []
+
+
+def test_a_resumed_runs_wall_time_goes_on_from_the_resumed_steps(tmp_path):
+    from rlpost.controller.progress import run_time_at
+
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 0}\n{"step": 1, "time/run_s": 30.0}\n{"step": 2, "time/run_s": 50.0}\n{"step": 3}\n'
+    )
+    assert [run_time_at(tmp_path, s) for s in (1, 2, 3, 4)] == [30.0, 50.0, 0.0, 0.0]  # 3: an older run's row
+    assert run_time_at(tmp_path / "none", 2) == 0.0

@@ -91,6 +91,8 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     resumed = [r for r in rows if r["step"] == 3]
     assert resumed[0]["rollout/weight_version"] == 2 and resumed[0]["weight_sync/version"] == 3
     assert resumed[0]["actor/first_ratio_dev"] <= 1e-6
+    # the run's wall time goes on from step 2's: it counts both processes' time, not the second's alone
+    assert resumed[0]["time/run_s"] > rows[2]["time/run_s"] + resumed[0]["timing_s/step"]
 
 
 @pytest.mark.demo  # out of CI for time: test_resume's split + layerwise run covers this placement and optimizer
