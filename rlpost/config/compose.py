@@ -93,6 +93,39 @@ def _unknown_keys(node, prefix: str = "") -> list[str]:
     return out
 
 
+def _leaves(node: dict, prefix: str) -> list[tuple[str, object]]:
+    out = []
+    for k, v in node.items():
+        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+    return out
+
+
+def _check_group_choices(composed: DictConfig, overrides: list[str]) -> None:
+    """A group chosen on the command line (`data=reasoning_gym`, `model=hf`) whose keys a recipe
+    sets back after it (a recipe's keys come after the groups): refused, with the keys to give, not
+    trained on the recipe's task or model without a word (the eighth catalogue's e41)."""
+    recipe = next((o.split("=", 1)[1] for o in overrides if o.startswith("+recipe=")), None)
+    given = {o.split("=", 1)[0].lstrip("+") for o in overrides if "=" in o}
+    for o in overrides:
+        chosen = re.fullmatch(r"(data|model)=(\w+)", o)
+        if recipe is None or chosen is None or not (CONFIG_DIR / chosen[1] / f"{chosen[2]}.yaml").is_file():
+            continue
+        group = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / chosen[1] / f"{chosen[2]}.yaml"), resolve=False)
+        back = [
+            (key, want, OmegaConf.select(composed, key))
+            for key, want in _leaves({k: v for k, v in group.items() if k != "defaults"}, f"{chosen[1]}.")
+            if key not in given and OmegaConf.select(composed, key) != want
+        ]
+        if back:
+            was = ", ".join(f"{k}={now!r}" for k, _, now in back)
+            fix = " ".join(f"{k}={'...' if w == '???' else w}" for k, w, _ in back)
+            raise ConfigError(
+                f"{o} chose the {chosen[1]} group, but +recipe={recipe} sets {was} after it (a recipe's keys come "
+                f"after the groups), so the run would not be the group's; give the group's keys on the command "
+                f"line too: {fix}"
+            )
+
+
 def compose(overrides: list[str]) -> TrainConfig:
     """configs/train.yaml + recipe + overrides as a `TrainConfig`: known keys and types, not yet
     validated (`load_config` does both)."""
@@ -108,6 +141,7 @@ def compose(overrides: list[str]) -> TrainConfig:
         unknown = _unknown_keys(composed)
         if unknown:
             raise ConfigError(unknown_key(unknown[0]))
+        _check_group_choices(composed, list(overrides))
         return OmegaConf.to_object(composed)
     except ConfigError:
         raise

@@ -40,6 +40,23 @@ def test_bad_config_names_the_key(overrides, message):
     assert message in str(info.value)
 
 
+def test_a_group_chosen_on_the_command_line_that_a_recipe_sets_back_is_refused():
+    """The eighth catalogue's e41: `data=reasoning_gym` with +recipe=quickstart trained the recipe's
+    arithmetic (its data.task came after the group) without a word; `model=hf` the tiny model."""
+    with pytest.raises(ConfigError) as info:
+        compose(["+recipe=quickstart", "data=reasoning_gym"])
+    assert "+recipe=quickstart sets data.task='arithmetic' after it" in str(info.value)
+    assert str(info.value).endswith("give the group's keys on the command line too: data.task=reasoning_gym")
+    with pytest.raises(
+        ConfigError, match=r"model.path='tiny', model.dtype='float32' .* model.path=\.\.\. model.dtype=bf"
+    ):
+        compose(["+recipe=quickstart", "model=hf"])
+    # the keys given: the group's run; no recipe, or a recipe that only overrides the group's choice: nothing to say
+    assert compose(["+recipe=quickstart", "data=reasoning_gym", "data.task=reasoning_gym"]).data.gym.name
+    assert compose(["data=reasoning_gym"]).data.task == "reasoning_gym"
+    assert compose(["+recipe=smollm2_sums", "data=gsm8k"]).data.default_data_source == "gsm8k"
+
+
 def test_cli_exits_nonzero_before_starting_anything():
     result = subprocess.run(
         [sys.executable, "-m", "rlpost.cli", "train", "+recipe=quickstart", "trainer.wrold_size=1"],
