@@ -96,7 +96,7 @@ def make_batch(cfg, model_path: str):
     from rlpost.controller.setup import load_data
     from rlpost.controller.step import advantages, group_ids, sampling_params
     from rlpost.models.loading import load_tokenizer
-    from rlpost.rewards.executor import RewardPool
+    from rlpost.rewards.pool import RewardPool
     from rlpost.rollout.hf import HFRolloutEngine
 
     tok = load_tokenizer(model_path)

@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
-    from rlpost.rewards.executor import RewardPool
+    from rlpost.rewards.pool import RewardPool
 
     batch = samples(args.samples)
     results = {}

@@ -18,7 +18,7 @@ from rlpost.controller import checkpoint
 from rlpost.controller.setup import check_reward_routing
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.rewards import RewardInput, get_reward_fn
-from rlpost.rewards.executor import RewardPool
+from rlpost.rewards.pool import RewardPool
 from rlpost.tiny.model import build_char_tokenizer
 from tests.helpers import controller_bytes
 
@@ -357,3 +357,23 @@ def test_a_first_signal_is_noted_and_a_second_stops_at_once():
     finally:
         stop.restore()
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # put back
+
+
+def test_an_episode_budget_that_cannot_hold_a_tool_call_is_said(tok):
+    """The eighth catalogue's e21: the quickstart's 4-token budget with env.name=calculator trained
+    as a single-turn run without a word (the model could never write a tool call)."""
+    from rlpost.controller.setup import check_env, tool_budget_warning
+
+    row = PromptRow(tok("1+2=")["input_ids"], "1+2=", "003", "arithmetic")
+    shortest = len('<tool_call>{"name": "calculator", "arguments": {}}</tool_call>')  # a character a token
+    for budget, said in [(4, True), (shortest - 1, True), (shortest, False)]:
+        cfg = load_config(["+recipe=quickstart", "env.name=calculator", f"rollout.max_response_length={budget}"])
+        warning = tool_budget_warning(cfg, check_env(cfg, row), tok)
+        assert (warning is not None) == said, budget
+    assert f"rollout.max_response_length={shortest - 1} tokens" in tool_budget_warning(
+        load_config(["+recipe=quickstart", "env.name=calculator", f"rollout.max_response_length={shortest - 1}"]),
+        check_env(cfg, row),
+        tok,
+    )
+    with pytest.raises(ConfigError, match="env.tool_timeout_s=1e-06 must be >= 0.01"):
+        load_config(["+recipe=quickstart", "env.name=calculator", "env.tool_timeout_s=0.000001"])

@@ -15,7 +15,7 @@ from rlpost.config import ConfigError, load_config
 from rlpost.controller.setup import check_reward_values
 from rlpost.data.dataset import PromptRow
 from rlpost.rewards import RewardInput
-from rlpost.rewards.executor import RewardPool
+from rlpost.rewards.pool import RewardPool
 
 REPO = Path(__file__).resolve().parents[1]
 ROW = PromptRow([1, 2], "1+2=", "3", "mine")

@@ -12,7 +12,7 @@ from rlpost.config import ConfigError, load_config
 from rlpost.controller.setup import check_positions, check_reward_values
 from rlpost.data.dataset import PromptRow, load_prompts
 from rlpost.rewards import RewardInput, get_reward_fn
-from rlpost.rewards.executor import RewardPool
+from rlpost.rewards.pool import RewardPool
 from rlpost.tiny.model import build_char_tokenizer
 
 pytestmark = pytest.mark.timeout(60)

@@ -83,7 +83,12 @@ class EnvConfig:
         "hermes",
         "How tool calls are read from the model's text (`hermes`: `<tool_call>` JSON; an env file may register more).",
     )
-    tool_timeout_s: float = knob(10.0, "Time one tool call may take; past it the model reads an error.", gt=0)
+    tool_timeout_s: float = knob(
+        10.0,
+        "Time one tool call may take; past it the model reads an error (a worker's round trip alone takes "
+        "milliseconds: below 0.01 s every call would time out).",
+        ge=0.01,
+    )
     workers: int = knob(
         16,
         "Environment steps run at once in each rollout actor (threads), and worker processes for their tool calls.",

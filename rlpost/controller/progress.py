@@ -12,6 +12,7 @@ from rlpost.controller.alerts import Alerts
 from rlpost.controller.signals import StopSignals
 from rlpost.controller.step import idle_fractions, sampling_params
 from rlpost.metrics.trackers import Trackers
+from rlpost.rewards.executor import Interrupted
 from rlpost.tiny.build import start_eval
 
 
@@ -65,7 +66,11 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
         val_acc = first.get("val/accuracy")  # the bar shows the newest
         while c.step < cfg.trainer.total_steps and stop.signal is None:
             check_run_folder(c.run_dir, c.step)
-            metrics, pending = {**pending, **timed_step(c)}, {}
+            try:
+                metrics, pending = {**pending, **timed_step(c)}, {}
+            except Interrupted:  # the signal came while the step's samples were scored: the step is given up
+                c.log(f"the signal stopped step {c.step + 1}'s scoring: the step is not trained (its samples are kept)")
+                break
             trackers.log(metrics, c.step)
             alerts.check(c.step, metrics)  # a step that could not learn is said at once
             val_acc = metrics.get("val/accuracy", val_acc)

@@ -24,7 +24,8 @@ from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptLoader, PromptRow
 from rlpost.data.padding import check_masks, concat_generations
 from rlpost.envs import EpisodeRow
-from rlpost.rewards.executor import RewardPool
+from rlpost.rewards.executor import Interrupted
+from rlpost.rewards.pool import RewardPool
 from rlpost.rollout.base import SamplingParams
 
 
@@ -104,6 +105,7 @@ class Rollouts:
         self.pending: deque[Pending] = deque()
         self.stream = Stream(self) if cfg.algo.async_rollouts else None
         self.busy = BusyClock()  # `perf/rollout_busy_s`
+        self.interrupted = None  # () -> bool: a stop signal came (`Workers.start`); a step's scoring gives up
 
     def launch(self, rows: list[PromptRow], params: SamplingParams) -> list:
         """Each rollout actor generates a contiguous part of `rows`, every sample of each of its
@@ -152,7 +154,7 @@ class Rollouts:
         cfg = self.cfg
         if not self.pending:
             self._queue(step)
-        job = self.pending.popleft()
+        job = self.taken = self.pending.popleft()  # (put back where a signal stops its scoring: `next_scored`)
         batch = self.gather(job.refs, len(job.rows), cfg.rollout.n)
         if self.overlap:  # the next batches generate while this one trains
             while len(self.pending) < cfg.algo.max_staleness and step + 1 + len(self.pending) < cfg.trainer.total_steps:
@@ -184,7 +186,11 @@ class Rollouts:
             with timed(timing, "gen"):  # the wait: less when generation overlapped the last step
                 rows, batch = self.next_batch(step)
             with timed(timing, "reward"):
-                out = Scored(rows, batch, *self.score(rows, batch, n))
+                try:
+                    out = Scored(rows, batch, *self.score(rows, batch, n, interrupted=self.interrupted))
+                except Interrupted:  # a stop signal: the batch goes back, generated, into the checkpoint
+                    self.pending.appendleft(self.taken)
+                    raise
         if keep_groups is not None:
             with timed(timing, "filter"):
                 out = self._filtered(step, out, keep_groups)

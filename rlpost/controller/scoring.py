@@ -11,8 +11,9 @@ from rlpost.controller.cluster import WorkerGroup
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptRow
 from rlpost.rewards import RewardInput
-from rlpost.rewards.executor import RewardPool, Scores
+from rlpost.rewards.executor import Scores
 from rlpost.rewards.model import combine
+from rlpost.rewards.pool import RewardPool
 
 
 class RewardFailure(RuntimeError):
@@ -27,12 +28,12 @@ class Scorer:
         self.rewards, self.reward_models = rewards, reward_models
         self.failing = 0  # consecutive training batches of which too many samples failed to score
 
-    def score(self, rows: list[PromptRow], batch: Batch, n: int, rule_only: bool = False):
+    def score(self, rows: list[PromptRow], batch: Batch, n: int, rule_only: bool = False, interrupted=None):
         """(rewards [N], how many samples failed to score, the decoded responses). The reward is
         `reward.rule_weight` x the rule score + `reward.model.weight` x the reward model's score
         (when one is configured; its parts go into `batch` as `rule_scores` and `model_scores`);
         `rule_only`: the rule score alone (validation). A non-finite model score counts as an error
-        and scores 0."""
+        and scores 0. `interrupted`: the reward pool gives up when it turns true (`Interrupted`)."""
         # (multi-turn: the reward function reads the model's last turn, its answer)
         starts = batch["last_turn_start"].tolist() if "last_turn_start" in batch else [0] * len(batch)
         responses = self.tokenizer.batch_decode(
@@ -43,7 +44,7 @@ class Scorer:
             RewardInput(rows[i // n].prompt_text, text, rows[i // n].ground_truth, rows[i // n].data_source)
             for i, text in enumerate(responses)
         ]
-        result = self.rewards.score(samples)
+        result = self.rewards.score(samples, interrupted)
         rule, errors = torch.tensor(result.scores, dtype=torch.float32), result.counts
         if result.first_error:
             kinds = ", ".join(f"{v} {k}" for k, v in errors.items() if v and k != "errors")

@@ -28,7 +28,7 @@ from rlpost.models.checks import cut_short, meta_model, weight_mismatch
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS, RewardInput
 from rlpost.rewards.base import check_call, is_trusted
-from rlpost.rewards.executor import RewardPool
+from rlpost.rewards.pool import RewardPool
 
 
 def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
@@ -97,11 +97,12 @@ def load_data(
     check_row_counts(cfg, train_src, len(train.rows), val_src, len(val.rows), train.dropped_too_long)
     check_vocab(cfg, tokenizer, model_path, train.rows + val.rows)
     check_reward_routing(train.rows + val.rows, cfg.reward.fn)
-    check_env(cfg, train.rows[0])
+    env = check_env(cfg, train.rows[0])
     check_reward_values(cfg, train.rows, log, pool)
     warnings = [overlap_warning(train.rows, val.rows), conflict_warning(train.rows)]
     warnings.append(unknown_token_warning(train.rows + val.rows, tokenizer))
     warnings.append(short_cap_warning(train.rows, tokenizer, cfg.rollout.max_response_length))
+    warnings.append(tool_budget_warning(cfg, env, tokenizer))
     for warning in [*setting_warnings(cfg), *warnings]:
         if warning:
             log(warning)
@@ -143,12 +144,12 @@ def check_row_counts(
         )
 
 
-def check_env(cfg: TrainConfig, row: PromptRow) -> None:
+def check_env(cfg: TrainConfig, row: PromptRow):
     """Multi-turn runs: the environment is made for the first training row before any actor starts;
     a factory that raises, or returns no environment (no `step`), stops the run here naming
     `env.name`, not in a rollout worker's traceback."""
     if not cfg.env.name:
-        return
+        return None
     factory = env_factory(cfg.env.name)  # an unknown name or a file that will not load: named by env_factory
     try:
         env = factory(EpisodeRow(row.prompt_text, row.ground_truth, row.data_source), cfg.env)
@@ -162,6 +163,30 @@ def check_env(cfg: TrainConfig, row: PromptRow) -> None:
             f"env.name={cfg.env.name!r}: the factory returned {type(env).__name__}, not an environment (an object "
             "with a step(turn) method and a tools list: docs/environments.md)"
         )
+    return env
+
+
+def tool_budget_warning(cfg: TrainConfig, env, tokenizer) -> str | None:
+    """An environment of tools whose episode budget (`rollout.max_response_length`) cannot hold the
+    shortest call of any of them (`hermes`: the call with no arguments): the model can never call
+    a tool, and the run trains as a single-turn one (the eighth catalogue's e21)."""
+    tools = getattr(env, "tools", None)
+    if not tools or cfg.env.tool_parser != "hermes":
+        return None
+    schemas = [getattr(t, "schema", None) for t in tools]  # (what the chat template advertises)
+    names = [s.get("function", s).get("name") for s in schemas if isinstance(s, dict)]
+    names = [n for n in names if isinstance(n, str)]
+    if not names:
+        return None
+    calls = [f'<tool_call>{{"name": "{name}", "arguments": {{}}}}</tool_call>' for name in names]
+    need = min(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in calls)
+    if need <= cfg.rollout.max_response_length:
+        return None
+    return (
+        f"warning: rollout.max_response_length={cfg.rollout.max_response_length} tokens, the budget of a whole "
+        f"episode, cannot hold one call of a tool of env.name={cfg.env.name!r} (the shortest, with no arguments, "
+        f"is {need} tokens): the model can never call a tool; raise it (+recipe=multiturn_tools uses 160)"
+    )
 
 
 def check_positions(cfg: TrainConfig, model_path: str) -> None:

@@ -16,7 +16,7 @@ from rlpost.controller.plan import check_plan, gpu_plan, shape_of
 from rlpost.controller.rollouts import Rollouts
 from rlpost.controller.setup import resolve_critic_path, resolve_reward_model_path, reward_pool
 from rlpost.controller.weights import WeightSync, check_colocated_memory, merge_memory
-from rlpost.rewards.executor import RewardPool
+from rlpost.rewards.pool import RewardPool
 from rlpost.roles.actor import ActorWorker
 from rlpost.roles.critic import CriticWorker
 from rlpost.roles.reward_model import RewardModelWorker
@@ -76,6 +76,8 @@ class Workers:
             control=("receive_weights",) if cfg.algo.async_rollouts else (),  # a sync beside the generation
         )
         self.batches = Rollouts(cfg, self.rollouts, loader, pad, tokenizer, self.pool(cfg), log, self.reward_models)
+        if stop is not None:  # a first SIGTERM stops a step's slow scoring, not only after it (cat7's s60)
+            self.batches.interrupted = lambda: stop.signal is not None
         self.weights = WeightSync(cfg, p, self.trainers, self.rollouts, log)
         if stop is not None:
             stop.starting = False

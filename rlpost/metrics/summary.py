@@ -121,7 +121,7 @@ def write_report(run_dir: Path, wall_s: float, checkpoints: str, logger, log=pri
     }
     if "jsonl" not in logger.backends:
         files["metrics"] = "none written (logger.backends has no jsonl)"
-    if logger.plot and rows:
+    if logger.plot and any(r["step"] > 0 for r in rows):  # (stopped in step 1: the start's row alone)
         try:
             from rlpost.metrics.plot import plot_runs
 

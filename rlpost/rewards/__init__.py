@@ -4,7 +4,7 @@ A reward function takes one `RewardInput` and returns a float. `reward.fn` picks
 `auto` (the registered scorer named by each row's `data_source`), a registered name
 (`arithmetic`, `gsm8k`, `last_number`, `answer_line`: `rewards/builtin.py`; `reasoning_gym`,
 `math_verify`: `rewards/library.py`), or `path/to/file.py:function` for user code.
-Scoring runs in worker processes (`rlpost.rewards.executor.RewardPool`): a sample whose function
+Scoring runs in worker processes (`rlpost.rewards.pool.RewardPool`): a sample whose function
 raises, returns something that is not a finite number, times out or crashes its worker scores
 `reward.error_score` and is counted by kind (`reward/errors`, `reward/timeouts`, ...).
 """

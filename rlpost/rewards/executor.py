@@ -13,14 +13,11 @@ worker dies inside its chunk, scores the rest of it again one item per message, 
 at fault is found and its neighbours still count; `call` runs one item on the next idle worker,
 from any number of threads (a tool call).
 
-`RewardPool.score(samples)` scores the samples of trusted scorers (rlpost's own, see
-`REWARDS.register`) in this process and sends the others to a `WorkerPool`; a failed sample scores
-`reward.error_score` and is counted by kind, and the first error keeps its traceback.
+`rlpost.rewards.pool.RewardPool` scores a batch's samples with one (`_scorer`, `checked`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import multiprocessing as mp
 import numbers
@@ -34,7 +31,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from rlpost.data.scalars import unwrap_scalar
-from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, check_call, get_reward_fn, is_trusted
+from rlpost.rewards.base import REWARDS, RewardInput, check_call, get_reward_fn
 
 ERROR_KINDS = ("errors", "timeouts", "bad_values", "crashes")  # `reward/<kind>` (errors: all of them)
 GRACE_S = 2.0  # on top of the timeouts: pickling, a busy machine
@@ -50,6 +47,10 @@ class ItemTimeout(BaseException):
 class BadValue(Exception):
     """Raised by a pool's function when the user's code returned something its caller cannot use
     (counted as `bad_values`)."""
+
+
+class Interrupted(Exception):
+    """`map` gave its batch up: the `interrupted()` it was given said so (a stop signal)."""
 
 
 @dataclass
@@ -268,8 +269,10 @@ class WorkerPool:
         finally:
             self.idle.put(i)
 
-    def map(self, items: list, timeout_s: float) -> list[Result]:
-        """Every item, in one contiguous chunk per worker; results in the items' order."""
+    def map(self, items: list, timeout_s: float, interrupted: Callable[[], bool] | None = None) -> list[Result]:
+        """Every item, in one contiguous chunk per worker; results in the items' order. Where
+        `interrupted()` turns true while it waits (checked each second), the workers still at
+        their share are replaced and `Interrupted` is raised."""
         results: list = [None] * len(items)
         k = len(self.procs)
         chunks = [range(i * len(items) // k, (i + 1) * len(items) // k) for i in range(k)]
@@ -284,6 +287,10 @@ class WorkerPool:
         start = time.monotonic()
         report = start + self.report_s
         while waiting:
+            if interrupted is not None and interrupted():
+                for i, *_ in waiting.values():
+                    self._replace(i)
+                raise Interrupted(f"{self.name}: {len(waiting)} of {k} workers stopped at their share")
             if time.monotonic() >= report:
                 left, took = sum(len(chunk) for _, chunk, _ in waiting.values()), time.monotonic() - start
                 self.log(  # (a worker sends its share back whole: how much of it is done is not known here)
@@ -292,7 +299,7 @@ class WorkerPool:
                     f"{HANGS_AFTER} of them a worker)"
                 )
                 report += self.report_s
-            deadline = min(min(d for *_, d in waiting.values()), report)
+            deadline = min(min(d for *_, d in waiting.values()), report, time.monotonic() + 1.0)
             for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
                 i, chunk, _ = waiting.pop(conn)
                 try:
@@ -315,85 +322,3 @@ class WorkerPool:
             if proc is not None:
                 proc.kill()
                 proc.join()
-
-
-class RewardPool:
-    """Scores with `reward.fn` = `spec` (and `kwargs`) in a `WorkerPool` of `workers`
-    processes. Samples whose scorer is trusted (`REWARDS.register(..., trusted=True)`: rlpost's own)
-    are scored in this process instead; the processes start when the first other sample comes."""
-
-    def __init__(
-        self,
-        spec: str,
-        kwargs: dict,
-        workers: int,
-        timeout_s: float,
-        memory_mb: int,
-        error_score: float,
-    ):
-        self.spec, self.kwargs, self.timeout_s, self.error_score = spec, dict(kwargs), timeout_s, error_score
-        self.fn = get_reward_fn(spec) if spec in TRUSTED else None  # None: by data_source, or in the pool
-        setup = functools.partial(_scorer, spec, self.kwargs)
-        self.pool = WorkerPool(setup, workers, memory_mb, "reward", "reward.timeout_s")
-
-    def load(self) -> None:
-        """A user's file (`path.py:name`) runs now, in the first worker, which keeps it: an error
-        the file raises as it runs (or a missing function) comes here, as a RuntimeError."""
-        if ".py:" in self.spec:
-            self.pool.wait_ready(0)
-
-    def trusted(self, sample: RewardInput) -> bool:
-        return is_trusted(self.spec, sample.data_source)
-
-    def score(self, samples: list[RewardInput]) -> Scores:
-        if self.spec in TRUSTED:  # all of them here, checked as one batch when nothing fails
-            scores = self._all_here(samples)
-            if scores is not None:
-                return Scores(scores=scores)
-        out = Scores(scores=[self.error_score] * len(samples))
-        rows = [j for j, sample in enumerate(samples) if not self.trusted(sample)]  # those for the pool
-        if len(rows) < len(samples):
-            self._score_here(samples, sorted(set(range(len(samples))) - set(rows)), out)
-        if rows:
-            self._record(out, rows, self.pool.map([samples[j] for j in rows], self.timeout_s))
-        return out
-
-    def _all_here(self, samples: list[RewardInput]) -> list[float] | None:
-        """A trusted `reward.fn` on every sample at the cost of a bare loop, the values checked
-        all at once (floats with a finite sum); None if a call raised or a value is not a finite
-        float: `_score_here` then scores the batch again sample by sample (trusted scorers are
-        pure), naming each failure."""
-        fn, kwargs = self.fn, self.kwargs
-        try:
-            scores = [fn(sample, **kwargs) for sample in samples]
-        except Exception:  # noqa: BLE001
-            return None
-        return scores if set(map(type, scores)) <= {float} and math.isfinite(sum(scores)) else None
-
-    def _score_here(self, samples: list[RewardInput], rows, out: Scores) -> None:
-        """Trusted scorers, in this process (no alarm: they are linear in the response)."""
-        scores, fn, kwargs = out.scores, self.fn, self.kwargs
-        for j in rows:
-            sample = samples[j]
-            try:
-                raw = fn(sample, **kwargs) if fn is not None else REWARDS[sample.data_source](sample)
-                scores[j] = raw if type(raw) is float and math.isfinite(raw) else checked(raw)
-            except BadValue as e:
-                self._record(out, [j], [(None, "bad_values", str(e))])
-            except Exception:  # noqa: BLE001
-                self._record(out, [j], [(None, "errors", traceback.format_exc(limit=-8))])
-
-    def _record(self, out: Scores, rows: list[int], results: list[Result]) -> None:
-        for j, (value, kind, message) in zip(rows, results):
-            if kind == "ok":
-                out.scores[j] = value
-                continue
-            out.counts["errors"] += 1  # every failure; the other kinds say which
-            if kind != "errors":
-                out.counts[kind] += 1
-            out.error_rows.append(j)
-            if out.first_error is None or j < min(out.error_rows[:-1], default=j + 1):
-                out.first_error = f"sample {j}: {message}"
-
-    def close(self) -> None:
-        self.pool.close()

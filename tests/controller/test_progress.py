@@ -242,3 +242,26 @@ def test_a_resumed_runs_wall_time_goes_on_from_the_resumed_steps(tmp_path):
     )
     assert [run_time_at(tmp_path, s) for s in (1, 2, 3, 4)] == [30.0, 50.0, 0.0, 0.0]  # 3: an older run's row
     assert run_time_at(tmp_path / "none", 2) == 0.0
+
+
+def test_a_signal_that_stops_a_steps_scoring_stops_the_run_before_that_step(tmp_path, seen):
+    """The seventh catalogue's s60: the reward pool gives a step's scoring up when a stop signal
+    comes (`Interrupted`): the run stops after the step before it, which is not trained twice."""
+    from rlpost.rewards.executor import Interrupted
+
+    c = Scripted(tmp_path, 0, "trainer.total_steps=4")
+    logged = []
+    c.log = logged.append
+    step = c.train_step
+
+    def scoring_stopped():
+        if c.step == 2:
+            c.stop.signal = 15
+            raise Interrupted("reward: 1 of 2 workers stopped at their share")
+        return step()
+
+    c.train_step = scoring_stopped
+    run_steps(c, c.stop)
+    assert c.step == 2 and c.stopped == [15]
+    assert [r["step"] for r in seen["rows"]] == [0, 1, 2]  # (0: the start metrics)
+    assert logged == ["the signal stopped step 3's scoring: the step is not trained (its samples are kept)"]

@@ -27,7 +27,7 @@ class Pool:
     def __init__(self, *results, kind="bad_values"):
         self.results, self.seen, self.kind = list(results), [], kind
 
-    def score(self, samples):
+    def score(self, samples, interrupted=None):
         self.seen.append(samples)
         scores, errors = self.results.pop(0)
         counts = {"errors": errors, "timeouts": 0, "bad_values": 0, "crashes": 0}

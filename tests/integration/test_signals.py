@@ -178,3 +178,57 @@ def test_sigterm_while_the_tiny_model_is_built_stops_at_once(tmp_path):
     assert "rlpost: SIGTERM before the run started: stopping now" in err and "Traceback" not in err
     assert not (run_dir / "run.lock").exists()
     assert not any(p.name.startswith("tiny-") and (p / "config.json").exists() for p in cache.glob("*"))
+
+
+SLOW_AT = '''
+import os, signal, time
+from pathlib import Path
+
+def score(sample):
+    """Exact match; the sample that makes the count `RLPOST_TERM_AT` sends this run SIGTERM and
+    then takes two minutes (under reward.timeout_s: not a timeout)."""
+    counter = Path(os.environ["RLPOST_COUNTER"])
+    with counter.open("a") as f:
+        f.write("x")
+    if counter.stat().st_size == int(os.environ.get("RLPOST_TERM_AT", "0")):
+        os.kill(os.getppid(), signal.SIGTERM)  # the reward pool's parent: the run's controller
+        time.sleep(120)
+    return float(sample.response.strip() == sample.ground_truth)
+'''
+
+
+@pytest.mark.demo  # out of CI for time (three runs); the parts: test_progress.py, test_launch.py, test_executor.py
+@pytest.mark.timeout(900)
+def test_sigterm_while_a_slow_reward_scores_stops_within_seconds_and_the_step_trains_on_resume(tiny_cache, tmp_path):
+    """The seventh catalogue's s60: a SIGTERM while step 2's samples were scored by a slow reward
+    waited for the whole step (21 minutes there). Now the scoring stops, the run stops after step
+    1 with its checkpoint holding step 2's generated batch, and the resumed run trains it: steps
+    2 and 3 are those of a run that was never stopped."""
+    (tmp_path / "slow.py").write_text(SLOW_AT)
+    extra = [f"reward.fn={tmp_path / 'slow.py'}:score", "reward.num_workers=1", "reward.timeout_s=300",
+             "trainer.start_pass_k=0", "logger.samples_per_step=32", "trainer.total_steps=3"]  # fmt: skip
+
+    def run(run_dir, term_at, *more):
+        env = dict(os.environ, RLPOST_COUNTER=str(tmp_path / f"{run_dir.name}.count"), RLPOST_TERM_AT=str(term_at))
+        return subprocess.run(command(tiny_cache, run_dir, *extra, *more), cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+
+    start = time.monotonic()
+    stopped = run(tmp_path / "stopped", 34)  # the try before the actors, then step 1: 8 x 4; the 34th: step 2
+    took = time.monotonic() - start
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+    assert "the signal stopped step 2's scoring" in stopped.stdout
+    assert f"stopped by SIGTERM after step 1 (checkpoint {tmp_path / 'stopped' / 'checkpoints' / 'step_1'})" in (
+        stopped.stdout
+    )
+    assert took < 110, took  # the slow sample alone takes 120 s
+    resumed = run(tmp_path / "stopped", 0, "trainer.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    straight = run(tmp_path / "straight", 0)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+
+    def samples(run_dir):
+        rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+        return {s: [(r["prompt"], r["response"]) for r in rows if r["step"] == s] for s in (1, 2, 3)}
+
+    assert samples(tmp_path / "stopped") == samples(tmp_path / "straight")

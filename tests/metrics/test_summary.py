@@ -114,3 +114,13 @@ def test_report_writes_the_summary_and_the_curves(tmp_path):
     write_report(empty, 1.0, "none", SimpleNamespace(plot=True, backends=["console"]), log=lines.append)
     assert lines[1].startswith("summary: 0 steps") and "curves" not in lines[1]
     assert not (empty / "curves.png").exists()
+
+
+def test_a_run_stopped_in_its_first_step_is_reported_without_curves(tmp_path):
+    """A stop signal during step 1 (its scoring given up): the start's row alone; the report was a
+    traceback of the plot ("no trained step yet")."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/accuracy": 0.5}) + "\n")
+    lines = []
+    write_report(tmp_path, 5.0, "none", SimpleNamespace(plot=True, backends=["jsonl"]), log=lines.append)
+    assert lines[0].startswith("summary: 0 steps") and "curves" not in lines[0]
+    assert not (tmp_path / "curves.png").exists()

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from rlpost.rewards import RewardInput
-from rlpost.rewards.executor import RewardPool
+from rlpost.rewards.pool import RewardPool
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -207,3 +207,22 @@ def test_one_alarm_per_chunk_ends_exactly_the_items_that_run_too_long():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_stop_signal_gives_up_a_batch_under_way_and_the_workers_are_replaced(user_file):
+    """The seventh catalogue's s60: a SIGTERM while a slow reward scored a step waited for the whole
+    step (about 21 minutes there). `interrupted()` turning true gives the batch up within a second
+    or two; the pool's workers are fresh, and score the next batch."""
+    from rlpost.rewards.executor import Interrupted
+
+    p = pool(f"{user_file}:misbehave", timeout_s=60.0)
+    try:
+        asked = time.monotonic() + 1.5
+        start = time.monotonic()
+        with pytest.raises(Interrupted, match="2 of 2 workers stopped"):
+            p.score([sample("sleep") for _ in range(4)], interrupted=lambda: time.monotonic() > asked)
+        assert time.monotonic() - start < 6.0  # not 4 x 60 s / 2 workers
+        out = p.score([sample("7"), sample("raise")], interrupted=lambda: False)
+        assert out.scores == [1.0, -1.0] and out.counts["errors"] == 1
+    finally:
+        p.close()

@@ -11,8 +11,8 @@ import pytest
 from rlpost.rewards import REWARDS, RewardInput
 from rlpost.rewards.base import TRUSTED
 from rlpost.rewards.builtin import extract_answer_line
-from rlpost.rewards.executor import RewardPool
 from rlpost.rewards.library import gold_text, gym_answer, require
+from rlpost.rewards.pool import RewardPool
 
 pytestmark = pytest.mark.timeout(180)
 
