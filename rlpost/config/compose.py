@@ -100,6 +100,11 @@ def _leaves(node: dict, prefix: str) -> list[tuple[str, object]]:
     return out
 
 
+def _as_override(value) -> str:
+    """A value as a command-line override writes it (a list in brackets, no quotes)."""
+    return f"[{','.join(map(str, value))}]" if isinstance(value, list) else str(value)
+
+
 def _check_group_choices(composed: DictConfig, overrides: list[str]) -> None:
     """A group chosen on the command line (`data=reasoning_gym`, `model=hf`) whose keys a recipe
     sets back after it (a recipe's keys come after the groups): refused, with the keys to give, not
@@ -118,7 +123,7 @@ def _check_group_choices(composed: DictConfig, overrides: list[str]) -> None:
         ]
         if back:
             was = ", ".join(f"{k}={now!r}" for k, _, now in back)
-            fix = " ".join(f"{k}={'...' if w == '???' else w}" for k, w, _ in back)
+            fix = " ".join(f"{k}={'...' if w == '???' else _as_override(w)}" for k, w, _ in back)
             raise ConfigError(
                 f"{o} chose the {chosen[1]} group, but +recipe={recipe} sets {was} after it (a recipe's keys come "
                 f"after the groups), so the run would not be the group's; give the group's keys on the command "
