@@ -1,3 +1,4 @@
+import importlib
 import os
 
 import pytest
@@ -40,3 +41,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionstart(session):
+    """`RLPOST_REQUIRE=vllm,gguf,...` (.ci/run sets it): these packages must import. The tests of an
+    optional package skip where it is not installed; where CI installed it and it broke (vLLM's
+    CPU build with the wrong torchvision), they would skip too, and CI stay green."""
+    for name in filter(None, os.environ.get("RLPOST_REQUIRE", "").split(",")):
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001
+            raise pytest.UsageError(f"RLPOST_REQUIRE names {name}, which does not import: {type(e).__name__}: {e}")

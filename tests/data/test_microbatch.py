@@ -1,6 +1,6 @@
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from rlpost.data.batch import Batch
@@ -16,12 +16,15 @@ from tests.helpers import examples
     rows=st.sampled_from([0, 1, 3, 8]),
 )
 def test_plan_covers_every_row_once_with_equal_micro_batch_counts(lengths, world, budget, rows):
-    if len(lengths) < world:
-        return
+    assume(len(lengths) >= world)
     try:
         plan = plan_shards(lengths, world, budget, rows)
     except ValueError as e:  # only when a rank has fewer rows than the others have micro-batches
-        assert "micro-batches" in str(e)
+        assert "micro-batches" in str(e) and (budget or rows)  # one micro-batch a rank always fits
+        if not budget:  # rows alone: ranks of n // world or one more rows, ceil(rows of a rank / rows) each
+            most = -(-(-(-len(lengths) // world)) // rows)
+            assert len(lengths) // world < most, (len(lengths), world, rows)
+        event("refused")
         return
     seen = sorted(i for rank in plan for mb in rank for i in mb)
     assert seen == list(range(len(lengths)))
@@ -44,12 +47,12 @@ def test_a_padded_layouts_budget_counts_its_padding(widths, world, budget):
     """With `widths`, a micro-batch of several rows computes at most `budget` tokens padded:
     rows x (longest prompt + longest response), what a padded forward's logits hold."""
     lengths = [p + r for p, r in widths]
-    if len(lengths) < world:
-        return
+    assume(len(lengths) >= world)
     try:
         plan = plan_shards(lengths, world, budget, 0, widths)
-    except ValueError as e:
+    except ValueError as e:  # a rank with fewer rows than the micro-batches the budget asks of another
         assert "micro-batches" in str(e)
+        event("refused")
         return
     assert sorted(i for rank in plan for mb in rank for i in mb) == list(range(len(lengths)))
     for rank in plan:

@@ -36,7 +36,9 @@ def test_each_algorithm_trains_through_the_controller(ray_session, base_override
     steps_per_batch = min(recipe_cfg.data.train_batch_size // (recipe_cfg.algo.ppo_mini_batch_size or 10**9) or 1, 4)
     mini = [f"algo.ppo_mini_batch_size={8 // steps_per_batch}"] if steps_per_batch > 1 else []
     cfg = load_config(
-        overrides + ["trainer.total_steps=2", "trainer.val_every=0", f"critic.warmup_steps={warmup}", *episodes, *mini]
+        overrides
+        + ["trainer.total_steps=2", "trainer.val_every=0", f"critic.warmup_steps={warmup}", *episodes, *mini]
+        + ["algo.entropy_coef=0.01"]  # a gradient though every group's rewards tie: the ratios below are checked
     )
     assert cfg.algo.name == recipe and cfg.data.train_batch_size == 8
     train(cfg)
@@ -49,7 +51,8 @@ def test_each_algorithm_trains_through_the_controller(ray_session, base_override
     for r in steps[warmup:]:
         missing = [k for k in ["actor/pg_loss", "actor/grad_norm", "reward/shaped_mean", *extra] if k not in r]
         assert not missing, f"{recipe}: metrics missing {missing}"
-        assert r["actor/first_ratio_dev"] <= 1e-6, recipe  # on-policy: the first ratio is exactly 1
+        if separate_pass or steps_per_batch > 1:  # (from the update's own forward it is 1 by construction)
+            assert r["actor/first_ratio_dev"] <= 1e-5, recipe  # on-policy: the first ratio is 1
         assert r["rollout/logprob_diff_max"] <= 1e-4, recipe
         assert ("timing_s/logprob" in r) == (separate_pass or steps_per_batch > 1), recipe
         if episodes:  # some answers are wrong: their episodes take a second turn after "try again"
@@ -57,7 +60,8 @@ def test_each_algorithm_trains_through_the_controller(ray_session, base_override
     if steps_per_batch > 1:  # the optimizer steps once a mini-batch (the warm-up's lr counts them) and
         o = cfg.trainer.optim  # the later mini-batches train off the policy that generated: ratios move
         assert steps[warmup]["actor/lr"] == pytest.approx(o.lr * (steps_per_batch + 1) / o.warmup_steps), recipe
-        trained = [r for r in steps[warmup:] if r["actor/grad_norm"] > 1e-6]  # (tied groups: no gradient)
+        trained = [r for r in steps[warmup:] if r["actor/grad_norm"] > 1e-6]
+        assert trained, recipe
         assert all(max(r["actor/ppo_ratio_max"] - 1, 1 - r["actor/ppo_ratio_min"]) > 1e-4 for r in trained), recipe
     if warmup:
         assert "actor/pg_loss" not in steps[0] and "critic/vf_loss" in steps[0]

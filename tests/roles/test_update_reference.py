@@ -337,7 +337,7 @@ def test_the_batch_exercises_every_branch(setup):
     model_dir, batch, rewards, _ = setup
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     logp = reference_logprobs(model, batch, TEMPERATURE)
-    mask = batch["response_mask"]
+    mask = batch["loss_mask"]  # the tokens the loss reads (the response less the environment's holes)
     ratio = torch.exp(logp - batch["old_logprobs"])[mask]
     adv = grpo_advantages(rewards, batch["group_ids"])[:, None].expand_as(mask)[mask]
     assert ((ratio > 1.3) & (adv > 0)).any() and ((ratio < 0.9) & (adv < 0)).any()  # both clip sides

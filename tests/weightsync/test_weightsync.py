@@ -188,7 +188,7 @@ def test_batched_checksums_equal_one_by_one(monkeypatch):
         assert flat.numel() == sum(packing.padded(t.numel(), 2) for t in bucket)
         assert cs.bucket_checksums(flat, [t.numel() for t in bucket]).tolist() == [one_by_one[id(t)] for t in bucket]
         places = packing.layout([t.shape for t in bucket], 2)
-        assert all(torch.equal(a, b) for a, b in zip(packing.unpack(flat, places), bucket))
+        assert all(torch.equal(a, b) for a, b in zip(packing.unpack(flat, places), bucket, strict=True))
     monkeypatch.setattr(cs, "_GROUP_BYTES", 4000)  # groups of a few tensors
     monkeypatch.setattr(cs, "_ALONE_BYTES", 5000)  # and the largest ones alone
     everything = aligned + ragged + mixed
