@@ -12,6 +12,7 @@ of up to 8 numbers, or one such row) as bars. The panel titles are written into 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from rlpost.metrics.summary import PHASES, read_metrics
@@ -48,7 +49,18 @@ def _grid(plt, n: int, width: float = 4.6, height: float = 3.2):
     return fig, list(axes.flat[:n])
 
 
+def _target(out, default: Path) -> Path:
+    """Where a picture goes: `out`, or `default` (given a folder, `default`'s name in it)."""
+    if out is None:
+        return default
+    return Path(out) / default.name if str(out).endswith(("/", os.sep)) or Path(out).is_dir() else Path(out)
+
+
 def _save(fig, plt, out: Path, titles: list[str]) -> None:
+    """`out` written, unless it is a file rlpost did not draw (its PNG's Title is not `rlpost`)."""
+    if out.exists() and b"Title\x00rlpost" not in out.read_bytes()[:4096]:
+        plt.close(fig)
+        raise ValueError(f"{out} exists and is not a picture rlpost drew: give another --out, or move it away")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100, metadata={"Title": "rlpost", "Description": "panels: " + " | ".join(titles)})
@@ -98,7 +110,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> tupl
             ax.bar([j + i * width for j in range(len(phases))], means, width, color=f"C{i}", label=name)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(phases))], phases, rotation=30, fontsize=8)
     _dress(ax, PHASE_PANEL, "step" if len(runs) == 1 else "", legend=bool(phases))
-    out = Path(out) if out else dirs[0] / ("curves.png" if len(dirs) == 1 else "compare.png")
+    out = _target(out, dirs[0] / ("curves.png" if len(dirs) == 1 else "compare.png"))
     _save(fig, plt, out, titles)
     return out, titles
 
@@ -236,8 +248,9 @@ def plot_json(path: str | Path, out: str | Path | None = None) -> tuple[Path, li
         else:
             _bars(ax, content)
             _dress(ax, title, "", legend=1 < len(content) <= 10)
-    _save(fig, plt, Path(out) if out else path.with_suffix(".png"), titles)
-    return Path(out) if out else path.with_suffix(".png"), titles
+    out = _target(out, path.with_suffix(".png"))
+    _save(fig, plt, out, titles)
+    return out, titles
 
 
 def _bars(ax, rows: dict[str, dict]) -> None:

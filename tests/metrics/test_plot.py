@@ -109,3 +109,22 @@ def test_bad_plot_arguments_are_named(tmp_path, capsys):
     assert "not both" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "notes.json")]) == 2
     assert "no curve" in capsys.readouterr().err
+
+
+def test_a_file_rlpost_did_not_draw_is_not_replaced_and_a_folder_gets_the_picture_inside(tmp_path, capsys):
+    """The ninth catalogue's n32 (a user's `compare.png` replaced without a word) and n68 (`--out`
+    a folder: `FOLDER.png` written beside it, the folder's path printed)."""
+    a, b = fake_run(tmp_path / "a"), fake_run(tmp_path / "b")
+    (a / "compare.png").write_text("my notes")
+    assert main(["plot", str(a), str(b)]) == 2
+    assert "compare.png exists and is not a picture rlpost drew" in capsys.readouterr().err
+    assert (a / "compare.png").read_text() == "my notes"
+    (a / "compare.png").unlink()
+    assert main(["plot", str(a), str(b)]) == 0 and main(["plot", str(a), str(b)]) == 0  # its own: drawn again
+    (tmp_path / "pics").mkdir()
+    for out in (tmp_path / "pics", f"{tmp_path / 'new'}/"):
+        capsys.readouterr()
+        assert main(["plot", str(a), str(b), "--out", str(out)]) == 0
+        picture = Path(str(out).rstrip("/")) / "compare.png"
+        assert capsys.readouterr().out.startswith(f"{picture}: ") and panels(picture)
+    assert not (tmp_path / "pics.png").exists() and not (tmp_path / "new.png").exists()
