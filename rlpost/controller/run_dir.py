@@ -40,12 +40,19 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
         raise ConfigError(f"run.dir={str(run_dir)!r}: cannot write there ({e.strerror}); choose another run.dir")
     try:
         check_run_files(run_dir)
-        if cfg.trainer.resume == "none" and holds_a_run(run_dir):
+        elsewhere = resumes_elsewhere(cfg.trainer.resume, run_dir)
+        if (cfg.trainer.resume == "none" or elsewhere) and holds_a_run(run_dir):
             if not cfg.run.overwrite:
                 raise ConfigError(
-                    f"run.dir={str(run_dir)!r} holds another run's steps (metrics.jsonl, checkpoints/): resume it "
-                    "with trainer.resume=auto, choose another run.dir, or set run.overwrite=true to delete that "
-                    "run's logs and checkpoints and start again"
+                    f"run.dir={str(run_dir)!r} holds another run's steps (metrics.jsonl, checkpoints/)"
+                    + (
+                        f", and trainer.resume={cfg.trainer.resume} is a checkpoint of {elsewhere}: its steps would be "
+                        "written into that run's logs"
+                        if elsewhere
+                        else ""
+                    )  # fmt: skip
+                    + ": resume it with trainer.resume=auto, choose another run.dir, or set run.overwrite=true to "
+                    "delete that run's logs and checkpoints and start again"
                 )
             _delete_run(run_dir, log)
         check_resume(cfg, run_dir)  # before this run's config.yaml replaces the saving run's
@@ -55,6 +62,17 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
         release_run_dir(run_dir)
         raise
     return run_dir
+
+
+def resumes_elsewhere(resume: str, run_dir: Path) -> Path | None:
+    """The run folder of `trainer.resume`'s checkpoint where that is a path into another folder
+    than `run_dir` (the ninth catalogue's n69: resumed into a folder of a third run, the new steps
+    went into its logs); None for `none`, `auto` and checkpoints of `run_dir` itself."""
+    if resume in ("none", "auto"):
+        return None
+    path = Path(resume).expanduser().resolve()
+    owner = path.parent.parent if path.name.startswith("step_") else path
+    return None if owner == run_dir else owner
 
 
 def check_config_file(path: Path) -> None:

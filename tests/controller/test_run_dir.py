@@ -69,6 +69,27 @@ def test_a_folder_with_another_runs_steps_is_refused_unless_resumed_or_overwritt
     release_run_dir(tmp_path)
 
 
+def test_another_folders_checkpoint_is_not_resumed_into_a_folder_holding_a_third_run(tmp_path):
+    """The ninth catalogue's n69: trainer.resume=<another run's checkpoint> with run.dir holding a
+    third run appended the new steps to that run's metrics and replaced its config.yaml."""
+    from rlpost.controller.run_dir import resumes_elsewhere
+
+    other, here = tmp_path / "other", tmp_path / "here"
+    earlier_run(other)
+    earlier_run(here)
+    checkpoint = other / "checkpoints" / "step_2"
+    cfg = cfg_in(here, "trainer.total_steps=5")
+    cfg.trainer.resume = str(checkpoint)  # (load_config would read the checkpoint: this one is a stand-in)
+    before = (here / "config.yaml").read_text()
+    with pytest.raises(ConfigError) as info:
+        claim_run_dir(cfg, log=lambda *_: None)
+    assert f"and trainer.resume={checkpoint} is a checkpoint of {other}: its steps would be" in str(info.value)
+    assert (here / "config.yaml").read_text() == before and (here / "metrics.jsonl").read_text().count("step") == 3
+    assert resumes_elsewhere(str(checkpoint), here) == other and resumes_elsewhere(str(other), here) == other
+    assert resumes_elsewhere(str(here / "checkpoints" / "step_2"), here) is None  # its own: resumed as before
+    assert resumes_elsewhere("auto", here) is None and resumes_elsewhere("none", here) is None
+
+
 def test_a_run_that_never_got_past_its_start_is_not_in_the_way(tmp_path):
     run_config(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "start/pass@1": 0.5}\n')
