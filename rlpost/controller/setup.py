@@ -21,7 +21,7 @@ from rlpost.data.dataset import (
     short_cap_warning,
     unknown_token_warning,
 )
-from rlpost.data.tasks import task_cache_name, task_rows, write_jsonl
+from rlpost.data.tasks import cached_task, task_cache_name, task_rows
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.envs.base import env_factory
 from rlpost.models.checks import cut_short, meta_model, weight_mismatch
@@ -36,10 +36,7 @@ def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
     named by every setting that changes them (`rlpost.data.tasks.TASKS`)."""
     if cfg.data.task:
         folder = Path(cfg.model.cache_dir).expanduser() / "data" / task_cache_name(cfg.data)
-        if not (folder / "val.jsonl").is_file():
-            train, val = task_rows(cfg.data)
-            write_jsonl(train, folder / "train.jsonl")
-            write_jsonl(val, folder / "val.jsonl")
+        cached_task(folder, lambda: task_rows(cfg.data))
         return [str(folder / "train.jsonl")], [str(folder / "val.jsonl")]
     return list(cfg.data.train_files), list(cfg.data.val_files)
 

@@ -28,6 +28,7 @@ register here when this module is imported.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from dataclasses import dataclass
@@ -192,14 +193,36 @@ def carry_slip(row: dict, rng: random.Random, prob: float) -> dict:
 
 
 def write_jsonl(rows: list[dict], path: Path) -> Path:
-    """Write rows atomically (temporary file, then rename)."""
+    """Write rows atomically (`write_atomic`)."""
+    return write_atomic("".join(json.dumps(row) + "\n" for row in rows), path)
+
+
+def write_atomic(text: str, path: Path) -> Path:
+    """`text` into a temporary file of this process's own, then renamed to `path` (two runs that
+    built one task's cache at once wrote, then renamed, the same one: the ninth catalogue's n76)."""
+    import tempfile
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-    tmp.replace(path)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
+        f.write(text)
+    os.chmod(f.name, 0o644)  # (a temporary file is the owner's alone)
+    Path(f.name).replace(path)
     return path
+
+
+def cached_task(folder: Path, rows) -> None:
+    """An offline task's rows in `folder` (train.jsonl, val.jsonl), written by `rows()` -> (train,
+    val) unless `sizes.json`, written last, holds both files' sizes: a file cut short or edited
+    (the ninth catalogue's n74, n75: trained on part of the rows without a word) is written again."""
+    names, manifest = ("train.jsonl", "val.jsonl"), folder / "sizes.json"
+    try:
+        if json.loads(manifest.read_text()) == {n: (folder / n).stat().st_size for n in names}:
+            return
+    except (OSError, ValueError):
+        pass
+    for split, name in zip(rows(), names):
+        write_jsonl(split, folder / name)
+    write_atomic(json.dumps({n: (folder / n).stat().st_size for n in names}), manifest)
 
 
 from rlpost.data import chat_tasks, gym_tasks  # noqa: E402, F401  (they register their tasks)

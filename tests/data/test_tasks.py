@@ -223,8 +223,15 @@ def test_a_run_caches_the_rows_by_their_settings(tmp_path):
     folder = Path(val_src[0]).parent
     assert folder == tmp_path / "data" / "sums_steps-d2-k3-n40-v8-f1"
     assert [json.loads(line) for line in Path(val_src[0]).read_text().splitlines()] == task_rows(cfg.data)[1]
-    (folder / "val.jsonl").write_text("kept\n")  # a complete copy is read, not made again
-    assert data_sources(cfg) == (train_src, val_src) and (folder / "val.jsonl").read_text() == "kept\n"
+    made = {n: (folder / n).stat().st_mtime_ns for n in ("train.jsonl", "val.jsonl")}
+    assert data_sources(cfg) == (train_src, val_src)  # a complete copy is read, not made again
+    assert {n: (folder / n).stat().st_mtime_ns for n in made} == made
+    # cut at a line's end (the ninth catalogue's n75: trained on part of the rows without a word)
+    lines = (folder / "train.jsonl").read_text().splitlines(keepends=True)
+    (folder / "train.jsonl").write_text("".join(lines[:10]))
+    assert data_sources(cfg) == (train_src, val_src)
+    assert (folder / "train.jsonl").read_text() == "".join(lines)  # made again, whole
+    assert sorted(p.name for p in folder.iterdir()) == ["sizes.json", "train.jsonl", "val.jsonl"]  # no temporary
     cfg.data.operands = 4
     assert Path(data_sources(cfg)[1][0]).parent != folder
 
