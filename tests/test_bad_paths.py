@@ -107,6 +107,9 @@ def saved_run(tmp_path, *overrides):
         ([], ["algo.name=ppo"], r"algo.name='grpo' there, 'ppo' here \(a critic in one, not the other\)"),
         ([], ["model.lora.rank=8"], r"saved by a run with other settings: model.lora.rank=0 there, 8 here\."),
         (["model.lora.rank=8"], ["model.lora.rank=8", "model.lora.target_modules=[q_proj]"], r"target_modules="),
+        # the ninth catalogue's n57-n59: a raw TypeError, or a message about model.path, after the actors started
+        ([], ["trainer.optim.offload=layerwise"], r"trainer.optim.offload='none' there, 'layerwise' here \(layerwise"),
+        (["trainer.optim.offload=layerwise"], ["trainer.optim.offload=none"], r"offload=.layerwise. there, .none"),
     ],
 )
 def test_a_resume_that_cannot_go_on_is_refused_before_the_actors_naming_the_keys(tmp_path, saved, now, says):

@@ -235,11 +235,12 @@ def async_rollouts_need_split(cfg):
         )
 
 
-@rule("trainer.optim.betas")
+@rule("optim.betas")  # the trainer's and the critic's (the ninth catalogue's n27: the critic's, unchecked, failed late)
 def adam_betas(cfg):
-    betas = list(cfg.trainer.optim.betas)
-    if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
-        return f"trainer.optim.betas={betas} must be two numbers in [0, 1)"
+    for section in ("trainer", "critic"):
+        betas = list(getattr(cfg, section).optim.betas)
+        if len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+            return f"{section}.optim.betas={betas} must be two numbers in [0, 1)"
 
 
 @rule("logger.backends")

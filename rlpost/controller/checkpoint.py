@@ -190,6 +190,10 @@ def check_resume(cfg, run_dir: Path) -> None:
     had, has = ("critic" in ALGORITHMS.get(c.algo.name).roles for c in (saved, cfg))
     if had != has:
         differ.append(f"algo.name={saved.algo.name!r} there, {cfg.algo.name!r} here (a critic in one, not the other)")
+    for role in ("trainer", "critic"):  # Adam's states: in DCP, or in the layerwise optimizer's files (cat9's n57-n59)
+        was, now = (getattr(c, role).optim.offload for c in (saved, cfg))
+        if (was == "layerwise") != (now == "layerwise"):
+            differ.append(f"{role}.optim.offload={was!r} there, {now!r} here (layerwise keeps Adam's states apart)")
     if saved.algo.async_rollouts and not cfg.algo.async_rollouts:  # its drawn-ahead batches: only async reads them
         differ.append("algo.async_rollouts=true there, false here (the prompts it had drawn ahead would never train)")
     if differ:

@@ -172,6 +172,7 @@ VIOLATIONS = {
         ["trainer.optim.betas=[0.9,1.0]"],
         ["trainer.optim.betas=[-0.1,0.9]"],
         ["trainer.optim.betas=[0.9]"],
+        ["critic.optim.betas=[1.5,0.9]"],
     ],
     "known_trackers": [["logger.backends=[console,foo]"]],
     "wandb_key": [["logger.backends=[console,wandb]", "logger.wandb_mode=online"]],
