@@ -79,3 +79,12 @@ def wandb_key(cfg):
     known = os.environ.get("WANDB_API_KEY") or (netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"))
     if "wandb" in cfg.logger.backends and cfg.logger.wandb_mode == "online" and not known:
         return "logger.wandb_mode=online needs a W&B key (WANDB_API_KEY or `wandb login`); or logger.wandb_mode=offline"
+
+
+@rule("model.cache_dir", this_machine=True)
+def cache_dir_is_a_folder(cfg):
+    """A file where the cache folder goes: refused here; a GGUF model spent half a minute converting
+    before a traceback named it (the ninth catalogue's n08, n70)."""
+    path = Path(cfg.model.cache_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        return f"model.cache_dir={cfg.model.cache_dir!r} is a file, not a folder: give a folder (made if missing)"

@@ -127,6 +127,9 @@ def ensure_converted(path: str, cache_dir: str, log=print) -> Path:
     file = gguf_file(path)
     final = converted_dir(file, cache_dir)
     if not (final / "config.json").is_file():
+        cache = Path(cache_dir).expanduser()
+        if cache.exists() and not cache.is_dir():  # (else a traceback after the conversion's half minute)
+            raise GGUFError(f"model.cache_dir={cache_dir!r} is a file, not a folder: give a folder (made if missing)")
         arch = check_readable(file)
         log(f"converting {file.name} ({arch}) into {final} (first run only)")
         tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")

@@ -194,6 +194,7 @@ VIOLATIONS = {
     "model_type_known": [[f"model.path={ODD_MODELS / 'qwen9'}"]],
     "overwrite_or_resume": [["run.overwrite=true", "trainer.resume=auto"]],
     "critic_folder_exists": [["critic.model_path=/no/such/critic"]],
+    "cache_dir_is_a_folder": [[f"model.cache_dir={REPO / 'README.md'}"]],
     "reward_model_folder_exists": [["reward.model.path=../no/rm"]],
     "reward_model_scorer": [
         ["reward.model.path=tiny", "reward.model.kind=causal_lm"],

@@ -141,6 +141,9 @@ def test_bad_files_are_named_with_what_is_wrong(tmp_path, monkeypatch):
     with pytest.raises(GGUFError, match=r"architecture 'nosuchnet' is not one transformers reads from GGUF"):
         ensure_converted(str(tmp_path / "arch.gguf"), cache)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir()), "a failed run wrote"
+    (tmp_path / "a_file").write_text("")  # the ninth catalogue's n08: a traceback after the conversion
+    with pytest.raises(GGUFError, match=r"model.cache_dir='.*a_file' is a file, not a folder"):
+        ensure_converted(str(tmp_path / "arch.gguf"), str(tmp_path / "a_file"))
 
 
 def test_a_missing_package_is_named_with_the_command_that_installs_it(tmp_path, monkeypatch):
