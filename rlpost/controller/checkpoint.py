@@ -17,6 +17,7 @@ to the newest intact one.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import zipfile
@@ -270,15 +271,23 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
     cfg = run_config(run_dir)
     folder = select(run_dir, step, log=log)
     check_base_model(cfg, run_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    claim = out_dir / ".rlpost-export"  # two exports into one new --out both wrote it (the ninth catalogue's n62)
+    if out_dir.exists() and (not out_dir.is_dir() or any(p != claim for p in out_dir.iterdir())):
         raise FileExistsError(f"--out {out_dir} exists and is not an empty folder")
     made = not out_dir.exists()
     try:  # before the weights are loaded: a file where a folder of the path should be, no permission
         out_dir.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        raise FileExistsError(f"--out {out_dir}: another export is writing into it; give another --out") from None
     except OSError as e:
         raise FileExistsError(f"--out {out_dir}: cannot make the folder ({e.strerror})") from None
+    if [p.name for p in out_dir.iterdir()] != [claim.name]:  # another export finished into it meanwhile
+        claim.unlink()
+        raise FileExistsError(f"--out {out_dir} exists and is not an empty folder")
     try:
         write_export(cfg, folder, out_dir, dtype or cfg.model.dtype, log)
+        claim.unlink()
     except BaseException:  # no half-written model left behind, nor the empty folder this made
         if made:
             shutil.rmtree(out_dir, ignore_errors=True)

@@ -61,6 +61,12 @@ def test_export_full_finetuning_checkpoint(run_dir, tmp_path):
     for name, p in model.named_parameters():
         assert torch.equal(p.detach(), trained[name]), name
     assert (Path(out) / "tokenizer.json").is_file() or (Path(out) / "tokenizer_config.json").is_file()
+    assert not (out / ".rlpost-export").exists()  # the export's claim on its folder, let go
+    busy = tmp_path / "busy"  # the ninth catalogue's n62: two exports into one --out both said they wrote it
+    busy.mkdir()
+    (busy / ".rlpost-export").write_text("")  # another export's claim: it is writing there
+    assert main(["export", str(run), "--out", str(busy)]) == 2
+    assert [p.name for p in busy.iterdir()] == [".rlpost-export"]  # its files untouched, none added
 
 
 def test_export_errors_name_what_is_missing(run_dir, tmp_path, capsys):
