@@ -24,7 +24,12 @@ from rlpost.controller.checkpoint import check_resume
 
 LOCK = "run.lock"
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png")  # what a run writes, with checkpoints/
-RUN_TREES = {"checkpoints": "*step_*", "tensorboard": "events.out.tfevents.*", "profile": "update_step*"}  # and these
+RUN_TREES = {
+    "checkpoints": "*step_*",
+    "tensorboard": "events.out.tfevents.*",
+    "profile": "update_step*",
+    "wandb": "*",
+}  # and these (wandb/: W&B's offline runs and logs, which `wandb sync` would upload)
 HEADER = "# rlpost: this run's config, written by the run (a new run in this folder replaces it)\n"
 
 

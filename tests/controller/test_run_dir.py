@@ -254,6 +254,8 @@ def test_overwrite_deletes_the_runs_checkpoints_events_and_profiles_and_keeps_a_
         "checkpoints/step_1/controller.pt",
         "tensorboard/events.out.tfevents.1.vm.1.0",
         "profile/update_step2_rank0.txt",
+        "wandb/offline-run-20261128_010101-abc/run-abc.wandb",  # the ninth catalogue's n52: kept, `wandb sync`
+        "wandb/debug.log",  # would have uploaded the old run with the new one
     ]
     mine = ["checkpoints/NOTES.txt", "profile/my_trace.json", "checkpoints/step_99/model.safetensors"]  # an export
     for name in made + mine:
@@ -264,10 +266,10 @@ def test_overwrite_deletes_the_runs_checkpoints_events_and_profiles_and_keeps_a_
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert left == ["checkpoints/NOTES.txt", "checkpoints/step_99/model.safetensors", "config.yaml",
                     "profile/my_trace.json", LOCK]  # fmt: skip
-    assert not (tmp_path / "tensorboard").exists()  # emptied: gone
+    assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "wandb").exists()  # emptied: gone
     assert said == [
         f"run.overwrite=true: deleted the earlier run's metrics.jsonl, checkpoints/*step_*, tensorboard/events.out."
-        f"tfevents.*, profile/update_step* in {tmp_path}; kept what no run wrote in checkpoints/, profile/"
+        f"tfevents.*, profile/update_step*, wandb/* in {tmp_path}; kept what no run wrote in checkpoints/, profile/"
     ]
     release_run_dir(tmp_path)
 
