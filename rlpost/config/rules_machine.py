@@ -5,6 +5,7 @@ violating example in tests/config/test_config.py."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -88,3 +89,23 @@ def cache_dir_is_a_folder(cfg):
     path = Path(cfg.model.cache_dir).expanduser()
     if path.exists() and not path.is_dir():
         return f"model.cache_dir={cfg.model.cache_dir!r} is a file, not a folder: give a folder (made if missing)"
+
+
+@rule("reward.model.kind", this_machine=True)
+def classifier_reward_model(cfg):
+    """`reward.model.kind=classifier` on a local folder of a causal LM: transformers gives it a
+    random score head, and the run trained on random scores (the ninth catalogue's n63)."""
+    m = cfg.reward.model
+    config = Path(m.path).expanduser() / "config.json"
+    if m.kind != "classifier" or not m.path or m.path == "tiny" or not config.is_file():
+        return None
+    try:
+        names = json.loads(config.read_text()).get("architectures") or []
+    except (ValueError, AttributeError):
+        return None  # (a config.json that is not JSON: named by the model's own checks)
+    if names and not any(n.endswith("ForSequenceClassification") for n in names):
+        return (
+            f"reward.model.kind=classifier, but reward.model.path={m.path!r} is a {', '.join(names)} (no score head: "
+            "it would be random); give a sequence-classification reward model, or reward.model.kind=causal_lm with "
+            "reward.model.score_fn=file.py:function"
+        )

@@ -122,7 +122,11 @@ for name, config in (("empty", None), ("badjson", '{"model_type": "qwen2",'), ("
     if config is not None:
         (ODD_MODELS / name / "config.json").write_text(config)
         (ODD_MODELS / name / "model.safetensors").write_bytes(b"")
+CAUSAL_LM = Path(tempfile.mkdtemp(prefix="rlpost_causal_lm_"))  # a causal LM's folder, given as a classifier
+(CAUSAL_LM / "config.json").write_text('{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}')
+(CAUSAL_LM / "model.safetensors").write_bytes(b"")
 VIOLATIONS = {
+    "classifier_reward_model": [[f"reward.model.path={CAUSAL_LM}"]],
     "mini_batch_divides_batch": [["algo.ppo_mini_batch_size=5"]],
     "ranks_divide_mini_batch": [["trainer.world_size=3"]],
     "rows_to_train_on": [
