@@ -184,15 +184,30 @@ def answer(future, e: Episode, episodes: list[Episode]):
     episode ends there, counted in `errors` (the first of the batch said on the console)."""
     try:
         step = future.result()
-        if isinstance(step, EnvStep):
+        if isinstance(step, EnvStep) and is_number(step.reward):
+            step.reward = float(step.reward)  # (a numpy scalar)
             return step
-        problem = f"returned {step!r} ({type(step).__name__}), not an EnvStep"  # (a None ended it without a word)
+        problem = (  # (a None ended it without a word; a string reward killed the rollout actor: cat9's n49)
+            f"returned {step!r} ({type(step).__name__}), not an EnvStep"
+            if not isinstance(step, EnvStep)
+            else f"returned a reward of {step.reward!r} ({type(step.reward).__name__}), not a finite number"
+        )
     except Exception as error:  # noqa: BLE001  (the user's environment: counted, the episode ends)
         problem = f"raised {error!r}"
     e.errors, e.done = e.errors + 1, True
     if not any(other.errors for other in episodes if other is not e):
         print(f"warning: env.step {problem} in an episode: it ends there (env/errors counts)")
     return None
+
+
+def is_number(value) -> bool:
+    """A finite int or float (a numpy scalar too); not a bool (the ninth catalogue's n48: a NaN turn
+    reward skipped the step's update and was blamed on the rewards' size)."""
+    import math
+    import numbers
+
+    value = getattr(value, "item", lambda: value)() if getattr(value, "ndim", 0) == 0 else value
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def episodes_batch(episodes: list[Episode], pad_id: int, weight_version: int) -> Batch:

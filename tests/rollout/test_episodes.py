@@ -256,11 +256,28 @@ class NoneEnv(ScriptedEnv):
         return None if turn.index >= 1 else super().step(turn)
 
 
+class OddRewardEnv(ScriptedEnv):
+    """The user's environment whose second step's reward is `odd` (the ninth catalogue's n49: a
+    string killed the rollout actor; n48: a NaN skipped the update, blamed on the rewards' size)."""
+
+    odd: object = "1.0"
+
+    def step(self, turn: Turn) -> EnvStep:
+        out = super().step(turn)
+        return EnvStep(out.messages, self.odd, out.done) if turn.index >= 1 else out
+
+
+class NanRewardEnv(OddRewardEnv):
+    odd = float("nan")
+
+
 @pytest.mark.parametrize(
     "env, said",
     [
         (RaisingEnv, "raised KeyError('feedback')"),
         (NoneEnv, "returned None (NoneType), not an EnvStep"),  # it ended without a word, env/errors 0
+        (OddRewardEnv, "returned a reward of '1.0' (str), not a finite number"),
+        (NanRewardEnv, "returned a reward of nan (float), not a finite number"),
     ],
 )
 def test_an_environment_that_fails_ends_its_episode_counted_and_the_others_go_on(capsys, env, said):
