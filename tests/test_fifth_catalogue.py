@@ -244,3 +244,18 @@ def test_an_override_with_no_value_says_so(capsys):  # a01
     assert "trainer.total_steps=" in said
     hint = "(the override gives the key no value: write KEY=VALUE, or KEY=null where null is allowed)"
     assert said.rstrip().endswith(hint)
+
+
+def test_a_critic_of_a_smaller_vocabulary_is_refused_before_the_actors(tmp_path):
+    """The ninth catalogue's n30: it passed the start and died at step 1 with an IndexError, said as
+    "a Ray worker died"."""
+    _, tok = save_tiny_model(tmp_path / "policy", hidden=32, layers=2, intermediate=64)
+    save_tiny_model(tmp_path / "critic", hidden=32, layers=2, intermediate=64)
+    vocab = json.loads((tmp_path / "policy" / "config.json").read_text())["vocab_size"]
+    rows = [PromptRow([1, 2], "a", "1", "arithmetic")]
+    cfg = load_config([*QUICK, f"model.path={tmp_path / 'policy'}", f"critic.model_path={tmp_path / 'critic'}"])
+    check_vocab(cfg, tok, str(tmp_path / "policy"), rows)  # the same vocabulary: fine
+    config = json.loads((tmp_path / "critic" / "config.json").read_text())
+    (tmp_path / "critic" / "config.json").write_text(json.dumps({**config, "vocab_size": vocab - 8}))
+    with pytest.raises(ConfigError, match=rf"has {vocab - 8} tokens \(vocab_size\), the policy {vocab}: the critic"):
+        check_vocab(cfg, tok, str(tmp_path / "policy"), rows)

@@ -257,6 +257,13 @@ def check_vocab(cfg: TrainConfig, tokenizer, model_path: str | None, rows: list[
             f"model.path={cfg.model.path!r}: the tokenizer in {model_path} gives token id {max(ids)}, but the model "
             f"has {vocab} (vocab_size in config.json): the tokenizer is another model's; give the model's own"
         )
+    critic = Path(cfg.critic.model_path).expanduser() / "config.json" if cfg.critic.model_path else None
+    theirs = json.loads(critic.read_text()).get("vocab_size") if critic and critic.is_file() else None
+    if isinstance(vocab, int) and isinstance(theirs, int) and theirs < vocab:  # (the ninth catalogue's n30)
+        raise ConfigError(
+            f"critic.model_path={cfg.critic.model_path!r} has {theirs} tokens (vocab_size), the policy {vocab}: the "
+            "critic reads the policy's tokens, any of which a response may hold; give one of the policy's vocabulary"
+        )
 
 
 def check_eos(cfg: TrainConfig, tokenizer, model_path: str) -> None:
