@@ -82,16 +82,8 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     assert ckpts == ["step_1", "step_2"]
 
     # resume: same run folder, one more step; continues from step 2 at weight version 2
-    cfg = load_config(
-        base_overrides(run_dir)
-        + [
-            "trainer.world_size=2",
-            "trainer.total_steps=3",
-            "trainer.resume=auto",
-            "algo.kl_coef=0.01",
-            "algo.old_logprobs=separate",
-        ]  # fmt: skip
-    )
+    again = ["trainer.world_size=2", "trainer.total_steps=3", "trainer.resume=auto", "algo.kl_coef=0.01"]
+    cfg = load_config(base_overrides(run_dir) + again + ["algo.old_logprobs=separate"])
     train(cfg)
     rows = read_metrics(run_dir)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # the resume wrote no second row for step 2
