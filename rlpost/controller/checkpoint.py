@@ -211,10 +211,13 @@ def run_config(run_dir: Path):
 
     from rlpost.config import TrainConfig
 
-    path = Path(run_dir) / "config.yaml"
+    path, run_dir = Path(run_dir) / "config.yaml", Path(run_dir)
     if not path.is_file():
+        step = _COMPLETE.match(run_dir.name)  # a checkpoint folder given for its run (the ninth catalogue's n35)
+        hint = f"; it is a checkpoint: give its run, {run_dir.parent.parent} --step {step.group(1)}" if step else ""
         raise FileNotFoundError(
-            f"{path} not found: {run_dir} is not an rlpost run folder (`rlpost train` writes config.yaml into run.dir)"
+            f"{path} not found: {run_dir} is not an rlpost run folder (`rlpost train` writes config.yaml into "
+            f"run.dir){hint}"
         )
     from omegaconf.errors import OmegaConfBaseException
     from yaml import YAMLError

@@ -73,6 +73,8 @@ def test_export_errors_name_what_is_missing(run_dir, tmp_path, capsys):
     _, run, _ = run_dir
     assert main(["export", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "config.yaml not found" in capsys.readouterr().err
+    assert main(["export", str(run / "checkpoints" / "step_7"), "--out", str(tmp_path / "o")]) == 2  # cat9's n35
+    assert f"it is a checkpoint: give its run, {run} --step 7" in capsys.readouterr().err
     assert main(["export", str(run), "--out", str(tmp_path / "o")]) == 2
     assert "no complete checkpoint in" in capsys.readouterr().err
     (run / "checkpoints" / "step_2").mkdir(parents=True)  # no controller.pt: incomplete
