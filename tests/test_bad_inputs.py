@@ -118,6 +118,14 @@ def test_a_row_that_is_not_json(tmp_path, tok):
         load_prompts([path], tok, 64)
 
 
+def test_a_row_with_a_key_given_twice(tmp_path, tok):
+    """The ninth catalogue's n12: json keeps the last of a duplicated key without a word."""
+    path = write(tmp_path, ['{"prompt": "1+1=", "ground_truth": "2"}', '{"prompt": "1+2=", "ground_truth": "3", '
+                            '"ground_truth": "4"}'])  # fmt: skip
+    with pytest.raises(DataError, match=r"d.jsonl: row 1: the key 'ground_truth' is given twice; give each key once"):
+        load_prompts([path], tok, 64)
+
+
 def test_a_row_without_ground_truth(tmp_path, tok):
     path = write(tmp_path, ['{"prompt": "1+1="}'])
     with pytest.raises(DataError, match=r"d.jsonl: row 0: field 'ground_truth' is missing"):

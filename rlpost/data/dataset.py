@@ -113,10 +113,21 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(json.loads(line, object_pairs_hook=_one_value_a_key))
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: row {i}: not valid JSON ({e.msg}); want one JSON object a line") from None
+        except KeyError as e:
+            raise DataError(f"{path}: row {i}: the key {e.args[0]!r} is given twice; give each key once") from None
     return rows
+
+
+def _one_value_a_key(pairs: list) -> dict:
+    """A JSON object whose keys are each given once: json keeps the last of a key given twice,
+    without a word (the ninth catalogue's n12: a ground truth given twice, the wrong one kept)."""
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        raise KeyError(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+    return out
 
 
 def columns_layout(text: str) -> bool:
