@@ -278,3 +278,14 @@ def test_every_closed_set_refuses_a_value_outside_it(key):
     # a registry's names (algo.name, ...) are refused by the registry's message, naming its kind
     with pytest.raises(ConfigError, match=f"^{key}='nope' is not (allowed|a registered [^;]+); choose one of"):
         load_config(["+recipe=quickstart", f"{key}=nope"])
+
+
+def test_an_online_wandb_run_whose_server_cannot_be_reached_is_refused_before_the_actors(monkeypatch):
+    """The ninth catalogue's n46b: with a key but no network the actors started, and the run waited
+    1 min 41 s before it failed."""
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens there
+    cfg = compose(["+recipe=quickstart", "logger.backends=[console,wandb]", "logger.wandb_mode=online"])
+    with pytest.raises(ConfigError, match=r"W&B's server 127.0.0.1 cannot be reached .*logger.wandb_mode=offline"):
+        validate(cfg)
+    validate(compose(["+recipe=quickstart", "logger.backends=[console,wandb]", "logger.wandb_mode=offline"]))
