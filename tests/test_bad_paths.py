@@ -145,7 +145,9 @@ def test_a_cache_folder_that_cannot_be_written_is_named_before_the_warm_up(tmp_p
     from rlpost.tiny.build import CacheError, ensure_tiny_model
 
     (tmp_path / "cache").write_text("a file, not a folder")
-    cfg = load_config(["+recipe=quickstart", f"model.cache_dir={tmp_path / 'cache'}"])
+    with pytest.raises(ConfigError, match=r"model.cache_dir='.*cache' is a file, not a folder"):  # (cat9's n08)
+        load_config(["+recipe=quickstart", f"model.cache_dir={tmp_path / 'cache'}"])
+    cfg = load_config(["+recipe=quickstart", f"model.cache_dir={tmp_path / 'cache'}"], this_machine=False)
     with pytest.raises(CacheError, match=r"^model.cache_dir: cannot write into .*cache \(File exists\); set"):
         ensure_tiny_model(cfg.model, cfg.data, log=lambda *_: None)  # it raised after the warm-up, 94 s in
 
