@@ -12,6 +12,7 @@ of up to 8 numbers, or one such row) as bars. The panel titles are written into 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -87,11 +88,16 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> tupl
     titles = [title for title, _ in RUN_PANELS] + [PHASE_PANEL]
     fig, axes = _grid(plt, len(titles))
     for ax, (title, key) in zip(axes, RUN_PANELS):
+        odd = []  # steps whose value is NaN or infinite (the ninth catalogue's n60: drawn as "not logged")
         for i, (name, rows) in enumerate(zip(names, runs)):
             points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            odd += [step for step, v in points if not math.isfinite(v)]
             if points:
                 ax.plot(*zip(*points), color=f"C{i}", label=name, marker="o" if len(points) < 30 else None, ms=3)
-        _dress(ax, title, "step", legend=len(runs) > 1)
+        if odd:
+            shown = ", ".join(map(str, sorted(set(odd))[:5])) + ("..." if len(set(odd)) > 5 else "")
+            ax.text(0.02, 0.97, f"not finite at step {shown}", transform=ax.transAxes, va="top", color="C3", fontsize=7)
+        _dress(ax, title, "step", legend=len(runs) > 1, empty="not logged" if not odd else "")
     ax = axes[-1]
     phases = [p for p in PHASES if any(r.get(f"timing_s/{p}") for rows in runs for r in rows)]
     if len(runs) == 1:  # stacked over the steps
@@ -127,14 +133,14 @@ def check_plottable(path: Path, rows: list[dict]) -> None:
             raise ValueError(f"{path}: step {r.get('step')}'s {odd[0]} is {r[odd[0]]!r}, not a number: not plotted")
 
 
-def _dress(ax, title: str, xlabel: str, legend: bool) -> None:
+def _dress(ax, title: str, xlabel: str, legend: bool, empty: str = "not logged") -> None:
     ax.set_title(title, fontsize=10)
     if xlabel:
         ax.set_xlabel(xlabel, fontsize=8)
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
     if not ax.has_data():
-        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes, color="grey")
     elif legend:
         ax.legend(fontsize=7)
 

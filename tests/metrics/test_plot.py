@@ -128,3 +128,19 @@ def test_a_file_rlpost_did_not_draw_is_not_replaced_and_a_folder_gets_the_pictur
         picture = Path(str(out).rstrip("/")) / "compare.png"
         assert capsys.readouterr().out.startswith(f"{picture}: ") and panels(picture)
     assert not (tmp_path / "pics.png").exists() and not (tmp_path / "new.png").exists()
+
+
+def test_a_value_that_is_not_finite_is_said_on_its_panel_not_drawn_as_not_logged(tmp_path, monkeypatch):
+    """The ninth catalogue's n60: a NaN reward (an environment's NaN turn reward) showed as "not logged"."""
+    import matplotlib.axes
+
+    said = []
+    real = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda ax, *a, **k: said.append(a[2]) or real(ax, *a, **k))
+    run = fake_run(tmp_path / "nan", steps=1)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows[1]["reward/mean"] = float("nan")  # its only step
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot_runs([run])
+    assert "not finite at step 1" in said
+    assert said.count("not logged") == 0  # every panel of this run has its values (the reward's: NaN)
