@@ -112,6 +112,13 @@ def test_a_data_file_that_is_not_there(tmp_path, tok):
         load_prompts([str(tmp_path / "missing.jsonl")], tok, 64)
 
 
+def test_a_data_file_that_is_a_link_to_nowhere(tmp_path, tok):
+    """The ninth catalogue's n15: a symbolic link in a loop was reported as "no such file"."""
+    (tmp_path / "loop.jsonl").symlink_to(tmp_path / "loop.jsonl")
+    with pytest.raises(DataError, match=r"loop.jsonl: a symbolic link that leads nowhere \(in a loop"):
+        load_prompts([str(tmp_path / "loop.jsonl")], tok, 64)
+
+
 def test_a_row_that_is_not_json(tmp_path, tok):
     path = write(tmp_path, ['{"prompt": "1+1=", "ground_truth": "2"}', "{oops"])
     with pytest.raises(DataError, match=r"d.jsonl: row 1: not valid JSON"):

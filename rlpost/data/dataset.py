@@ -75,6 +75,8 @@ def read_rows(source: str) -> list[dict]:
     if suffix in FORMATS:
         matches = sorted(glob.glob(str(path))) if glob.has_magic(str(path)) else []
         wildcard = f" (wildcards are not expanded: list the files, e.g. [{','.join(matches[:2])}])" if matches else ""
+        if path.is_symlink():  # (the ninth catalogue's n15: a link to itself was "no such file")
+            raise DataError(f"{path}: a symbolic link that leads nowhere (in a loop, or to a file that is gone)")
         raise DataError(f"{path}: no such file{wildcard}")
     if path.is_file():
         raise DataError(
