@@ -243,3 +243,17 @@ def test_vllm_finds_its_process_group_port_below_the_ephemeral_range(monkeypatch
     monkeypatch.setenv("VLLM_PORT", "23456")
     prepare_environment("cpu", 1)
     assert vllm.envs.VLLM_PORT == 23456
+
+
+def test_a_dying_actors_system_exit_does_not_leave_the_engines_destructor():
+    """The ninth catalogue's n54: Ray's SIGTERM handler raised SystemExit inside `close` as the
+    actor died, and its traceback followed a good run's summary."""
+    from rlpost.rollout.vllm_engine import VLLMRolloutEngine
+
+    engine = object.__new__(VLLMRolloutEngine)
+
+    def close():
+        raise SystemExit(1)
+
+    engine.close = close
+    engine.__del__()  # nothing comes out
