@@ -53,3 +53,20 @@ def test_a_character_the_terminal_cannot_show_is_written_escaped():
 def test_help_is_asked_for_and_goes_to_stdout(capsys):
     assert main(["-h"]) == 0 and "rlpost train | data" in capsys.readouterr().out
     assert main(["trian"]) == 2 and "unknown command 'trian'" in capsys.readouterr().err
+
+
+def test_the_actors_lines_are_plain_where_the_console_takes_no_colour(monkeypatch):
+    """The ninth catalogue's n38: with NO_COLOR, TERM=dumb or output to a file, Ray's prefixes of
+    the actors' lines still came with colour codes (`RAY_COLOR_PREFIX=0` is set then)."""
+    from types import SimpleNamespace
+
+    from rlpost.controller import cluster
+
+    for tty, env, plain in [(True, {}, False), (False, {}, True), (True, {"NO_COLOR": "1"}, True),
+                            (True, {"TERM": "dumb"}, True)]:  # fmt: skip
+        monkeypatch.setattr(cluster.sys, "stdout", SimpleNamespace(isatty=lambda tty=tty: tty))
+        monkeypatch.delenv("NO_COLOR", raising=False)
+        monkeypatch.setenv("TERM", "xterm")
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        assert cluster.plain_text() == plain, (tty, env)

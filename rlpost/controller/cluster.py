@@ -59,9 +59,16 @@ def actor_env(cfg: TrainConfig) -> dict[str, str]:
     return env
 
 
+def plain_text() -> bool:
+    """Whether the console takes no colour: NO_COLOR set, TERM=dumb, or output to a file or pipe."""
+    return bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb" or not sys.stdout.isatty()
+
+
 def start_ray(cfg: TrainConfig, log=print) -> None:
     if ray.is_initialized():
         return
+    if plain_text():  # the actors' lines without Ray's colour codes (the ninth catalogue's n38)
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     level = logging.INFO if cfg.logger.verbose else logging.WARNING  # "Started a local Ray instance"
     if not cfg.logger.verbose:  # a notice on each start that a local cluster uses a token
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)

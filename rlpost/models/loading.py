@@ -39,13 +39,20 @@ def load_value_model(path: str, dtype: str, attn_implementation: str = "sdpa", t
         varlen.register()
     config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=trust_remote_code)
     config.classifier_dropout = 0.0  # a value is a regression target: no dropout before the head
-    return AutoModelForTokenClassification.from_pretrained(
-        path,
-        config=config,
-        dtype=DTYPES[dtype],
-        attn_implementation=attn_implementation,
-        trust_remote_code=trust_remote_code,
-    )
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the new head is meant: transformers' report of it was noise a critic worker
+    try:  # (the ninth catalogue's n29), and taught users to skip the one that matters (a reward model's, n63)
+        return AutoModelForTokenClassification.from_pretrained(
+            path,
+            config=config,
+            dtype=DTYPES[dtype],
+            attn_implementation=attn_implementation,
+            trust_remote_code=trust_remote_code,
+        )
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 class ModelFileError(ValueError):

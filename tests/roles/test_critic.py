@@ -187,3 +187,19 @@ def test_checkpoint_restores_the_critic(tmp_path):
     finally:
         fresh.shutdown()
     assert again["critic/vf_loss"] == after[0]["critic/vf_loss"]  # the same Adam states and schedule
+
+
+def test_a_value_models_new_head_is_loaded_without_transformers_report(tmp_path, capfd):
+    """The ninth catalogue's n29: every critic worker printed transformers' LOAD REPORT of the
+    (meant) missing score head; the report of a reward model's missing head is the one to read."""
+    from transformers.utils import logging as hf_logging
+
+    from rlpost.models.loading import load_value_model
+    from tests.helpers import save_tiny_model
+
+    save_tiny_model(tmp_path, hidden=32, layers=2, intermediate=64)
+    before = hf_logging.get_verbosity()
+    load_value_model(str(tmp_path), "float32")
+    out, err = capfd.readouterr()
+    assert "LOAD REPORT" not in out + err and "MISSING" not in out + err
+    assert hf_logging.get_verbosity() == before  # the library's level put back
