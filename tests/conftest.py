@@ -1,4 +1,3 @@
-import importlib
 import os
 
 import pytest
@@ -47,8 +46,12 @@ def pytest_sessionstart(session):
     """`RLPOST_REQUIRE=vllm,gguf,...` (.ci/run sets it): these packages must import. The tests of an
     optional package skip where it is not installed; where CI installed it and it broke (vLLM's
     CPU build with the wrong torchvision), they would skip too, and CI stay green."""
+    import subprocess
+    import sys
+
     for name in filter(None, os.environ.get("RLPOST_REQUIRE", "").split(",")):
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001
-            raise pytest.UsageError(f"RLPOST_REQUIRE names {name}, which does not import: {type(e).__name__}: {e}")
+        # in a process of its own: an import here (vLLM's) would change this session's state for every test
+        done = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True)
+        if done.returncode:
+            last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
+            raise pytest.UsageError(f"RLPOST_REQUIRE names {name}, which does not import: {last}")
