@@ -22,6 +22,7 @@ import json
 import math
 import numbers
 import random
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def _one_value_a_key(pairs: list) -> dict:
     without a word (the ninth catalogue's n12: a ground truth given twice, the wrong one kept)."""
     out = dict(pairs)
     if len(out) < len(pairs):
-        raise KeyError(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+        raise KeyError(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
     return out
 
 

@@ -3,6 +3,9 @@ numpy scalars, and reward functions often return numpy or torch scalars."""
 
 from __future__ import annotations
 
+import math
+import numbers
+
 
 def unwrap_scalar(value):
     """A numpy scalar or one-element array, or a one-element torch tensor, as its Python number
@@ -12,3 +15,12 @@ def unwrap_scalar(value):
     numel = getattr(value, "numel", None)
     size = numel() if callable(numel) else getattr(value, "size", None)
     return value.item() if size == 1 else value
+
+
+def finite_number(value) -> float | None:
+    """`value` (unwrapped: `unwrap_scalar`) as a float where it is a finite int or float; None for
+    anything else (a bool is not a number here: `True` as a score is a mistake, not 1.0)."""
+    value = unwrap_scalar(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        return None
+    return float(value)

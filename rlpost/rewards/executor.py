@@ -18,9 +18,7 @@ from any number of threads (a tool call).
 
 from __future__ import annotations
 
-import math
 import multiprocessing as mp
-import numbers
 import os
 import queue
 import signal
@@ -30,7 +28,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from rlpost.data.scalars import unwrap_scalar
+from rlpost.data.scalars import finite_number, unwrap_scalar
 from rlpost.rewards.base import REWARDS, RewardInput, check_call, get_reward_fn
 
 ERROR_KINDS = ("errors", "timeouts", "bad_values", "crashes")  # `reward/<kind>` (errors: all of them)
@@ -160,11 +158,12 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
 def checked(raw) -> float:
     """A reward function's value as a float: an int or float, a numpy scalar (`np.float32(1.0)`) or
     a one-element array or tensor; `BadValue` if it is not a finite number (a bool is not one)."""
-    raw = unwrap_scalar(raw)
-    if isinstance(raw, bool) or not isinstance(raw, numbers.Real) or not math.isfinite(raw):
+    number = finite_number(raw)
+    if number is None:
+        raw = unwrap_scalar(raw)
         hint = f" (return float({raw!r}) for a score)" if isinstance(raw, bool) else ""
         raise BadValue(f"returned {raw!r} ({type(raw).__name__}), not a finite number{hint}")
-    return float(raw)
+    return number
 
 
 def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:

@@ -32,6 +32,7 @@ import torch
 
 from rlpost.data.batch import Batch
 from rlpost.data.padding import left_pad, right_pad
+from rlpost.data.scalars import finite_number
 from rlpost.envs import Environment, Turn
 from rlpost.envs.base import EnvStep
 from rlpost.rollout.base import RolloutEngine, SamplingParams
@@ -184,8 +185,9 @@ def answer(future, e: Episode, episodes: list[Episode]):
     episode ends there, counted in `errors` (the first of the batch said on the console)."""
     try:
         step = future.result()
-        if isinstance(step, EnvStep) and is_number(step.reward):
-            step.reward = float(step.reward)  # (a numpy scalar)
+        reward = finite_number(step.reward) if isinstance(step, EnvStep) else None
+        if reward is not None:  # (a NaN skipped the step's update, blamed on the rewards' size: cat9's n48)
+            step.reward = reward  # (a numpy scalar: a float)
             return step
         problem = (  # (a None ended it without a word; a string reward killed the rollout actor: cat9's n49)
             f"returned {step!r} ({type(step).__name__}), not an EnvStep"
@@ -198,16 +200,6 @@ def answer(future, e: Episode, episodes: list[Episode]):
     if not any(other.errors for other in episodes if other is not e):
         print(f"warning: env.step {problem} in an episode: it ends there (env/errors counts)")
     return None
-
-
-def is_number(value) -> bool:
-    """A finite int or float (a numpy scalar too); not a bool (the ninth catalogue's n48: a NaN turn
-    reward skipped the step's update and was blamed on the rewards' size)."""
-    import math
-    import numbers
-
-    value = getattr(value, "item", lambda: value)() if getattr(value, "ndim", 0) == 0 else value
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def episodes_batch(episodes: list[Episode], pad_id: int, weight_version: int) -> Batch:
