@@ -55,3 +55,24 @@ def pytest_sessionstart(session):
         if done.returncode:
             last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
             raise pytest.UsageError(f"RLPOST_REQUIRE names {name}, which does not import: {last}")
+
+
+def pytest_unconfigure(config):
+    """The GPU tests' pytest has not exited after its summary (benchmarks/gpu_tests.json "exit"). With
+    RLPOST_EXIT_REPORT set, name what is still alive then: non-daemon threads and child processes."""
+    if not os.environ.get("RLPOST_EXIT_REPORT"):
+        return
+    import threading
+    from pathlib import Path
+
+    threads = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" (", 1)
+            name, fields = rest.rsplit(") ", 1)
+        except (OSError, ValueError):
+            continue
+        if int(fields.split()[1]) == os.getpid():
+            children.append(f"{pid} {name}")
+    print(f"\nRLPOST_EXIT_REPORT non-daemon threads={threads} children={children}", flush=True)
