@@ -74,5 +74,9 @@ def pytest_unconfigure(config):
         except (OSError, ValueError):
             continue
         if int(fields.split()[1]) == os.getpid():
-            children.append(f"{pid} {name}")
+            try:  # its command line: on 8fd6f33 a `python3` child was all the report could say
+                argv = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                argv = name
+            children.append(f"{pid} {argv[:300]}")
     print(f"\nRLPOST_EXIT_REPORT non-daemon threads={threads} children={children}", flush=True)

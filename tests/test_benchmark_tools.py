@@ -206,3 +206,13 @@ def test_a_killed_runs_prompts_are_counted_against_the_uninterrupted_runs(tmp_pa
     other = count(tmp_path / "other", tmp_path / "ref", n=2)
     assert other["distinct"] == 5 and other["trained_more_than_once"] == ["a"]
     assert other["steps_with_other_prompts"] == [2]
+
+
+def test_a_steps_wall_time_is_the_run_clock_between_consecutive_steps():
+    collect = load_benchmark("benchmarks/real_model/collect.py")
+    rows = [{"step": 1, "time/run_s": 100.0}, {"step": 2, "time/run_s": 110.5}, {"step": 3, "time/run_s": 120.0},
+            {"step": 5, "time/run_s": 140.0}, {"step": 6, "time/run_s": 30.0}, {"step": 7}]  # fmt: skip
+    assert collect.wall_steps(rows) == [None, 10.5, 9.5, None, None, None]  # a gap, a new process, no clock
+    assert collect.wall_steps(rows[:3], {2}) == [None, 10.5, None]  # resumed from step 2: a new process's start
+    log = "step 1\nresumed from /r/checkpoints/step_6 (step 6, weight version 6)\nresumed from /x (step 10, w)\n"
+    assert collect.resumed_at(log) == {6, 10}

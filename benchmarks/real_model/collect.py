@@ -70,7 +70,8 @@ def run_record(stage: Path, name: str, command: str) -> dict:
     folder = stage / name
     rows = read_metrics(folder)  # one row a step: a step written twice (a resumed attempt) counts once
     steps = [r for r in rows if r.get("step", 0) > 0 and "timing_s/step" in r]
-    attempts = (stage / f"{name}.log").read_text(errors="replace").split("\n==== attempt at ")
+    log_text = (stage / f"{name}.log").read_text(errors="replace")
+    attempts = log_text.split("\n==== attempt at ")
     log = attempts[-1]  # gpu_queue.py appends each call's attempt; the last one says how the run ended
     errors = [line for line in log.splitlines() if re.match(r"^\w*(Error|Exception)\b", line.strip())]
     stopped = [line for line in log.splitlines() if line.startswith("stopped by")]  # SIGTERM: the call's time limit
@@ -84,8 +85,28 @@ def run_record(stage: Path, name: str, command: str) -> dict:
         "val_accuracy": [[r["step"], r["val/accuracy"]] for r in rows if "val/accuracy" in r],
         "steps": len(steps),
         "per_step": {"step": [r["step"] for r in steps]}
-        | {key: [r.get(metric) for r in steps] for key, metric in PER_STEP.items()},
+        | {key: [r.get(metric) for r in steps] for key, metric in PER_STEP.items()}
+        | {"wall_step_s": wall_steps(steps, resumed_at(log_text))},
     }
+
+
+def resumed_at(log: str) -> set[int]:
+    """The steps a run's attempts resumed from (`resumed from ... (step N, ...)` in its log)."""
+    return {int(m) for m in re.findall(r"^resumed from .*\(step (\d+),", log, flags=re.M)}
+
+
+def wall_steps(steps: list[dict], resumed: set[int] = frozenset()) -> list[float | None]:
+    """Each step's wall time: its `time/run_s` less the step before's, validation and checkpoint
+    included (None for the first step, after a gap, where the clock is missing, or for the first step
+    of an attempt resumed from the step before: its interval holds the new process's start).
+    `timing_s/step` was not the whole of it: an async run's wait for the engines' memory fell
+    outside it (async_h200x4.json)."""
+    out: list[float | None] = [None]
+    for before, row in zip(steps, steps[1:]):
+        t0, t1 = before.get("time/run_s"), row.get("time/run_s")
+        ok = t0 is not None and t1 is not None and row["step"] == before["step"] + 1 and t1 > t0
+        out.append(t1 - t0 if ok and before["step"] not in resumed else None)
+    return out
 
 
 def started(stage: Path) -> dict[str, tuple[str, list[str]]]:

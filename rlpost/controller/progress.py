@@ -116,11 +116,11 @@ def timed_step(c) -> dict[str, float]:
     cfg, start = c.cfg, time.perf_counter()
     metrics = c.train_step()
     c.step += 1
+    if cfg.trainer.device == "cuda":  # what a sleeping engine keeps: the plan's colocated peak leaves it out
+        metrics.update(engines_memory(c))  # timed with the step: a wait here is the step's (async_h200x4.json)
     metrics["timing_s/step"] = time.perf_counter() - start
     metrics["perf/tokens_per_s"] = metrics.pop("perf/tokens") / metrics["timing_s/step"]
     metrics.update(idle_fractions(cfg, metrics))
-    if cfg.trainer.device == "cuda":  # what a sleeping engine keeps: the plan's colocated peak leaves it out
-        metrics.update(engines_memory(c))
     last = c.step == cfg.trainer.total_steps
     if cfg.trainer.val_every and (c.step % cfg.trainer.val_every == 0 or last):
         metrics.update(c.validate())

@@ -23,6 +23,14 @@ from rlpost.roles.reward_model import RewardModelWorker
 from rlpost.rollout.worker import RolloutWorker
 
 
+def rollout_control(cfg: TrainConfig) -> tuple[str, ...]:
+    """The rollout actors' methods the controller calls while they generate (async rollouts): each
+    runs on the actor's control thread, beside the generation. In the actor's queue it would wait for
+    every generation call submitted before it: `memory`, read after each GPU step, held async runs to
+    the synchronous pace that way (benchmarks/real_model/async_h200x4.json)."""
+    return ("receive_weights", "memory") if cfg.algo.async_rollouts else ()
+
+
 @dataclass
 class Workers:
     placement: Placement | None = None
@@ -73,7 +81,7 @@ class Workers:
             "rollout",
             lambda r: (cfg, model_path, r, pad, eos, devices[r]),
             log,
-            control=("receive_weights",) if cfg.algo.async_rollouts else (),  # a sync beside the generation
+            control=rollout_control(cfg),
         )
         self.batches = Rollouts(cfg, self.rollouts, loader, pad, tokenizer, self.pool(cfg), log, self.reward_models)
         if stop is not None:  # a first SIGTERM stops a step's slow scoring, not only after it (cat7's s60)

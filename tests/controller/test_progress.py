@@ -265,3 +265,20 @@ def test_a_signal_that_stops_a_steps_scoring_stops_the_run_before_that_step(tmp_
     assert c.step == 2 and c.stopped == [15]
     assert [r["step"] for r in seen["rows"]] == [0, 1, 2]  # (0: the start metrics)
     assert logged == ["the signal stopped step 3's scoring: the step is not trained (its samples are kept)"]
+
+
+def test_a_gpu_steps_time_includes_reading_the_engines_memory(tmp_path):
+    """The read came after the step's clock stopped: under async rollouts it waited for the generation
+    queued on the rollout actors (seconds a step), and `timing_s/step` hid the wait (async_h200x4.json)."""
+    c = FakeController(tmp_path, 1)
+    c.cfg.trainer.device = "cuda"
+
+    def slow_memory(method):
+        time.sleep(0.3)
+        return [{"rollout/gpu_used_gb": 5.0}]
+
+    c.workers.rollouts.call = slow_memory
+    metrics = progress.timed_step(c)
+    assert metrics["timing_s/step"] >= 0.3
+    assert metrics["rollout/gpu_used_gb"] == 5.0
+    assert metrics["perf/tokens_per_s"] == pytest.approx(10.0 / metrics["timing_s/step"])
