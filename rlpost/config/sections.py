@@ -107,7 +107,10 @@ class LoggerConfig:
     )
     project: str = knob("rlpost", "Project name for wandb.")
     wandb_mode: str = knob("offline", "wandb mode; `offline` needs no network.", ("offline", "online", "disabled"))
-    progress_bar: bool = knob(True, "Show a progress bar with step, reward, accuracy, step time and ETA.")
+    progress_bar: bool = knob(
+        True,
+        "Show a progress bar with step, reward, accuracy, step time and ETA (output to a file: a line a step instead).",
+    )
     verbose: bool = knob(
         False,
         "Show the libraries' own output too (Ray's start-up notices, model-loading progress bars, "

@@ -4,6 +4,7 @@ checkpoint, logged to the trackers and shown on the progress bar."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -51,8 +52,9 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
     from tqdm import tqdm
 
     cfg = c.cfg
+    lines = cfg.logger.progress_bar and not sys.stderr.isatty()  # a file takes a line a step, not the bar's frames
     bar = tqdm(total=cfg.trainer.total_steps, initial=c.step, desc=c.algorithm.name, dynamic_ncols=True,
-               disable=not cfg.logger.progress_bar)  # fmt: skip
+               disable=not cfg.logger.progress_bar or lines)  # fmt: skip
     trackers = Trackers(cfg.logger.backends, c.run_dir, cfg.logger.project, cfg.logger.wandb_mode,
                         config=config_dict(cfg), write=tqdm.write)  # fmt: skip
     stop, alerts = stop or StopSignals(), Alerts(cfg, tqdm.write)
@@ -74,9 +76,14 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
             trackers.log(metrics, c.step)
             alerts.check(c.step, metrics)  # a step that could not learn is said at once
             val_acc = metrics.get("val/accuracy", val_acc)
-            shown = {"val_acc": f"{val_acc:.3f}"} if val_acc is not None else {}
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", **shown, step_s=f"{metrics['timing_s/step']:.2f}")
+            shown = postfix(metrics, val_acc)
+            bar.set_postfix(**shown)
             bar.update(1)
+            if lines:
+                tqdm.write(
+                    f"{c.algorithm.name} step {c.step}/{cfg.trainer.total_steps}: "
+                    + ", ".join(f"{k} {v}" for k, v in shown.items())
+                )
         if stop.signal is not None and c.step < cfg.trainer.total_steps:
             c.stop_on(stop.signal)
     finally:
@@ -85,6 +92,12 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
         trackers.close()
     c.report()
     return c.run_dir
+
+
+def postfix(metrics: dict[str, float], val_acc: float | None) -> dict[str, str]:
+    """What the bar shows after a step (and the line a step that replaces it in a file)."""
+    acc = {"val_acc": f"{val_acc:.3f}"} if val_acc is not None else {}
+    return {"reward": f"{metrics['reward/mean']:.3f}", **acc, "step_s": f"{metrics['timing_s/step']:.2f}"}
 
 
 def check_run_folder(run_dir: Path, step: int) -> None:

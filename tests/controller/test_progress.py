@@ -5,6 +5,7 @@ a resumed run's memory row replaced the saved step's metrics)."""
 
 import io
 import re
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -161,7 +162,7 @@ def seen(monkeypatch):
     return out
 
 
-def test_the_bar_the_trackers_and_the_console_get_the_runs_settings(tmp_path, seen):
+def test_the_bar_the_trackers_and_the_console_get_the_runs_settings(tmp_path, seen, monkeypatch):
     c = Scripted(tmp_path, 1, "logger.project=p1", "logger.wandb_mode=disabled", "trainer.total_steps=4")
     run_steps(c, c.stop)
     bar = seen["bars"][0]
@@ -175,6 +176,7 @@ def test_the_bar_the_trackers_and_the_console_get_the_runs_settings(tmp_path, se
     assert [p["reward"] for p in seen["postfix"]] == ["2.000", "3.000", "4.000"]
     assert all(re.fullmatch(r"\d+\.\d\d", p["step_s"]) for p in seen["postfix"])
     assert all("val_acc" not in p for p in seen["postfix"])  # no validation: none shown
+    monkeypatch.setattr(sys, "stderr", SimpleNamespace(isatty=lambda: True))  # a terminal
     c = Scripted(tmp_path / "b", 0, "logger.progress_bar=true")
     run_steps(c, c.stop)
     assert seen["bars"][1]["disable"] is False and seen["bars"][1]["initial"] == 0
@@ -282,3 +284,14 @@ def test_a_gpu_steps_time_includes_reading_the_engines_memory(tmp_path):
     assert metrics["timing_s/step"] >= 0.3
     assert metrics["rollout/gpu_used_gb"] == 5.0
     assert metrics["perf/tokens_per_s"] == pytest.approx(10.0 / metrics["timing_s/step"])
+
+
+def test_output_to_a_file_gets_a_line_a_step_not_the_bars_frames(tmp_path, capsys):
+    """The ninth catalogue's n38: with the console sent to a file, the bar wrote its `\r` frames there."""
+    c = FakeController(tmp_path, 0)
+    c.cfg.logger.progress_bar = True
+    run_steps(c)  # capsys: neither stream is a terminal
+    out, err = capsys.readouterr()
+    assert "\r" not in out + err
+    lines = [line for line in out.splitlines() if " step " in line]
+    assert [line.split(", step_s ")[0] for line in lines] == [f"grpo step {n}/3: reward {n}.000" for n in (1, 2, 3)]
