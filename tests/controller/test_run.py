@@ -153,13 +153,20 @@ def test_a_signal_while_the_workers_start_says_it_stops_once_they_have(capsys):
 
 
 @pytest.mark.parametrize("restarts", [0, 1])
-def test_actors_dead_with_no_restart_left_end_the_run_naming_them_and_how_to_go_on(fake, tmp_path, restarts):
+def test_actors_dead_with_no_restart_left_end_the_run_naming_them_and_how_to_go_on(
+    fake, tmp_path, restarts, monkeypatch
+):
     """A killed trainer rank or node ended the command with Ray's traceback; now one message says
     what died, after which step, the newest complete checkpoint and the command that goes on."""
-    fake.signal, fake.run_dir = False, tmp_path
+    fake.signal = False
     (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step_2" / "controller.pt").write_bytes(b"")
-    fake.run = lambda self, stop: (_ for _ in ()).throw(checkpoint_error_from_a_dead_actor().__cause__)
+    # on the class for this test only: set plainly, they outlived it, and the restart test after it
+    # failed (in the order mutmut's clean run chose)
+    monkeypatch.setattr(fake, "run_dir", tmp_path)
+    monkeypatch.setattr(
+        fake, "run", lambda self, stop: (_ for _ in ()).throw(checkpoint_error_from_a_dead_actor().__cause__)
+    )
     cfg = TrainConfig()
     cfg.trainer.max_restarts = restarts
     with pytest.raises(run_module.WorkersDied) as info:
