@@ -33,6 +33,8 @@ def cmd_train(argv: list[str]) -> int:
     for said in repeated_keys(args.overrides):
         print(f"rlpost: {said}", file=sys.stderr)
     if args.multirun:
+        from rlpost.sweep import train_sweep
+
         return train_sweep(args.overrides, args.show_config)
     return train_once(args.overrides, args.show_config)
 
@@ -60,54 +62,6 @@ def checked_config(overrides: list[str]):
         print(f"rlpost: config error: {e}{hint}", file=sys.stderr)
         return None
     return cfg
-
-
-def train_sweep(overrides: list[str], show_config: bool) -> int:
-    """Hydra's multirun: every combination of the swept values, checked first, then one run after
-    another (each its own process) in SWEEP/0, SWEEP/1, ...; stops at the first run that fails."""
-    import subprocess
-
-    import yaml
-
-    from rlpost.config import ConfigError, compose, to_yaml
-    from rlpost.config.command_line import sweep_folder, sweep_jobs
-
-    try:
-        jobs = sweep_jobs(overrides)
-        dirs = sorted({o for job in jobs for o in job if o.startswith("run.dir=")})
-        if len(dirs) > 1:  # each job would take the first's folder
-            raise ConfigError(
-                f"run.dir is swept ({', '.join(d.split('=', 1)[1] for d in dirs)}): a sweep's runs go into numbered "
-                "folders under one run.dir; give one, and sweep other keys"
-            )
-        folder = sweep_folder(compose(jobs[0]).run.dir)
-    except ConfigError as e:
-        print(f"rlpost: config error: {e}", file=sys.stderr)
-        return 2
-    if (folder / "multirun.yaml").exists():
-        print(
-            f"rlpost: a sweep already ran in {folder} (multirun.yaml); give the new one another run.dir",
-            file=sys.stderr,
-        )
-        return 2
-    jobs = [
-        [o for o in job if not o.startswith("run.dir=")] + [f"run.dir={folder / str(i)}"] for i, job in enumerate(jobs)
-    ]
-    configs = [checked_config(job) for job in jobs]
-    if any(c is None for c in configs):
-        return 2
-    if show_config:
-        print("\n".join(f"# job {i}: {' '.join(job)}\n{to_yaml(c)}" for i, (job, c) in enumerate(zip(jobs, configs))))
-        return 0
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "multirun.yaml").write_text(yaml.safe_dump([{"job": i, "overrides": j} for i, j in enumerate(jobs)]))
-    for i, job in enumerate(jobs):
-        print(f"rlpost: sweep job {i + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
-        code = subprocess.run([sys.executable, "-m", "rlpost.cli", "train", *job]).returncode
-        if code != 0:
-            print(f"rlpost: sweep job {i} failed (exit {code}); jobs {i + 1}.. did not run ({folder})", file=sys.stderr)
-            return code
-    return 0
 
 
 def train_once(overrides: list[str], show_config: bool = False) -> int:

@@ -58,11 +58,14 @@ def test_sweep_jobs_expand_as_hydra_does():
 def test_multirun_checks_every_job_then_runs_them_one_by_one_into_numbered_folders(tmp_path, monkeypatch, capsys):
     ran = []
 
-    def fake_run(command):
-        ran.append(command)
-        return subprocess.CompletedProcess(command, 0 if len(ran) < 3 else 7)
+    class FakeJob:
+        def __init__(self, command):
+            ran.append(command)
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
+        def wait(self):
+            return 0 if len(ran) < 3 else 7
+
+    monkeypatch.setattr(subprocess, "Popen", FakeJob)
     sweep = tmp_path / "sweep"
     argv = ["train", "-m", "+recipe=quickstart", f"run.dir={sweep}", "run.seed=0,1", "trainer.total_steps=1,2"]
     assert cli.main(argv) == 7  # the third job fails: the fourth does not run
@@ -78,8 +81,41 @@ def test_multirun_checks_every_job_then_runs_them_one_by_one_into_numbered_folde
     assert "a sweep already ran in" in capsys.readouterr().err and len(ran) == 3
 
 
+def test_a_signal_to_a_sweep_goes_to_its_job_which_it_waits_for(tmp_path, monkeypatch, capsys):
+    """The tenth catalogue's t39: SIGTERM to `rlpost train -m` ended the sweep at once and left its
+    job training with no parent; now the job gets the signal, the sweep waits and says how to go on."""
+    import os
+    import signal
+
+    jobs = []
+
+    class Job:
+        def __init__(self, command):
+            self.command, self.got = command, []
+            jobs.append(self)
+
+        def send_signal(self, signum):
+            self.got.append(signum)
+
+        def wait(self):
+            os.kill(os.getpid(), signal.SIGTERM)  # to the sweep, while its first job runs
+            return 128 + signal.SIGTERM if self.got else 0
+
+    monkeypatch.setattr(subprocess, "Popen", Job)
+    before = signal.getsignal(signal.SIGTERM)
+    argv = ["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path / 's'}", "run.seed=0,1"]
+    assert cli.main(argv) == 128 + signal.SIGTERM
+    assert len(jobs) == 1 and jobs[0].got == [signal.SIGTERM]  # passed on; the second job never started
+    err = capsys.readouterr().err
+    assert (
+        "sweep stopped by SIGTERM in job 0 (exit 143); jobs 1.. did not run; to go on with job 0: rlpost train" in err
+    )
+    assert err.rstrip().endswith(f"run.dir={tmp_path / 's' / '0'} trainer.resume=auto")
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_multirun_refuses_before_any_run_when_one_job_is_bad(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(subprocess, "run", lambda command: pytest.fail("a run started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda command: pytest.fail("a run started"))
     argv = ["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path / 's'}", "trainer.world_size=1,3"]
     assert cli.main(argv) == 2
     assert "trainer.world_size=3 must divide" in capsys.readouterr().err
