@@ -338,7 +338,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlpost: unknown command {argv[0]!r}; the commands are {', '.join(commands)}\n", file=sys.stderr)
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    return commands[argv[0]](argv[1:])
+    from rlpost.console import ConsoleError
+
+    try:
+        return commands[argv[0]](argv[1:])
+    except ConsoleError as e:
+        try:
+            print(f"rlpost: {e}", file=sys.stderr)
+        except ConsoleError:  # standard error itself
+            pass
+        return 1
 
 
 if __name__ == "__main__":

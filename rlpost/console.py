@@ -9,6 +9,11 @@ import os
 import sys
 
 
+class ConsoleError(Exception):
+    """Standard output or error cannot be written (a full disk, an I/O error): `rlpost` says so and
+    exits 1 (a raw OSError traceback from this file, the tenth catalogue's t59)."""
+
+
 class SteadyStream:
     """`stream`, whose broken pipe (the reader quit) sends what follows to /dev/null, said once."""
 
@@ -21,20 +26,32 @@ class SteadyStream:
         except BrokenPipeError:
             self._reader_gone()
             return len(text)
+        except OSError as e:
+            raise self._failed(e) from None
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except BrokenPipeError:
             self._reader_gone()
+        except OSError as e:
+            raise self._failed(e) from None
+
+    def _failed(self, error: OSError) -> ConsoleError:
+        """What it could not write is dropped (and the flush at exit with it)."""
+        self._to_devnull()
+        return ConsoleError(f"cannot write to standard {self._name.removeprefix('std')}put ({error.strerror or error})")
+
+    def _to_devnull(self) -> None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # (what is still buffered goes there too, at exit as well)
+        os.close(devnull)
 
     def _reader_gone(self) -> None:
         if self.gone:
             return
         self.gone = True
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, self._stream.fileno())  # (what is still buffered goes there too, at exit as well)
-        os.close(devnull)
+        self._to_devnull()
         other = sys.stderr if self._name == "stdout" else None
         if other is not None:
             other.write(f"\nrlpost: the reader of its {self._name} went away (a closed pipe): what it prints there is "

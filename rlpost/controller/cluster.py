@@ -74,7 +74,13 @@ def start_ray(cfg: TrainConfig, log=print) -> None:
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if cfg.cluster.address:
         check_cluster_answers(cfg.cluster.address)
-        init_ray(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)}, logging_level=level)
+        try:
+            init_ray(address=cfg.cluster.address, runtime_env={"env_vars": actor_env(cfg)}, logging_level=level)
+        except ConnectionError as e:  # `auto` with no cluster: Ray's advice names its own flag, not the key
+            raise ConfigError(
+                f"cluster.address={cfg.cluster.address!r}: no running Ray cluster found ({str(e).split('.')[0]}); "
+                "start one with `ray start --head`, give its host:port, or leave cluster.address empty for a local Ray"
+            ) from None
         return
     workers_at_normal_priority()
     if os.environ.get("RAY_ADDRESS"):  # Ray would join that cluster, and refuse the resources given here

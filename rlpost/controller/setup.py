@@ -67,6 +67,12 @@ def env_tools(cfg: TrainConfig):
         prompt = row["prompt"] if isinstance(row["prompt"], str) else json.dumps(row["prompt"])
         source = row["data_source"] or cfg.data.default_data_source
         env = make_env(cfg.env.name, EpisodeRow(prompt, row["ground_truth"], source), cfg.env)
+        for i, t in enumerate(env.tools):
+            if not hasattr(t, "schema"):  # (a plain function: an AttributeError traceback, cat10's t36)
+                raise ConfigError(
+                    f"env.name={cfg.env.name}: its tools[{i}] ({getattr(t, '__name__', repr(t))}) is a "
+                    f"{type(t).__name__} without a schema, not a tool; decorate the function with @rlpost.envs.tool"
+                )
         return [t.schema for t in env.tools]
 
     return tools_of

@@ -185,20 +185,33 @@ def answer(future, e: Episode, episodes: list[Episode]):
     episode ends there, counted in `errors` (the first of the batch said on the console)."""
     try:
         step = future.result()
-        reward = finite_number(step.reward) if isinstance(step, EnvStep) else None
-        if reward is not None:  # (a NaN skipped the step's update, blamed on the rewards' size: cat9's n48)
-            step.reward = reward  # (a numpy scalar: a float)
+        problem = step_problem(step)
+        if problem is None:
+            step.reward = finite_number(step.reward)  # (a numpy scalar: a float)
             return step
-        problem = (  # (a None ended it without a word; a string reward killed the rollout actor: cat9's n49)
-            f"returned {step!r} ({type(step).__name__}), not an EnvStep"
-            if not isinstance(step, EnvStep)
-            else f"returned a reward of {step.reward!r} ({type(step.reward).__name__}), not a finite number"
-        )
     except Exception as error:  # noqa: BLE001  (the user's environment: counted, the episode ends)
         problem = f"raised {error!r}"
     e.errors, e.done = e.errors + 1, True
     if not any(other.errors for other in episodes if other is not e):
         print(f"warning: env.step {problem} in an episode: it ends there (env/errors counts)")
+    return None
+
+
+def step_problem(step) -> str | None:
+    """What is wrong with an environment's answer, or None. A None ended the episode without a word;
+    a string reward (cat9's n49) or a string message (cat10's t37) killed the rollout actor; a NaN
+    reward skipped the step's update, blamed on the rewards' size (cat9's n48)."""
+    if not isinstance(step, EnvStep):
+        return f"returned {step!r} ({type(step).__name__}), not an EnvStep"
+    if finite_number(step.reward) is None:
+        return f"returned a reward of {step.reward!r} ({type(step.reward).__name__}), not a finite number"
+    messages = step.messages if isinstance(step.messages, list) else [step.messages]
+    for m in messages:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m):
+            return (
+                f"returned a message {m!r} ({type(m).__name__}); each of EnvStep.messages is a dict "
+                "{'role': ..., 'content': ...}"
+            )
     return None
 
 

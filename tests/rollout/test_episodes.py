@@ -271,6 +271,15 @@ class NanRewardEnv(OddRewardEnv):
     odd = float("nan")
 
 
+class StringMessageEnv(ScriptedEnv):
+    """The user's environment whose second step's message is a string (the tenth catalogue's t37: a
+    TypeError killed the rollout actor, reported as a worker that died, with resume advice)."""
+
+    def step(self, turn: Turn) -> EnvStep:
+        out = super().step(turn)
+        return EnvStep(["No, try again."], out.reward, out.done) if turn.index >= 1 else out
+
+
 @pytest.mark.parametrize(
     "env, said",
     [
@@ -278,6 +287,11 @@ class NanRewardEnv(OddRewardEnv):
         (NoneEnv, "returned None (NoneType), not an EnvStep"),  # it ended without a word, env/errors 0
         (OddRewardEnv, "returned a reward of '1.0' (str), not a finite number"),
         (NanRewardEnv, "returned a reward of nan (float), not a finite number"),
+        (
+            StringMessageEnv,
+            "returned a message 'No, try again.' (str); each of EnvStep.messages is a dict "
+            "{'role': ..., 'content': ...}",
+        ),
     ],
 )
 def test_an_environment_that_fails_ends_its_episode_counted_and_the_others_go_on(capsys, env, said):

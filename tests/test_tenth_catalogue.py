@@ -1,0 +1,51 @@
+"""Faults the tenth bad-input catalogue found (tried by someone who did not write the code, on
+19f987b): each test fails on the code before its fix."""
+
+import pytest
+
+from rlpost.config import ConfigError, load_config
+
+
+def test_cluster_address_auto_with_no_cluster_is_named_by_its_key(monkeypatch):
+    """t13: Ray's 42-line ConnectionError traceback, whose advice names `--address` and RAY_ADDRESS."""
+    from rlpost.controller import cluster
+
+    def no_cluster(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
+
+    monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(cluster, "init_ray", no_cluster)
+    cfg = load_config(["+recipe=quickstart", "cluster.address=auto"])
+    with pytest.raises(ConfigError, match=r"^cluster.address='auto': no running Ray cluster found \(Could not find any "
+                       r"running Ray instance\); start one with `ray start --head`"):  # fmt: skip
+        cluster.start_ray(cfg, log=lambda *_: None)
+
+
+def test_an_environments_tool_that_is_a_plain_function_is_named_with_what_to_do(tmp_path):
+    """t36: `return [t.schema for t in env.tools]` raised AttributeError from setup.py."""
+    from rlpost.controller.setup import env_tools
+
+    (tmp_path / "env.py").write_text(
+        "from rlpost.envs import EnvStep, tool\n\n"
+        "@tool\ndef calc(expression: str) -> str:\n    return expression\n\n"
+        "def plain(expression: str) -> str:\n    return expression\n\n"
+        "class Env:\n    tools = [calc, plain]\n\n    def step(self, turn):\n        return EnvStep(done=True)\n\n"
+        "def make(row, options):\n    return Env()\n"
+    )
+    cfg = load_config(["+recipe=quickstart", f"env.name={tmp_path}/env.py:make"])
+    row = {"prompt": "1+1=", "ground_truth": "2", "data_source": "arithmetic"}
+    with pytest.raises(ConfigError, match=rf"^env.name={tmp_path}/env.py:make: its tools\[1\] \(plain\) is a function "
+                       r"without a schema, not a tool; decorate the function with @rlpost.envs.tool$"):  # fmt: skip
+        env_tools(cfg)(row)
+
+
+def test_a_standard_output_that_cannot_be_written_is_said_in_one_line():
+    """t59: `rlpost doctor --config-docs > /dev/full` ended in a raw OSError traceback from console.py."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "rlpost.cli", "doctor", "--config-docs"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr == "rlpost: cannot write to standard output (No space left on device)\n"
