@@ -206,10 +206,11 @@ class Deadlines:
     warn_s: float = math.inf
     timeout_s: float = math.inf
     log: Callable[[str], None] = print
+    poll: Callable[[], None] | None = None  # called each second while waiting (may raise: a signal's stop)
 
     @staticmethod
-    def of(cfg: TrainConfig, log=print) -> "Deadlines":
-        return Deadlines(cfg.cluster.stall_warn_s, cfg.cluster.stall_timeout_s, log)
+    def of(cfg: TrainConfig, log=print, poll=None) -> "Deadlines":
+        return Deadlines(cfg.cluster.stall_warn_s, cfg.cluster.stall_timeout_s, log, poll)
 
 
 def wait_first(refs: list, start: float, labels: dict | None = None, deadlines: Deadlines = Deadlines()):
@@ -218,12 +219,14 @@ def wait_first(refs: list, start: float, labels: dict | None = None, deadlines: 
     `deadlines.timeout_s` a `Stall` names them."""
     labels = labels or {}
     while True:
-        waited = time.monotonic() - start
-        warn = start + (math.floor(waited / deadlines.warn_s) + 1) * deadlines.warn_s
-        until = min(warn, start + deadlines.timeout_s) - time.monotonic()
+        now = time.monotonic()
+        warn = start + (math.floor((now - start) / deadlines.warn_s) + 1) * deadlines.warn_s
+        until = min(warn, start + deadlines.timeout_s, now + 1.0 if deadlines.poll else math.inf) - now
         ready, _ = ray.wait(list(refs), num_returns=1, timeout=None if until == math.inf else max(0.0, until))
         if ready:
             return ready[0]
+        if deadlines.poll is not None:
+            deadlines.poll()
         waited = time.monotonic() - start
         what = "; ".join(labels.get(r, "a task") for r in refs)
         if waited >= deadlines.timeout_s:
@@ -231,7 +234,8 @@ def wait_first(refs: list, start: float, labels: dict | None = None, deadlines: 
                 f"waited {waited:.0f} s for {what} (cluster.stall_timeout_s={deadlines.timeout_s:g}): "
                 "the call is stuck or slower than the limit allows"
             )
-        deadlines.log(f"still waiting after {waited:.0f} s for {what}")
+        if time.monotonic() >= warn:
+            deadlines.log(f"still waiting after {waited:.0f} s for {what}")
 
 
 def get_all(
@@ -280,10 +284,11 @@ class WorkerGroup:
         args_for_rank,
         log=print,
         control: tuple[str, ...] = (),
+        poll=None,
     ):
         remote_cls = ray.remote(concurrency_groups={"control": 1})(cls) if control else ray.remote(cls)
         self.control = control
-        self.role, self.deadlines = role, Deadlines.of(cfg, log)
+        self.role, self.deadlines = role, Deadlines.of(cfg, log, poll)
         self.labels: dict = {}  # the calls under way: ref -> "role rank r: method"
         self.workers = [
             remote_cls.options(**placement.options(cfg, b, f"{role}-{rank}-{os.getpid()}", role)).remote(

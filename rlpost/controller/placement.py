@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -95,7 +96,7 @@ def shortfall(bundles: list[dict], cluster: dict[str, float]) -> dict[str, float
     return {k: v for k, v in resource_totals(bundles).items() if cluster.get(k, 0) < v}
 
 
-def place(bundles: list[dict], knobs: str, local: bool, timeout_s: float):
+def place(bundles: list[dict], knobs: str, local: bool, timeout_s: float, poll=None):
     """The run's placement group, reserved, or a ConfigError that says what it asked for and what
     the cluster has: at once where a local Ray (it never grows) has too little in all, else after
     `timeout_s` (other jobs hold the resources, or an autoscaler did not add them)."""
@@ -113,7 +114,15 @@ def place(bundles: list[dict], knobs: str, local: bool, timeout_s: float):
     if missing and local:
         raise refuse("the local Ray this run started has too few in all")
     pg = placement_group(bundles, strategy="PACK")
-    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    ready, until = [], time.monotonic() + timeout_s
+    while not ready and time.monotonic() < until:  # a second at a time: `poll` may stop the wait (a signal)
+        ready, _ = ray.wait([pg.ready()], timeout=min(1.0, max(0.0, until - time.monotonic())))
+        if not ready and poll is not None:
+            try:
+                poll()
+            except BaseException:
+                remove_placement_group(pg)
+                raise
     if not ready:
         remove_placement_group(pg)
         available = ray.available_resources()
@@ -131,9 +140,9 @@ class Placement:
     rollout_gpus: int = 1  # GPUs of a rollout bundle (split: one per shard of a tensor-parallel engine)
 
     @staticmethod
-    def create(cfg: TrainConfig, roles=("actor", "rollout"), timeout_s: float = 300.0) -> "Placement":
+    def create(cfg: TrainConfig, roles=("actor", "rollout"), timeout_s: float = 300.0, poll=None) -> "Placement":
         bundles, trainers, rollouts, shares = bundle_layout(cfg, roles)
-        pg = place(bundles, layout_knobs(cfg), local=not cfg.cluster.address, timeout_s=timeout_s)
+        pg = place(bundles, layout_knobs(cfg), local=not cfg.cluster.address, timeout_s=timeout_s, poll=poll)
         return Placement(pg, trainers, rollouts, shares, int(bundles[rollouts[0]].get("GPU", 1)))
 
     def options(self, cfg: TrainConfig, bundle: int, name: str, role: str) -> dict:

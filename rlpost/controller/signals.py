@@ -1,7 +1,7 @@
 """Signals: the first SIGTERM, SIGINT or SIGHUP (the terminal or ssh session closed; not under
 `nohup`, which ignores it) stops the run after the step under way (with a checkpoint,
-`trainer.save_on_signal`), a second one at once; one before the workers start (a model being built,
-the data being read) stops it at once."""
+`trainer.save_on_signal`), a second one at once; one before or while the workers start (a model being
+built, the data being read, actors starting) stops it at once."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class StopSignals:
     def __init__(self):
         self.signal: int | None = None
         self.before_start = True  # until the workers start there is no step to finish: a signal stops at once
-        self.starting = False  # the workers starting: a signal lets them start, then stops the run
+        self.starting = False  # the workers starting: a signal stops the start, and what started is shut down
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         if self.previous[signal.SIGHUP] is signal.SIG_IGN:  # `nohup`: the user asked to outlive the terminal
             del self.previous[signal.SIGHUP]
@@ -39,11 +39,22 @@ class StopSignals:
         if self.signal is not None:
             raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
         self.signal = signum
+        name = signal.Signals(signum).name
         if self.before_start:  # building a model, reading the data: nothing to save
-            sys.stderr.write(f"\nrlpost: {signal.Signals(signum).name} before the run started: stopping now\n")
+            sys.stderr.write(f"\nrlpost: {name} before the run started: stopping now\n")
             raise Stopped(signum)
-        when = "once the workers have started" if self.starting else "after the step under way"
-        sys.stderr.write(f"\nrlpost: {signal.Signals(signum).name}: stopping {when}; send it again to stop at once\n")
+        if self.starting:  # the start's waits stop at their next look (`check`): raised here, inside Ray's wait,
+            # it became a SystemError traceback
+            sys.stderr.write(f"\nrlpost: {name} while the workers started: stopping now (what started is shut down)\n")
+            return
+        sys.stderr.write(f"\nrlpost: {name}: stopping after the step under way; send it again to stop at once\n")
+
+    def check(self) -> None:
+        """`Stopped` for a signal that came while the workers started: the start's waits look each
+        second. They waited for the whole start, which may never come (workers Ray's memory monitor
+        killed again and again: the tenth catalogue's t57)."""
+        if self.starting and self.signal is not None:
+            raise Stopped(self.signal)
 
     def restore(self) -> None:
         for s, handler in self.previous.items():

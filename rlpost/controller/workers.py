@@ -51,24 +51,27 @@ class Workers:
 
     def start(self, cfg: TrainConfig, roles, model_path: str, tokenizer, loader, stop, log) -> None:
         """Every actor of `roles`, in place (a failure leaves what started for `shutdown`). A signal
-        from here on lets them start, then stops the run (`StopSignals`)."""
+        from here on stops the start at its waits' next look, each second (`StopSignals.check`)."""
         if stop is not None:
             stop.before_start, stop.starting = False, True
         start_ray(cfg, log)
         if stop is not None:  # over Ray's own SIGTERM handler, which aborts the process
             stop.install()
-        self.placement = p = Placement.create(cfg, roles)
+        poll = stop.check if stop is not None else None
+        self.placement = p = Placement.create(cfg, roles, poll=poll)
         ws, master = cfg.trainer.world_size, p.address_of_bundle(p.trainer_bundles[0])
         args = lambda r: (cfg, model_path, r, ws, *master)  # noqa: E731
-        self.trainers = WorkerGroup(ActorWorker, cfg, p, p.trainer_bundles, "trainer", args, log)
+        self.trainers = WorkerGroup(ActorWorker, cfg, p, p.trainer_bundles, "trainer", args, log, poll=poll)
         if "critic" in roles:  # its own process group (an address and port of its own), on the trainer's bundles
             critic_path, critic_master = resolve_critic_path(cfg, model_path), p.address_of_bundle(p.trainer_bundles[0])
             args = lambda r: (cfg, critic_path, r, ws, *critic_master)  # noqa: E731
-            self.critics = WorkerGroup(CriticWorker, cfg, p, p.trainer_bundles, "critic", args, log)
+            self.critics = WorkerGroup(CriticWorker, cfg, p, p.trainer_bundles, "critic", args, log, poll=poll)
         if "reward_model" in roles:  # one per trainer rank, on its device
             rm_path = resolve_reward_model_path(cfg, model_path, log)
             args = lambda r: (cfg, rm_path, r)  # noqa: E731
-            self.reward_models = WorkerGroup(RewardModelWorker, cfg, p, p.trainer_bundles, "reward_model", args, log)
+            self.reward_models = WorkerGroup(
+                RewardModelWorker, cfg, p, p.trainer_bundles, "reward_model", args, log, poll=poll
+            )
         if cfg.trainer.device == "cuda":  # the rollout engines start only once the trainers hold their memory
             self._check_memory(cfg, model_path, log)
         pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
@@ -82,12 +85,14 @@ class Workers:
             lambda r: (cfg, model_path, r, pad, eos, devices[r]),
             log,
             control=rollout_control(cfg),
+            poll=poll,
         )
         self.batches = Rollouts(cfg, self.rollouts, loader, pad, tokenizer, self.pool(cfg), log, self.reward_models)
         if stop is not None:  # a first SIGTERM stops a step's slow scoring, not only after it (cat7's s60)
             self.batches.interrupted = lambda: stop.signal is not None
         self.weights = WeightSync(cfg, p, self.trainers, self.rollouts, log)
         if stop is not None:
+            stop.check()  # a signal after the start's last wait
             stop.starting = False
 
     def _check_memory(self, cfg: TrainConfig, model_path: str, log) -> None:

@@ -74,3 +74,32 @@ def test_a_stall_is_named_while_it_lasts_and_stops_the_wait_at_its_deadline(ray_
     said.clear()
     assert get_all([waits.remote(0.5)], deadlines=Deadlines(warn_s=0.2, timeout_s=30, log=said.append)) == [0.5]
     assert said and said[0] == "still waiting after 0 s for a task"  # a ref without a label
+
+
+def test_a_wait_looks_each_second_at_what_may_stop_it(ray_session):
+    """The start's waits (a signal while the workers start: the tenth catalogue's t57) stop at the
+    first look after the signal, not when the call returns."""
+    import ray
+
+    from rlpost.controller.cluster import Deadlines, get_all
+    from rlpost.controller.signals import Stopped
+
+    @ray.remote(num_cpus=0)
+    def waits(seconds):
+        time.sleep(seconds)
+        return seconds
+
+    looks = []
+
+    def poll():
+        looks.append(time.monotonic())
+        if len(looks) == 2:
+            raise Stopped(15)
+
+    start = time.monotonic()
+    with pytest.raises(Stopped):
+        get_all([waits.remote(60)], deadlines=Deadlines(warn_s=100.0, timeout_s=600, poll=poll))
+    assert len(looks) == 2 and time.monotonic() - start < 10
+    said = []
+    assert get_all([waits.remote(1.5)], deadlines=Deadlines(warn_s=100.0, poll=lambda: None, log=said.append)) == [1.5]
+    assert said == []  # a look is not a warning
