@@ -177,7 +177,11 @@ def test_a_run_stopped_before_its_first_step_says_so_not_that_jsonl_is_off(tmp_p
     write_report(tmp_path, 1.0, "none", SimpleNamespace(plot=False, backends=["console", "jsonl"]), said.append)
     write_report(tmp_path, 1.0, "none", SimpleNamespace(plot=False, backends=["console"]), said.append)
     assert "  metrics: none yet (no step ran)" in said[0].splitlines()
-    assert "  metrics: none written (logger.backends has no jsonl)" in said[1].splitlines()
+    assert "  metrics: none yet (no step ran)" in said[1].splitlines()
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "reward/mean": 0.5}\n')
+    write_report(tmp_path, 1.0, "none", SimpleNamespace(plot=False, backends=["tensorboard"]), said.append)
+    # the tenth catalogue's t73: "none written (logger.backends has no jsonl)", though the file is always written
+    assert f"  metrics: {tmp_path / 'metrics.jsonl'}" in said[2].splitlines()
 
 
 def test_one_file_under_two_spellings_is_one_file(tmp_path, monkeypatch):

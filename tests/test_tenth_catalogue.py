@@ -49,3 +49,27 @@ def test_a_standard_output_that_cannot_be_written_is_said_in_one_line():
                               stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1
     assert done.stderr == "rlpost: cannot write to standard output (No space left on device)\n"
+
+
+def test_two_recipes_are_refused_without_a_line_that_says_the_last_is_used(capsys):
+    """t61: "recipe given 2 times (quickstart, ppo): the last, ppo, is used", then the refusal."""
+    from rlpost.cli import main
+
+    assert main(["train", "+recipe=quickstart", "+recipe=ppo", "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "rlpost: config error: one recipe a run: give +recipe=NAME once (its keys can be overridden one by one: "
+        "KEY=VALUE)\n"
+    )
+
+
+def test_resume_auto_without_a_run_folder_is_refused_before_one_is_made(tmp_path, monkeypatch):
+    """t46: a new dated folder was made, and "no complete checkpoint in <it>, starting fresh" said."""
+    from rlpost.controller.run_dir import claim_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(["+recipe=quickstart", "trainer.resume=auto"])
+    said = r"^trainer.resume=auto looks for the newest checkpoint in run.dir, and run.dir is not set .*: give "
+    with pytest.raises(ConfigError, match=said + r"run.dir=<the run's folder>, or leave trainer.resume out$"):
+        claim_run_dir(cfg, log=lambda *_: None)
+    assert list(tmp_path.iterdir()) == []

@@ -64,7 +64,7 @@ def repeated_keys(overrides: list[str]) -> list[str]:
         key, eq, value = override.lstrip("+~").partition("=")
         if eq:
             values.setdefault(key, []).append(value)
-    repeated = [(key, v) for key, v in values.items() if len(v) > 1]
+    repeated = [(key, v) for key, v in values.items() if len(v) > 1 and key != "recipe"]  # (refused: load_config)
     return [f"{key} given {len(v)} times ({', '.join(v)}): the last, {v[-1]}, is used" for key, v in repeated]
 
 

@@ -35,6 +35,11 @@ HEADER = "# rlpost: this run's config, written by the run (a new run in this fol
 
 def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
     """The run folder of `cfg`, locked for this process, with this run's `config.yaml`."""
+    if cfg.trainer.resume == "auto" and not cfg.run.dir:  # a new dated folder holds nothing (cat10's t46)
+        raise ConfigError(
+            "trainer.resume=auto looks for the newest checkpoint in run.dir, and run.dir is not set (this run "
+            "would get a new folder, with none): give run.dir=<the run's folder>, or leave trainer.resume out"
+        )
     run_dir = Path(cfg.run.dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}").expanduser().resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run.dir={str(run_dir)!r} is a file, not a folder; choose another run.dir")
