@@ -73,3 +73,29 @@ def test_resume_auto_without_a_run_folder_is_refused_before_one_is_made(tmp_path
     with pytest.raises(ConfigError, match=said + r"run.dir=<the run's folder>, or leave trainer.resume out$"):
         claim_run_dir(cfg, log=lambda *_: None)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "recipe, setting, said",
+    [
+        ("ppo", "algo.norm_adv_by_std=false", "algo.norm_adv_by_std=False is read only by the grpo and rloo "
+         "advantages; algo.name=ppo takes gae's"),
+        ("quickstart", "algo.gamma=0.9", "algo.gamma=0.9 is read only by the reinforce_pp and gae advantages"),
+        ("quickstart", "algo.lam=0.9", "algo.lam=0.9 is read only by the gae advantages; algo.name=grpo takes grpo's"),
+        ("reinforce_pp", "algo.lam=0.9", "algo.lam=0.9 is read only by the gae advantages"),
+    ],
+)  # fmt: skip
+def test_a_key_the_algorithms_advantages_do_not_read_is_refused(recipe, setting, said):
+    """t54, t55: `algo.norm_adv_by_std=false` under PPO, `algo.gamma`/`algo.lam` under GRPO changed nothing,
+    the run bit-identical to one without them, and nothing was said."""
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        load_config([f"+recipe={recipe}", setting])
+
+
+ALLOWED = [("ppo", "algo.lam=0.9"), ("ppo", "algo.gamma=0.99"), ("reinforce_pp", "algo.gamma=0.99"),
+           ("rloo", "algo.norm_adv_by_std=false")]  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe, setting", ALLOWED)
+def test_the_keys_the_advantages_read_stay_allowed(recipe, setting):
+    load_config([f"+recipe={recipe}", setting])

@@ -1,7 +1,8 @@
 """Validation: every key's allowed values (declared with the key in `schema.py`: a closed set or a
 range) and the rules that span keys (`RULES`), each a named function that returns what is wrong,
 naming the key at fault and what would fix it, or None. Adding a rule is one decorated function
-here (about the machine, kernels and the profiler: `rules_machine.py`) and one violating example in
+here (about the machine, kernels and the profiler: `rules_machine.py`; keys an algorithm may not
+read: `rules_algo.py`) and one violating example in
 tests/config/test_config.py (a test walks them all)."""
 
 from __future__ import annotations
@@ -374,4 +375,4 @@ def check_values(cfg: TrainConfig, prefix: str = "") -> None:
             raise ConfigError(f"{key}={value!r} must be {broken}")
 
 
-from rlpost.config import rules_machine  # noqa: E402, F401  (its rules join RULES, after these)
+from rlpost.config import rules_algo, rules_machine  # noqa: E402, F401  (their rules join RULES, after these)
