@@ -99,3 +99,27 @@ ALLOWED = [("ppo", "algo.lam=0.9"), ("ppo", "algo.gamma=0.99"), ("reinforce_pp",
 @pytest.mark.parametrize("recipe, setting", ALLOWED)
 def test_the_keys_the_advantages_read_stay_allowed(recipe, setting):
     load_config([f"+recipe={recipe}", setting])
+
+
+def test_a_checkpoints_folder_that_cannot_be_written_is_refused_at_the_start(tmp_path, monkeypatch):
+    """t43: it failed at the first save, after the actors started and a step trained."""
+    import tempfile
+
+    from rlpost.controller.run_dir import check_writable, claim_run_dir, release_run_dir
+
+    (tmp_path / "checkpoints").mkdir()
+    check_writable(tmp_path / "checkpoints")  # writable: nothing said
+    real = tempfile.TemporaryFile
+
+    def refused(*args, dir=None, **kwargs):
+        if dir is not None and str(dir).endswith("checkpoints"):
+            raise PermissionError(1, "Operation not permitted")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    cfg = load_config(["+recipe=quickstart", f"run.dir={tmp_path}", "trainer.save_every=1"])
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}/checkpoints: cannot write there \(Operation not permitted\), "
+                       r"and trainer.save_every writes the run's checkpoints there"):  # fmt: skip
+        claim_run_dir(cfg, log=lambda *_: None)
+    cfg = load_config(["+recipe=quickstart", f"run.dir={tmp_path}", "trainer.save_every=0"])
+    release_run_dir(claim_run_dir(cfg, log=lambda *_: None))  # no checkpoints to write: not asked

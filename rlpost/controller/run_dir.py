@@ -66,6 +66,8 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
                 )
             _delete_run(run_dir, log)
         check_resume(cfg, run_dir)  # before this run's config.yaml replaces the saving run's
+        if cfg.trainer.save_every and (run_dir / "checkpoints").is_dir():
+            check_writable(run_dir / "checkpoints")
         check_config_file(run_dir / "config.yaml")
         (run_dir / "config.yaml").write_text(HEADER + to_yaml(cfg))
     except BaseException:
@@ -105,6 +107,20 @@ def check_config_file(path: Path) -> None:
             f"run.dir={str(path.parent)!r} holds a config.yaml that no rlpost run wrote, which a run would "
             "replace with its own: choose another run.dir (a new or empty folder)"
         )
+
+
+def check_writable(folder: Path) -> None:
+    """A file can be made in `folder` (the run's checkpoints/: one that could not failed at the first
+    save, after the actors had started and steps had trained: the tenth catalogue's t43)."""
+    import tempfile
+
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise ConfigError(
+            f"{folder}: cannot write there ({e.strerror}), and trainer.save_every writes the run's checkpoints "
+            "there: make it writable, or choose another run.dir"
+        ) from None
 
 
 def check_run_files(run_dir: Path) -> None:
