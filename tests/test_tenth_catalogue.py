@@ -123,3 +123,19 @@ def test_a_checkpoints_folder_that_cannot_be_written_is_refused_at_the_start(tmp
         claim_run_dir(cfg, log=lambda *_: None)
     cfg = load_config(["+recipe=quickstart", f"run.dir={tmp_path}", "trainer.save_every=0"])
     release_run_dir(claim_run_dir(cfg, log=lambda *_: None))  # no checkpoints to write: not asked
+
+
+def test_a_reward_model_length_below_a_samples_is_said_before_the_first_step():
+    """t56: `reward.model.max_length=1` scored every sample's first token, and its constant score trained."""
+    from rlpost.controller.alerts import setting_warnings
+
+    cfg = load_config(["+recipe=grpo_rm", "reward.model.max_length=1"])
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_response_length
+    said = [w for w in setting_warnings(cfg) if "reward.model.max_length" in w]
+    assert said == [
+        f"warning: reward.model.max_length=1 is below a sample's {longest} tokens (data.max_prompt_length + "
+        "rollout.max_response_length, the policy's): the reward model reads each sample cut to its first 1 tokens "
+        "of its own, the end of the response dropped"
+    ]
+    cfg = load_config(["+recipe=grpo_rm", f"reward.model.max_length={longest}"])
+    assert not [w for w in setting_warnings(cfg) if "reward.model.max_length" in w]

@@ -84,6 +84,15 @@ def setting_warnings(cfg: TrainConfig) -> list[str]:
         cfg.data.max_prompt_length + cfg.rollout.max_response_length,
         cfg.trainer.max_tokens_per_microbatch,
     )
+    rm = cfg.reward.model
+    if (
+        rm.path and rm.kind == "classifier" and rm.max_length < longest
+    ):  # (cat10's t56: max_length=1 scored every sample's first token)
+        out.append(
+            f"warning: reward.model.max_length={rm.max_length} is below a sample's {longest} tokens "
+            "(data.max_prompt_length + rollout.max_response_length, the policy's): the reward model reads each "
+            f"sample cut to its first {rm.max_length} tokens of its own, the end of the response dropped"
+        )
     if 0 < budget < longest:
         out.append(
             f"warning: trainer.max_tokens_per_microbatch={budget} is below one sequence's {longest} tokens "
