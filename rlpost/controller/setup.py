@@ -293,6 +293,11 @@ def check_builtin_kwargs(fn: str, kwargs: dict) -> None:
             check_call(REWARDS.get(fn), kwargs, fn)  # as the reward pool checks a user's function
         except TypeError as e:
             raise ConfigError(str(e)) from None
+    if fn in REWARDS and kwargs:  # their values, on a first try (cat10's t77: every sample of step 1 failed)
+        try:
+            REWARDS.get(fn)(RewardInput("1 + 1 =", "2", "2", fn), **kwargs)
+        except (ValueError, TypeError, KeyError) as e:
+            raise ConfigError(f"reward.kwargs={kwargs}: reward.fn={fn} refuses them on a first try: {e}") from None
 
 
 def reward_pool(cfg: TrainConfig) -> RewardPool:
