@@ -287,6 +287,12 @@ def cmd_plot(argv: list[str]) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"rlpost plot: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a folder it cannot write: PIL's traceback (the tenth catalogue's t45)
+        print(
+            f"rlpost plot: cannot write {e.filename} ({e.strerror}): give --out PATH somewhere writable",
+            file=sys.stderr,
+        )
+        return 1
     for out, titles in made:
         print(f"{out}: {', '.join(titles)}")
     return 0

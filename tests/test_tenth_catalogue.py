@@ -149,3 +149,28 @@ def test_a_builtin_rewards_keyword_value_is_tried_before_the_actors():
                        r"first try: gsm8k method must be 'strict' or 'flexible', got 'bogus'$"):  # fmt: skip
         check_builtin_kwargs("gsm8k", {"method": "bogus"})
     check_builtin_kwargs("gsm8k", {"method": "flexible"})  # a value it takes
+
+
+def test_a_link_listed_beside_its_file_is_named_as_the_same_file(tmp_path):
+    """t72: "lists link.jsonl more than once", though the list held it once."""
+    (tmp_path / "base.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n')
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "base.jsonl")
+    files = f"data.train_files=[{tmp_path}/base.jsonl,{tmp_path}/link.jsonl]"
+    with pytest.raises(ConfigError, match=rf"^data.train_files lists {tmp_path}/link.jsonl and {tmp_path}/base.jsonl, "
+                       r"the same file \(its rows trained on as many times\): list it once$"):  # fmt: skip
+        load_config(["+recipe=quickstart", "data.task=", files])
+
+
+def test_a_plot_it_cannot_write_is_said_in_one_line(monkeypatch, capsys):
+    """t45: a 34-line PIL traceback ending in PermissionError, no hint of --out."""
+    from rlpost import cli
+    from rlpost.metrics import plot
+
+    def refused(paths, out=None):
+        raise PermissionError(1, "Operation not permitted", "/runs/a/compare.png")
+
+    monkeypatch.setattr(plot, "plot_runs", refused)
+    assert cli.main(["plot", "/runs/a", "/runs/b"]) == 1
+    assert capsys.readouterr().err == (
+        "rlpost plot: cannot write /runs/a/compare.png (Operation not permitted): give --out PATH somewhere writable\n"
+    )

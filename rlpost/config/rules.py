@@ -92,8 +92,9 @@ def rows_to_train_on(cfg):
     if d.task and (d.train_files or d.val_files):
         return f"data.train_files/val_files are ignored while data.task={d.task} makes the rows: set data.task="
     real = [os.path.realpath(os.path.expanduser(f)) for f in d.train_files]  # one file, two spellings
-    if twice := [f for i, f in enumerate(d.train_files) if real[i] in real[:i]]:
-        return f"data.train_files lists {twice[0]} more than once (its rows trained on as many times): list it once"
+    if twice := [(f, d.train_files[real.index(real[i])]) for i, f in enumerate(d.train_files) if real[i] in real[:i]]:
+        same = "more than once" if twice[0][0] == twice[0][1] else f"and {twice[0][1]}, the same file"  # (cat10's t72)
+        return f"data.train_files lists {twice[0][0]} {same} (its rows trained on as many times): list it once"
 
 
 @rule("data.task")
