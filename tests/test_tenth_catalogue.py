@@ -174,3 +174,20 @@ def test_a_plot_it_cannot_write_is_said_in_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err == (
         "rlpost plot: cannot write /runs/a/compare.png (Operation not permitted): give --out PATH somewhere writable\n"
     )
+
+
+def test_an_environment_factory_that_returns_its_class_is_named_at_the_start(tmp_path):
+    """t35: it passed the start; every episode then failed and the run trained as a single-turn one."""
+    from types import SimpleNamespace
+
+    from rlpost.controller.setup import check_env
+
+    (tmp_path / "env.py").write_text(
+        "from rlpost.envs import EnvStep\n\nclass Env:\n    tools = []\n\n    def step(self, turn):\n"
+        "        return EnvStep(done=True)\n\ndef make(row, options):\n    return Env\n"
+    )
+    cfg = load_config(["+recipe=quickstart", f"env.name={tmp_path}/env.py:make"])
+    row = SimpleNamespace(prompt_text="1+1=", ground_truth="2", data_source="arithmetic")
+    with pytest.raises(ConfigError, match=r": the factory returned the class Env, not an environment made from it: "
+                       r"return Env\(...\)$"):  # fmt: skip
+        check_env(cfg, row)

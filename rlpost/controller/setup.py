@@ -161,6 +161,11 @@ def check_env(cfg: TrainConfig, row: PromptRow):
             f"env.name={cfg.env.name!r}: making the environment of the first training row raised "
             f"{type(e).__name__}: {e}"
         ) from e
+    if isinstance(env, type):  # its `step` is a function of the class: every episode failed (cat10's t35)
+        raise ConfigError(
+            f"env.name={cfg.env.name!r}: the factory returned the class {env.__name__}, not an environment made "
+            f"from it: return {env.__name__}(...)"
+        )
     if not callable(getattr(env, "step", None)):
         raise ConfigError(
             f"env.name={cfg.env.name!r}: the factory returned {type(env).__name__}, not an environment (an object "
