@@ -191,3 +191,26 @@ def test_an_environment_factory_that_returns_its_class_is_named_at_the_start(tmp
     with pytest.raises(ConfigError, match=r": the factory returned the class Env, not an environment made from it: "
                        r"return Env\(...\)$"):  # fmt: skip
         check_env(cfg, row)
+
+
+@pytest.mark.parametrize("env_mode, said", [("online", True), ("offline", False), (None, False)])
+def test_a_wandb_mode_in_the_environment_that_the_setting_overrides_is_said(
+    tmp_path, monkeypatch, capsys, env_mode, said
+):
+    """t17: WANDB_MODE=online was overridden by logger.wandb_mode=offline without a word, and wandb's own
+    line then told the user to set WANDB_MODE=online."""
+    import sys
+    from types import SimpleNamespace
+
+    from rlpost.metrics.trackers import WandbTracker
+
+    monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(init=lambda **kwargs: kwargs))
+    if env_mode:
+        monkeypatch.setenv("WANDB_MODE", env_mode)
+    else:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert WandbTracker(tmp_path, "rlpost", "offline", {}).run["mode"] == "offline"
+    expected = (
+        "warning: WANDB_MODE=online is set, and logger.wandb_mode=offline decides: set logger.wandb_mode=online\n"
+    )
+    assert capsys.readouterr().out == (expected if said else "")

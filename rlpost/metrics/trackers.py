@@ -148,6 +148,11 @@ class WandbTracker:
     def __init__(self, run_dir: Path, project: str, mode: str, config: dict):
         import wandb
 
+        said = os.environ.get("WANDB_MODE")
+        if said and said != mode:  # wandb's own line then said to set WANDB_MODE, already set (cat10's t17)
+            print(
+                f"warning: WANDB_MODE={said} is set, and logger.wandb_mode={mode} decides: set logger.wandb_mode={said}"
+            )
         try:
             self.run = wandb.init(
                 project=project, dir=str(run_dir), mode=mode, config=config, name=run_dir.name, reinit="finish_previous"
