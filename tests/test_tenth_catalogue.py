@@ -214,3 +214,15 @@ def test_a_wandb_mode_in_the_environment_that_the_setting_overrides_is_said(
         "warning: WANDB_MODE=online is set, and logger.wandb_mode=offline decides: set logger.wandb_mode=online\n"
     )
     assert capsys.readouterr().out == (expected if said else "")
+
+
+def test_a_plot_out_without_an_extension_says_the_file_it_wrote():
+    """t51 (the ninth's n68 by another way): `--out /x/p51` wrote p51.png and said /x/p51."""
+    from pathlib import Path
+
+    from rlpost.metrics.plot import _target
+
+    default = Path("/runs/a/curves.png")
+    assert _target("/x/p51", default) == Path("/x/p51.png")
+    assert _target("/x/p51.svg", default) == Path("/x/p51.svg")
+    assert _target("/x/", default) == Path("/x/curves.png") and _target(None, default) == default

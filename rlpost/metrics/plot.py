@@ -51,10 +51,14 @@ def _grid(plt, n: int, width: float = 4.6, height: float = 3.2):
 
 
 def _target(out, default: Path) -> Path:
-    """Where a picture goes: `out`, or `default` (given a folder, `default`'s name in it)."""
+    """Where a picture goes: `out`, or `default` (given a folder, `default`'s name in it); a name
+    without an extension gets `.png`, as the picture is saved (the path said was the one given:
+    the tenth catalogue's t51)."""
     if out is None:
         return default
-    return Path(out) / default.name if str(out).endswith(("/", os.sep)) or Path(out).is_dir() else Path(out)
+    if str(out).endswith(("/", os.sep)) or Path(out).is_dir():
+        return Path(out) / default.name
+    return Path(out) if Path(out).suffix else Path(out).with_suffix(".png")
 
 
 def _save(fig, plt, out: Path, titles: list[str]) -> None:
