@@ -6,7 +6,7 @@ whatever was started, also after a start that failed part-way."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlpost.config import Colocation, TrainConfig
@@ -94,6 +94,8 @@ class Workers:
         if stop is not None:
             stop.check()  # a signal after the start's last wait
             stop.starting = False
+        for group in self.groups():  # started: the steps' waits need no look each second
+            group.deadlines = replace(group.deadlines, poll=None)
 
     def _check_memory(self, cfg: TrainConfig, model_path: str, log) -> None:
         """What the trainer-side actors hold, against the colocated engines' share and the plan."""
