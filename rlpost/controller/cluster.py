@@ -270,9 +270,9 @@ def _prefer(first: list, grace_s: float) -> None:
 
 class WorkerGroup:
     """N actors of one role; `call` runs a method on all of them, `call_sharded` splits a batch
-    by data-parallel rank first. Both gather the results in rank order. The methods named in
-    `control` run on a thread of their own in each actor (a Ray concurrency group), beside the
-    others, which run one at a time in the order they were called."""
+    by data-parallel rank first. Both gather the results in rank order. `groups`: name -> (calls at
+    once, methods): those methods run on threads of their own in each actor (a Ray concurrency
+    group), beside the others, which run one at a time in the order they were called."""
 
     def __init__(
         self,
@@ -283,11 +283,13 @@ class WorkerGroup:
         role: str,
         args_for_rank,
         log=print,
-        control: tuple[str, ...] = (),
+        groups: dict[str, tuple[int, tuple[str, ...]]] | None = None,
         poll=None,
     ):
-        remote_cls = ray.remote(concurrency_groups={"control": 1})(cls) if control else ray.remote(cls)
-        self.control = control
+        groups = groups or {}
+        sizes = {name: size for name, (size, _) in groups.items()}
+        remote_cls = ray.remote(concurrency_groups=sizes)(cls) if groups else ray.remote(cls)
+        self.group_of = {method: name for name, (_, methods) in groups.items() for method in methods}
         self.role, self.deadlines = role, Deadlines.of(cfg, log, poll)
         self.labels: dict = {}  # the calls under way: ref -> "role rank r: method"
         self.workers = [
@@ -303,8 +305,8 @@ class WorkerGroup:
     def submit(self, rank: int, method: str, *args, **kwargs):
         """Start `method` on the actor of `rank`; returns its future (wait on it with `get`)."""
         call = getattr(self.workers[rank], method)
-        if method in self.control:
-            call = call.options(concurrency_group="control")
+        if method in self.group_of:
+            call = call.options(concurrency_group=self.group_of[method])
         ref = call.remote(*args, **kwargs)
         self.labels[ref] = f"{self.role} rank {rank}: {method}"
         return ref

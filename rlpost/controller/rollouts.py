@@ -67,20 +67,25 @@ class Pending:
 
 class BusyClock:
     """The rollout actors' generation seconds, from the total so far that each stamps on its rows
-    (`rollout_rank`, `rollout_busy_s`): `observe` takes them off a batch, `take` gives the seconds
-    of generation seen since it was last called, over all actors. A total below the last one seen
-    from its actor is a restarted actor's, counted from 0."""
+    (`rollout_rank`, `rollout_life`, `rollout_busy_s`): `observe` takes them off a batch, `take`
+    gives the seconds of generation seen since it was last called, over all actors. Each actor's
+    life counts from 0 (a restarted actor is a new life); a total below one already seen of its
+    life (calls that ran side by side, seen out of order) adds nothing."""
 
     def __init__(self):
-        self.seen: dict[int, float] = {}
+        self.seen: dict[tuple[int, int], float] = {}
         self.new = 0.0
 
     def observe(self, batch: Batch) -> None:
         ranks, totals = batch.tensors.pop("rollout_rank", None), batch.tensors.pop("rollout_busy_s", None)
-        for rank in [] if ranks is None else ranks.unique().tolist():
-            total, last = totals[ranks == rank].max().item(), self.seen.get(rank, 0.0)
-            self.new += total - last if total >= last else total
-            self.seen[rank] = total
+        lives = batch.tensors.pop("rollout_life", None)
+        if ranks is None:
+            return
+        lives = torch.zeros_like(ranks) if lives is None else lives
+        for rank, life in torch.stack([ranks, lives], -1).unique(dim=0).tolist():
+            total, last = totals[(ranks == rank) & (lives == life)].max().item(), self.seen.get((rank, life), 0.0)
+            self.new += max(0.0, total - last)
+            self.seen[rank, life] = max(total, last)
 
     def take(self) -> float:
         new, self.new = self.new, 0.0

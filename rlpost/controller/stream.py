@@ -36,7 +36,7 @@ from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptRow
 from rlpost.data.padding import check_masks, concat_generations
 
-DEPTH = 2  # units queued per rollout actor: one generating, the next waiting
+DEPTH = 2  # units per rollout actor, side by side on vLLM (the next fills the batch in the last one's tail)
 
 
 @dataclass

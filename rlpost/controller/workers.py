@@ -15,6 +15,7 @@ from rlpost.controller.placement import Placement
 from rlpost.controller.plan import check_plan, gpu_plan, shape_of
 from rlpost.controller.rollouts import Rollouts
 from rlpost.controller.setup import resolve_critic_path, resolve_reward_model_path, reward_pool
+from rlpost.controller.stream import DEPTH
 from rlpost.controller.weights import WeightSync, check_colocated_memory, merge_memory
 from rlpost.rewards.pool import RewardPool
 from rlpost.roles.actor import ActorWorker
@@ -23,12 +24,18 @@ from rlpost.roles.reward_model import RewardModelWorker
 from rlpost.rollout.worker import RolloutWorker
 
 
-def rollout_control(cfg: TrainConfig) -> tuple[str, ...]:
-    """The rollout actors' methods the controller calls while they generate (async rollouts): each
-    runs on the actor's control thread, beside the generation. In the actor's queue it would wait for
-    every generation call submitted before it: `memory`, read after each GPU step, held async runs to
-    the synchronous pace that way (benchmarks/real_model/async_h200x4.json)."""
-    return ("receive_weights", "memory") if cfg.algo.async_rollouts else ()
+def rollout_groups(cfg: TrainConfig) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """The rollout actors' Ray concurrency groups (async rollouts): name -> (calls at once, methods).
+    - `control`: what the controller calls while they generate, beside the generation. In the
+      actor's queue it would wait for every generation call submitted before it: `memory`, read
+      after each GPU step, held async runs to the synchronous pace that way
+      (benchmarks/real_model/async_h200x4.json).
+    - `generate`: the stream's units queued on an actor (`DEPTH`) run side by side, where the engine
+      shares its steps (vLLM): the next unit's samples fill the batch while the last, longest
+      samples of the one before decode."""
+    if not cfg.algo.async_rollouts:
+        return {}
+    return {"control": (1, ("receive_weights", "memory")), "generate": (DEPTH, ("generate",))}
 
 
 @dataclass
@@ -84,7 +91,7 @@ class Workers:
             "rollout",
             lambda r: (cfg, model_path, r, pad, eos, devices[r]),
             log,
-            control=rollout_control(cfg),
+            groups=rollout_groups(cfg),
             poll=poll,
         )
         self.batches = Rollouts(cfg, self.rollouts, loader, pad, tokenizer, self.pool(cfg), log, self.reward_models)

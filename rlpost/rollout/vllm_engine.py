@@ -10,9 +10,11 @@ Log-probs: `logprobs_mode=processed_logprobs`, the log-probs of the distribution
 sampled from (logits / temperature, truncated to top-k / top-p when set), as the protocol asks.
 
 Async rollouts (`pausable`): `generate` steps the engine itself and a sync lands between two
-scheduler steps (the `Pauser`); vLLM's async scheduling, which keeps the next batch running between
-two steps, is off. Otherwise `LLM.generate` runs whole, a sync waits for it (on an H100, 0.5B,
-stepping cost 0.85x of its tokens/s and async scheduling off 0.71x: `benchmarks/rollout_partial_h100.json`).
+scheduler steps (the `Pauser`); several calls at once share the steps (`SharedSteps`: the next
+call's requests fill the batch while the last ones of the call before decode); vLLM's async
+scheduling, which keeps the next batch running between two steps, is off. Otherwise
+`LLM.generate` runs whole, a sync waits for it (on an H100, 0.5B, stepping cost 0.85x of its
+tokens/s and async scheduling off 0.71x: `benchmarks/rollout_partial_h100.json`).
 
 Colocated on a GPU, vLLM sleeps while the trainer computes and wakes for the sync and generation.
 
@@ -38,7 +40,7 @@ import torch
 from rlpost.data.batch import Batch
 from rlpost.rollout.base import Pauser, SamplingParams
 from rlpost.rollout.vllm_adapter import ServedAdapter
-from rlpost.rollout.vllm_requests import VLLMTurns, generate_stepped, samples_batch, sampling
+from rlpost.rollout.vllm_requests import SharedSteps, VLLMTurns, generate_stepped, samples_batch, sampling
 from rlpost.rollout.vllm_shards import Layer
 from rlpost.rollout.vllm_weights import (
     expected_manifest,
@@ -168,8 +170,15 @@ class VLLMRolloutEngine:
         self._held: dict[str, tuple[torch.Tensor, Layer]] | None = None  # vLLM's parameters, once per sync
         names = self.llm.collective_rpc("rlpost_parameter_names")[0] if self.tp > 1 else self._parameters()
         self._lora_wrapped = {n.split(".base_layer.")[0] for n in names if ".base_layer." in n}
+        self.steps = SharedSteps(self)  # async rollouts' generation calls, side by side
 
     # ------------------------------------------------------------------------------ generate
+    @property
+    def concurrent(self) -> bool:
+        """Generation calls may run side by side (on threads of the rollout actor): they share
+        the engine's steps (`SharedSteps`)."""
+        return self.pausable
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
         self.wake_up()
         if self.pausable:

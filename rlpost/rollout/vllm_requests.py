@@ -5,6 +5,8 @@ turns of multi-turn episodes as requests of their own, batched continuously on t
 from __future__ import annotations
 
 import itertools
+import queue
+import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -60,54 +62,106 @@ def samples_batch(rows, responses, logprobs, versions, pad_id: int, weight_versi
 def generate_stepped(engine: VLLMRolloutEngine, prompts: list[list[int]], params: SamplingParams):
     """(rows, responses, log-probs, token versions) of `engine.pausable` generation: one request
     per sample (sample j of prompt i seeded `seed + i * n + j`, as vLLM seeds the j-th child of a
-    request of n), decoded by stepping the engine as `LLM.generate` does: a sync lands between two
-    scheduler steps (`engine.pauser`; the requests keep their KV cache and go on with the new
-    weights). Where the version changed, the tokens each request had so far are noted: they are
-    the older version's."""
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
-
-    core, n = engine.llm.llm_engine, params.n
-    rows = [p for p in prompts for _ in range(n)]
-    owner: dict[str, int] = {}  # request id -> row
-    for k, prompt in enumerate(rows):
-        sp = sampling(params, 1, params.max_tokens, params.seed + k, engine.eos_id)
-        sp.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
-        request_id = f"rlpost-sample-{next(REQUESTS)}"
-        assigned = core.add_request(
-            request_id, TokensPrompt(prompt_token_ids=prompt), sp, lora_request=engine.lora_request
-        )
-        owner[request_id] = owner[assigned or request_id] = k
-    started = version = engine.weight_version
-    switches: list[tuple[int, dict[int, int]]] = []  # (new version, row -> its tokens before it)
-    done: dict[int, object] = {}
-    while core.has_unfinished_requests():
-        with engine.pauser.generating():
-            if engine.weight_version != version:  # a sync landed since the last step
-                switches.append((engine.weight_version, tokens_so_far(core, owner)))
-                version = engine.weight_version
-            for out in core.step():
-                done[owner[out.request_id]] = out.outputs[0]
-    responses = [list(done[k].token_ids) for k in range(len(rows))]
-    logprobs = [[d[t].logprob for d, t in zip(done[k].logprobs, responses[k])] for k in range(len(rows))]
+    request of n), decoded by stepping the engine as `LLM.generate` does, alongside the requests of
+    the other calls under way (`SharedSteps`). A sync lands between two scheduler steps
+    (`engine.pauser`; the requests keep their KV cache and go on with the new weights); the tokens
+    each request had then are the older version's."""
+    rows = [p for p in prompts for _ in range(params.n)]
+    settings = [sampling(params, 1, params.max_tokens, params.seed + k, engine.eos_id) for k in range(len(rows))]
+    done, started, switches = engine.steps.generate(rows, settings, engine.lora_request)
+    responses = [list(d.token_ids) for d in done]
+    logprobs = [[d.logprobs[i][t].logprob for i, t in enumerate(r)] for d, r in zip(done, responses)]
     versions = [[started] * len(r) for r in responses]
-    for new, before in switches:  # (a row not in flight then had ended: its tokens are older)
+    for new, before in switches:  # (a request not in flight then had ended: its tokens are older)
         for k, row in enumerate(versions):
             cut = before.get(k, len(row))
             row[cut:] = [new] * (len(row) - cut)
     return rows, responses, logprobs, versions
 
 
-def tokens_so_far(core, owner: dict[str, int]) -> dict[int, int]:
-    """row -> tokens generated so far, of every request in flight: vLLM's output processor holds
-    a state per request from `add_request` until it ends."""
-    out = {}
-    for key, state in core.output_processor.request_states.items():
-        ids = (key, getattr(state, "request_id", None), getattr(state, "external_req_id", None))
-        row = next((owner[i] for i in ids if i in owner), None)
-        if row is not None:
-            out[row] = state.detokenizer.num_output_tokens()
-    return out
+class SharedSteps:
+    """The requests of every stepped generation under way on one engine. A rollout actor runs up
+    to `rlpost.controller.stream.DEPTH` generation calls at once (async rollouts), so the next
+    call's requests fill the batch while the last, longest samples of the call before decode:
+    no call waits out another's tail. A call's requests wait in `inbox` (never behind a step);
+    whichever call holds the lock admits them and runs the next scheduler step for all calls,
+    and each takes its own outputs once all have ended. Where a sync landed between two steps,
+    each request's tokens so far are noted (`switches`: (new version, request -> tokens))."""
+
+    def __init__(self, engine: VLLMRolloutEngine):
+        self.engine, self.core = engine, engine.llm.llm_engine
+        self.lock = threading.Lock()  # vLLM's engine, and all below
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # (call, rows, settings, LoRA request)
+        self.calls: dict[int, tuple[list[str], int, int]] = {}  # call -> (its requests, start version, first switch)
+        self.ours: dict[str, tuple[int, int]] = {}  # request id (vLLM's outputs name it) -> (call, row), in flight
+        self.done: dict[tuple[int, int], object] = {}  # (call, row) -> its final output
+        self.switches: list[tuple[int, dict[tuple[int, int], int]]] = []
+        self.version = engine.weight_version  # the version the last step ran with
+
+    def generate(self, rows: list[list[int]], settings: list, lora_request):
+        """Each row's final output once all have ended, the version they started with, and the
+        switches while they ran (request keyed by its row)."""
+        call = next(REQUESTS)
+        self.inbox.put((call, rows, settings, lora_request))
+        try:
+            while True:
+                with self.lock:
+                    self._admit()
+                    ids, started, first = self.calls[call]
+                    if all((call, k) in self.done for k in range(len(ids))):
+                        switches = [
+                            (v, {k: n for (c, k), n in s.items() if c == call}) for v, s in self.switches[first:]
+                        ]
+                        return [self.done.pop((call, k)) for k in range(len(ids))], started, switches
+                    if not self.core.has_unfinished_requests():
+                        raise RuntimeError(f"vLLM's engine lost requests of call {call}")
+                    self._step()
+        finally:
+            with self.lock:
+                self._admit()
+                ids, _, _ = self.calls.pop(call)
+                if any(self.ours.pop(i, None) for i in ids):  # (an error: the rest is not wanted)
+                    self.core.abort_request(ids)
+                for k in range(len(ids)):
+                    self.done.pop((call, k), None)
+                if not self.calls:
+                    self.switches.clear()
+
+    def _admit(self) -> None:
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        while not self.inbox.empty():
+            call, rows, settings, lora_request = self.inbox.get()
+            if not self.calls:  # nothing in flight: no switch to note
+                self.version = self.engine.weight_version
+            ids = []
+            for k, (prompt, sp) in enumerate(zip(rows, settings)):
+                sp.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
+                key = f"rlpost-sample-{next(REQUESTS)}"
+                self.core.add_request(key, TokensPrompt(prompt_token_ids=prompt), sp, lora_request=lora_request)
+                self.ours[key] = (call, k)
+                ids.append(key)
+            self.calls[call] = (ids, self.engine.weight_version, len(self.switches))
+
+    def _step(self) -> None:
+        with self.engine.pauser.generating():
+            if self.engine.weight_version != self.version:  # a sync landed since the last step
+                self.switches.append((self.engine.weight_version, self._tokens_so_far()))
+                self.version = self.engine.weight_version
+            for out in self.core.step():
+                self.done[self.ours.pop(out.request_id)] = out.outputs[0]
+
+    def _tokens_so_far(self) -> dict[tuple[int, int], int]:
+        """(call, row) -> tokens generated so far, of every request in flight: vLLM's output
+        processor holds a state per request from `add_request` until it ends."""
+        out = {}
+        for key, state in self.core.output_processor.request_states.items():
+            names = (key, getattr(state, "request_id", None), getattr(state, "external_req_id", None))
+            row = next((self.ours[i] for i in names if i in self.ours), None)
+            if row is not None:
+                out[row] = state.detokenizer.num_output_tokens()
+        return out
 
 
 class VLLMTurns:

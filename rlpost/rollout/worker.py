@@ -5,7 +5,9 @@ A plain class; the controller wraps it in a Ray actor, tests call it directly.""
 from __future__ import annotations
 
 import os
+import threading
 import time
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -79,33 +81,56 @@ class RolloutWorker:
         self.engine = make_engine(cfg, model_path, rank, pad_id, eos_id)
         self._tokenizer = None  # multi-turn episodes only: decodes turns, renders the environment's messages
         self.sync_group: SyncGroup | None = None
-        self.busy_s = 0.0  # seconds spent generating (`_stamped`)
+        self.busy_s = 0.0  # seconds in which a generation call was under way (`_generating`)
+        self.life = int.from_bytes(os.urandom(6), "big")  # this actor's, stamped beside busy_s
+        self._clock, self._since, self._calls = threading.Lock(), 0.0, 0
+        self._one_call = threading.Lock()  # for an engine that takes one generation call at a time
         self.asleep: dict[str, float] = {}  # the device's memory right after the engine last slept (`sleep`)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Batch:
-        start = time.perf_counter()
-        return self._stamped(self.engine.generate(prompts, params), start)
+        with self._generating(side_by_side=getattr(self.engine, "concurrent", False)):
+            batch = self.engine.generate(prompts, params)
+        return self._stamped(batch)
 
     def run_episodes(self, rows: list[EpisodeRow], prompts: list[list[int]], params: SamplingParams) -> Batch:
         """Multi-turn episodes (`env.name`): `params.n` per prompt, each with its own environment
         made from its row (`rlpost.rollout.episodes`)."""
-        start = time.perf_counter()
-        if self._tokenizer is None:
-            from rlpost.models.loading import load_tokenizer
+        with self._generating(side_by_side=False):  # (an episode's turns are its own engine's steps)
+            if self._tokenizer is None:
+                from rlpost.models.loading import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self.model_path, self.cfg.model.trust_remote_code)
-        e = self.cfg.env
-        envs = [make_env(e.name, row, e) for row in rows for _ in range(params.n)]
-        batch = run_episodes(self.engine, self._tokenizer, prompts, envs, params, e.max_turns, e.timeout_s, e.workers)
-        return self._stamped(batch, start)
+                self._tokenizer = load_tokenizer(self.model_path, self.cfg.model.trust_remote_code)
+            e = self.cfg.env
+            envs = [make_env(e.name, row, e) for row in rows for _ in range(params.n)]
+            batch = run_episodes(
+                self.engine, self._tokenizer, prompts, envs, params, e.max_turns, e.timeout_s, e.workers
+            )
+        return self._stamped(batch)
 
-    def _stamped(self, batch: Batch, start: float) -> Batch:
-        """`batch` with this actor's rank and its generation seconds so far, this call's included,
-        on every row (`rollout_rank`, `rollout_busy_s`): the controller's `BusyClock` reads them.
-        The actor runs one generation call at a time, so the calls' times add up."""
-        self.busy_s += time.perf_counter() - start
+    @contextmanager
+    def _generating(self, side_by_side: bool):
+        """One generation call: `side_by_side` with others (an engine that shares its steps between
+        calls: `concurrent`, async rollouts on vLLM), else one at a time. `busy_s` grows by the time
+        in which at least one call was under way (overlapping calls count once)."""
+        with nullcontext() if side_by_side else self._one_call:
+            with self._clock:
+                if not self._calls:
+                    self._since = time.perf_counter()
+                self._calls += 1
+            try:
+                yield
+            finally:
+                with self._clock:
+                    now = time.perf_counter()
+                    self.busy_s, self._since, self._calls = self.busy_s + now - self._since, now, self._calls - 1
+
+    def _stamped(self, batch: Batch) -> Batch:
+        """`batch` with this actor's rank, its life (a restarted actor's differs) and its generation
+        seconds so far, this call's included, on every row (`rollout_rank`, `rollout_life`,
+        `rollout_busy_s`): the controller's `BusyClock` reads them."""
         rows = batch["response_ids"].shape[0]
         batch["rollout_rank"] = torch.full((rows,), self.rank, dtype=torch.long)
+        batch["rollout_life"] = torch.full((rows,), self.life, dtype=torch.long)
         batch["rollout_busy_s"] = torch.full((rows,), self.busy_s, dtype=torch.float64)
         return batch
 

@@ -14,13 +14,14 @@ from rlpost.rollout.worker import RolloutWorker
 from tests.helpers import save_tiny_model
 
 
-def stamped(rank_totals: list[tuple[int, float]]) -> Batch:
+def stamped(rank_totals: list[tuple[int, float]], life: int = 7) -> Batch:
     """A batch of one row per (rank, total so far), as `RolloutWorker._stamped` leaves them."""
     ranks = torch.tensor([r for r, _ in rank_totals])
     return Batch(
         {
             "response_ids": torch.zeros(len(rank_totals), 2, dtype=torch.long),
             "rollout_rank": ranks,
+            "rollout_life": torch.full_like(ranks, life),
             "rollout_busy_s": torch.tensor([t for _, t in rank_totals], dtype=torch.float64),
         }
     )
@@ -30,7 +31,7 @@ def test_the_clock_adds_each_actors_new_seconds_once_and_takes_the_stamps_off():
     clock = BusyClock()
     first = stamped([(0, 2.0), (0, 2.0), (1, 3.0)])  # two rows of one call on actor 0
     clock.observe(first)
-    assert "rollout_rank" not in first and "rollout_busy_s" not in first
+    assert not {"rollout_rank", "rollout_life", "rollout_busy_s"} & set(first.tensors)
     assert clock.take() == 5.0
     clock.observe(stamped([(0, 2.5), (1, 3.0)]))  # actor 1 did nothing new
     clock.observe(stamped([(1, 4.0)]))
@@ -42,8 +43,19 @@ def test_a_restarted_actor_counts_from_zero():
     clock = BusyClock()
     clock.observe(stamped([(0, 10.0)]))
     clock.take()
-    clock.observe(stamped([(0, 1.5)]))  # a new actor of rank 0: its own total
-    assert clock.take() == 1.5
+    clock.observe(stamped([(0, 11.5)], life=8))  # a new actor of rank 0: its own total
+    assert clock.take() == 11.5
+
+
+def test_calls_that_ran_side_by_side_count_once_whatever_order_they_are_seen_in():
+    """Async rollouts on vLLM run an actor's queued calls side by side: the one that ended later
+    can be seen first; the earlier one's smaller total then adds nothing (it is not a restart)."""
+    clock = BusyClock()
+    clock.observe(stamped([(0, 9.0)]))
+    clock.observe(stamped([(0, 6.0)]))
+    assert clock.take() == 9.0
+    clock.observe(stamped([(0, 10.0)]))
+    assert clock.take() == 1.0
 
 
 def test_a_batch_without_stamps_adds_nothing():
@@ -100,3 +112,48 @@ def test_the_engines_memory_is_the_largest_figure_of_any_engine():
     ]
     assert largest(reports) == {"rollout/gpu_used_gb": 75.0, "rollout/asleep_gpu_used_gb": 12.0}
     assert largest([]) == {} and largest([{}, {}]) == {}
+
+
+class SleepyEngine:
+    """A rollout engine whose generation takes `seconds`; notes how many calls ran at once."""
+
+    def __init__(self, concurrent: bool, seconds: float = 0.4):
+        import threading
+
+        self.concurrent, self.seconds = concurrent, seconds
+        self.at_once, self.most, self.lock = 0, 0, threading.Lock()
+
+    def generate(self, prompts, params):
+        import time
+
+        with self.lock:
+            self.at_once += 1
+            self.most = max(self.most, self.at_once)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.at_once -= 1
+        return Batch({"response_ids": torch.zeros(len(prompts), 2, dtype=torch.long)})
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_generation_calls_run_side_by_side_only_on_an_engine_that_shares_its_steps(concurrent):
+    """Ray runs the stream's queued calls on threads of the actor (`rollout_groups`); an engine
+    that is not `concurrent` (HF, vLLM outside async rollouts) takes them one at a time. `busy_s`
+    is the time in which a call was under way: two calls side by side count once."""
+    import threading
+    import time
+
+    worker = object.__new__(RolloutWorker)
+    worker.rank, worker.life, worker.busy_s = 0, 1, 0.0
+    worker._clock, worker._since, worker._calls, worker._one_call = threading.Lock(), 0.0, 0, threading.Lock()
+    worker.engine = SleepyEngine(concurrent)
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker.generate, args=([[1]], None)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    assert worker.engine.most == (2 if concurrent else 1)
+    assert worker.busy_s == pytest.approx(wall, abs=0.1)  # side by side: 0.4 s, not 0.8
+    assert (wall < 0.7) == concurrent

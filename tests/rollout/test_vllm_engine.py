@@ -181,6 +181,64 @@ def test_a_sync_lands_between_two_scheduler_steps_and_each_token_records_its_ver
     assert (got[:, switch:] - old_ref[:, switch:]).abs().max() > 1e-2
 
 
+def test_calls_side_by_side_share_the_steps_and_a_sync_splits_each_calls_tokens(tiny, engine, monkeypatch):
+    """Async rollouts run an actor's queued calls side by side (`SharedSteps`): the second call's
+    requests join the steps of the first, so the two take fewer steps than one after the other. A
+    sync lands mid-way: each call's tokens before it are the old weights' and after it the new
+    ones', counted for each call's own requests (the second had fewer tokens then)."""
+    import copy
+    import threading
+
+    path, model, tok = tiny
+    engine.load_weights(model.named_parameters())  # (an earlier test synced other weights)
+    engine.weight_version = 0
+    new = copy.deepcopy(model)
+    new.model.norm.weight.data.mul_(2.5)
+    core, steps, second, reached = engine.llm.llm_engine, [0], threading.Event(), threading.Event()
+    step = core.step
+
+    def paused_step():  # the 3rd step lets the second call in; the 6th waits until the load asks
+        steps[0] += 1
+        if steps[0] == 3:
+            second.set()
+            while engine.steps.inbox.empty():
+                pass
+        if steps[0] == 6:
+            reached.set()
+            while not engine.pauser._loads:
+                pass
+        return step()
+
+    monkeypatch.setattr(core, "step", paused_step)
+    monkeypatch.setattr(engine, "eos_id", -1)  # no early stop: every sample spans the switch
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    params = [SamplingParams(n=2, max_tokens=12, seed=1), SamplingParams(n=2, max_tokens=12, seed=5)]
+    thread = sync_when(reached, engine, new, version=1, timeout=120)
+    out = [None, None]
+
+    def call(i):
+        out[i] = engine.generate(prompts, params[i])
+
+    later = threading.Thread(target=lambda: second.wait(120) and call(1))
+    later.start()
+    call(0)
+    later.join(120)
+    thread.join(120)
+    assert steps[0] < 12 + 12  # one after the other: 12 steps each
+    switches = []
+    for batch in out:
+        versions, got = batch["token_versions"], batch["rollout_logprobs"]
+        switch = int((versions[0] == 0).sum())
+        assert torch.equal(versions, torch.tensor([0] * switch + [1] * (12 - switch)).expand(6, 12))
+        old_ref, new_ref = reference_logprobs(model, batch, 1.0), reference_logprobs(new, batch, 1.0)
+        assert (got[:, :switch] - old_ref[:, :switch]).abs().max() < 1e-4
+        assert (got[:, switch:] - new_ref[:, switch:]).abs().max() < 1e-4
+        assert (got[:, switch:] - old_ref[:, switch:]).abs().max() > 1e-2
+        switches.append(switch)
+    assert switches[0] > switches[1] >= 1, switches
+    assert not engine.steps.calls and not engine.steps.done and not engine.steps.switches
+
+
 def test_the_stepped_generation_gives_the_samples_of_llm_generate(tiny, engine, monkeypatch):
     """Async rollouts step the engine themselves (`pausable`); the samples and log-probs are those
     `LLM.generate` gives for the same seeds (one request per sample, seeded as vLLM seeds the
