@@ -216,3 +216,21 @@ def test_a_steps_wall_time_is_the_run_clock_between_consecutive_steps():
     assert collect.wall_steps(rows[:3], {2}) == [None, 10.5, None]  # resumed from step 2: a new process's start
     log = "step 1\nresumed from /r/checkpoints/step_6 (step 6, weight version 6)\nresumed from /x (step 10, w)\n"
     assert collect.resumed_at(log) == {6, 10}
+
+
+def test_the_async_summary_means_the_steps_without_validation_and_all_steps_by_hand():
+    """Issue 41's figures: steps from 3 on, an interval across a resume (None) left out, the
+    validation steps (every 5) out of the first mean and in the second."""
+    summary = load_benchmark("benchmarks/real_model/async_summary.py")
+    steps = list(range(1, 11))
+    walls = [None, 9.0, 2.0, 4.0, 20.0, 3.0, None, 5.0, 6.0, 30.0]
+    ones = [1.0] * 10
+    per_step = {"step": steps, "wall_step_s": walls, "step_s": ones, "update_s": ones, "tokens_per_s": ones,
+                "trainer_idle_frac": ones, "rollout_idle_frac": ones, "staleness_mean": [2.0] * 10,
+                "is_weight_mean": ones, "is_weight_max": [1.5] * 9 + [2.0], "regenerated_groups": [0] * 9 + [3],
+                "dropped_groups": [1] + [0] * 9}  # fmt: skip
+    got = summary.summarize({"per_step": per_step, "attempts": 2, "val_accuracy": [[0, 0.1]]}, every=5)
+    assert got["mean_wall_step_s"] == 4.0  # 2, 4, 3, 5, 6
+    assert got["mean_wall_step_all_s"] == round(70 / 7, 3) and got["intervals"] == 7
+    assert got["median_wall_step_s"] == 4.0 and got["is_weight_max"] == 2.0
+    assert got["regenerated_groups"] == 3 and got["dropped_groups"] == 1 and got["mean_staleness"] == 2.0

@@ -37,7 +37,8 @@
 #   bash benchmarks/real_model/gpu.sh algos  # not yet run: smollm2_sums under each algorithm with its mini-batches (jobs_algos.txt)
 #   bash benchmarks/real_model/gpu.sh async  # issue 41's modes x 3 seeds, two 1 + 1 runs at a time, a kill -9 (jobs_async.txt):
 #                                            # as run on 2026-11-28 (sync_s0, async2_s0, the kill: async_h100x4.json)
-#   bash benchmarks/real_model/gpu.sh async_b  # not yet run: the same on an easier task, no padding (jobs_async_b.txt)
+#   bash benchmarks/real_model/gpu.sh async_b  # the same on an easier task, no padding (jobs_async_b.txt): as run on
+#                                            # 2026-11-28 on 8fd6f33 (async_h200x4.json) and 4878c4b (async_h200x4b.json)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
