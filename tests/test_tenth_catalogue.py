@@ -226,3 +226,26 @@ def test_a_plot_out_without_an_extension_says_the_file_it_wrote():
     assert _target("/x/p51", default) == Path("/x/p51.png")
     assert _target("/x/p51.svg", default) == Path("/x/p51.svg")
     assert _target("/x/", default) == Path("/x/curves.png") and _target(None, default) == default
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_vllms_loading_bar_follows_logger_verbose_and_its_tokenizer_lines_are_not_shown(verbose):
+    """t69: with `logger.verbose=false` vLLM still drew its "Loading safetensors checkpoint
+    shards" bar and said "Using None for EOS token id" (rlpost tokenizes and stops on the EOS id
+    itself), as if EOS were broken."""
+    import logging
+
+    pytest.importorskip("vllm")
+    from rlpost.rollout.vllm_engine import engine_kwargs, prepare_environment
+
+    kwargs = engine_kwargs("cpu", 0.5, False, 0.0, False, 1024, 1, None, verbose)
+    assert kwargs["use_tqdm_on_load"] is verbose
+    prepare_environment("cpu", 1)
+    base = logging.getLogger("vllm.renderers.base")
+
+    def shown(message: str) -> bool:
+        return base.filter(logging.LogRecord(base.name, logging.WARNING, "", 0, message, None, None))
+
+    assert not shown("Using None for EOS token id because tokenizer is not initialized")
+    assert not shown("Using None for BOS token id because tokenizer is not initialized")
+    assert shown("any other warning")

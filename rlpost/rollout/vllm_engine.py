@@ -70,10 +70,14 @@ def prepare_environment(device: str, tensor_parallel_size: int) -> None:
 
             getattr(vllm.envs, "disable_envs_cache", lambda: None)()
     # skip_tokenizer_init (rlpost tokenizes): vLLM 0.27 still warms up a chat template and logs
-    # its failure with a traceback at every start
-    logging.getLogger("vllm.renderers.base").addFilter(
-        lambda record: record.getMessage() != "Chat template warmup failed"
-    )
+    # its failure with a traceback at every start, and says it uses None for the EOS and BOS ids
+    # (rlpost stops on the tokenizer's EOS itself: `stop_token_ids`, the line misleads)
+    no_tokenizer = {
+        "Chat template warmup failed",
+        "Using None for EOS token id because tokenizer is not initialized",
+        "Using None for BOS token id because tokenizer is not initialized",
+    }
+    logging.getLogger("vllm.renderers.base").addFilter(lambda record: record.getMessage() not in no_tokenizer)
     # each sync reloads the weights layer by layer; vLLM then warns that the rotary embeddings (a
     # cache computed from the config, in no checkpoint) and an output head tied to the embedding
     # (loaded through it: `refresh_tied_head`) got none, and keeps their tensors
@@ -92,10 +96,12 @@ def engine_kwargs(
     batched_tokens: int,
     tensor_parallel_size: int,
     lora,
+    verbose: bool = False,
 ) -> dict:
-    """vLLM's engine arguments that depend on the device and rlpost's settings."""
+    """vLLM's engine arguments that depend on the device and rlpost's settings (`verbose`:
+    logger.verbose, vLLM's weight-loading bar)."""
     # on the CPU backend gpu_memory_utilization is the share of host memory vLLM may reserve
-    kwargs: dict = {"gpu_memory_utilization": gpu_memory_utilization}
+    kwargs: dict = {"gpu_memory_utilization": gpu_memory_utilization, "use_tqdm_on_load": verbose}
     if device == "cuda":
         kwargs["enable_sleep_mode"] = sleep_mode
         if kv_cache_gb:  # no memory profiling: another process on the GPU may free memory meanwhile
@@ -136,6 +142,7 @@ class VLLMRolloutEngine:
         pausable: bool = False,
         kv_cache_gb: float = 0.0,
         tensor_parallel_size: int = 1,
+        verbose: bool = False,
     ):
         prepare_environment(device, tensor_parallel_size)
         from vllm import LLM
@@ -152,7 +159,7 @@ class VLLMRolloutEngine:
         self.adapter = None if lora is None else ServedAdapter(lora, model_path, trust_remote_code)
         kwargs = engine_kwargs(
             device, gpu_memory_utilization, sleep_mode, kv_cache_gb, pausable, max_model_len * max_num_seqs,
-            tensor_parallel_size, lora,
+            tensor_parallel_size, lora, verbose,
         )  # fmt: skip
         self.llm = LLM(
             model=model_path,

@@ -50,6 +50,7 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
             lora=lora,
             pausable=cfg.algo.async_rollouts,  # a sync lands between two decoding steps
             tensor_parallel_size=r.tensor_parallel_size,
+            verbose=cfg.logger.verbose,  # vLLM's weight-loading bar
         )
     if r.backend == "hf":
         from rlpost.rollout.hf import HFRolloutEngine
