@@ -49,6 +49,12 @@ def train_sweep(overrides: list[str], show_config: bool) -> int:
     for i, job in enumerate(jobs):
         print(f"rlpost: sweep job {i + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
         code, signum = run_job(job)
+        if signum is not None and code == 0:  # the job had finished when the signal came
+            print(f"rlpost: sweep stopped by {signal.Signals(signum).name} after job {i} ended", file=sys.stderr)
+            if i + 1 == len(jobs):
+                return 0
+            print(f"rlpost: jobs {i + 1}.. did not run; the sweep's folder: {folder}", file=sys.stderr)
+            return 128 + signum
         if signum is not None:
             print(
                 f"rlpost: sweep stopped by {signal.Signals(signum).name} in job {i} (exit {code}); jobs {i + 1}.. "

@@ -48,7 +48,10 @@ def largest(reports: list[dict[str, float]]) -> dict[str, float]:
 
 
 def run_steps(c, stop: StopSignals | None = None) -> Path:
-    """Train controller `c` from its step to the last; a signal stops it after the step under way."""
+    """Train controller `c` from its step to the last; a signal stops it after the step under way.
+    The handlers stay until the caller has shut the workers down (`rlpost.controller.run`): a
+    signal during the report ended the process there, with no summary, the lock left and Ray's
+    agents orphaned (the eleventh catalogue's t97)."""
     from tqdm import tqdm
 
     cfg = c.cfg
@@ -57,7 +60,8 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
                disable=not cfg.logger.progress_bar or lines)  # fmt: skip
     trackers = Trackers(cfg.logger.backends, c.run_dir, cfg.logger.project, cfg.logger.wandb_mode,
                         config=config_dict(cfg), write=tqdm.write)  # fmt: skip
-    stop, alerts = stop or StopSignals(), Alerts(cfg, tqdm.write)
+    own, alerts = stop is None, Alerts(cfg, tqdm.write)
+    stop = stop or StopSignals()
     try:
         first = start_metrics(c)
         if first and c.step == 0:
@@ -86,10 +90,12 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
                 )
         if stop.signal is not None and c.step < cfg.trainer.total_steps:
             c.stop_on(stop.signal)
+        stop.finishing = True
     finally:
-        stop.restore()
         bar.close()
         trackers.close()
+        if own:  # (a caller without its own handlers: tests)
+            stop.restore()
     c.report()
     return c.run_dir
 

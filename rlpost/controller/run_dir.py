@@ -170,7 +170,15 @@ def holds_a_run(run_dir: Path) -> bool:
 
 def _delete_run(run_dir: Path, log) -> None:
     """`run.overwrite=true`: the earlier run's logs, checkpoints, TensorBoard events and profiles go
-    (what a run writes: `RUN_FILES`, and `RUN_TREES`' entries by name); nothing else in the folder."""
+    (what a run writes: `RUN_FILES`, and `RUN_TREES`' entries by name); nothing else in the folder,
+    and nothing through a link out of it (another run's checkpoints/, say: the eleventh catalogue's t75)."""
+    links = [folder for folder in RUN_TREES if (run_dir / folder).is_symlink()]
+    if links:
+        where = ", ".join(f"{run_dir / f} -> {os.readlink(run_dir / f)}" for f in links)
+        raise ConfigError(
+            f"run.overwrite=true would delete through a link ({where}): rlpost deletes only what is in run.dir; "
+            "remove the link (or what it points to) yourself, or choose another run.dir"
+        )
     gone = [name for name in RUN_FILES if (run_dir / name).exists()]
     for name in gone:
         (run_dir / name).unlink()

@@ -25,6 +25,7 @@ class StopSignals:
         self.signal: int | None = None
         self.before_start = True  # until the workers start there is no step to finish: a signal stops at once
         self.starting = False  # the workers starting: a signal stops the start, and what started is shut down
+        self.finishing = False  # the steps done: the report and the shutdown finish, whatever comes
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         if self.previous[signal.SIGHUP] is signal.SIG_IGN:  # `nohup`: the user asked to outlive the terminal
             del self.previous[signal.SIGHUP]
@@ -46,6 +47,9 @@ class StopSignals:
         if self.starting:  # the start's waits stop at their next look (`check`): raised here, inside Ray's wait,
             # it became a SystemError traceback
             sys.stderr.write(f"\nrlpost: {name} while the workers started: stopping now (what started is shut down)\n")
+            return
+        if self.finishing:
+            sys.stderr.write(f"\nrlpost: {name} as the run ends: finishing its summary and shutdown\n")
             return
         sys.stderr.write(f"\nrlpost: {name}: stopping after the step under way; send it again to stop at once\n")
 
