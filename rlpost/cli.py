@@ -30,13 +30,13 @@ def cmd_train(argv: list[str]) -> int:
     if args.help:
         print(train_help(sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))))
         return 0
-    for said in repeated_keys(args.overrides):
-        print(f"rlpost: {said}", file=sys.stderr)
+    repeated = repeated_keys(args.overrides)  # said once the config holds (else it says the last is refused)
     if args.multirun:
+        print("".join(f"rlpost: {said}\n" for said in repeated), end="", file=sys.stderr)
         from rlpost.sweep import train_sweep
 
         return train_sweep(args.overrides, args.show_config)
-    return train_once(args.overrides, args.show_config)
+    return train_once(args.overrides, args.show_config, repeated)
 
 
 def checked_config(overrides: list[str]):
@@ -64,10 +64,11 @@ def checked_config(overrides: list[str]):
     return cfg
 
 
-def train_once(overrides: list[str], show_config: bool = False) -> int:
+def train_once(overrides: list[str], show_config: bool = False, repeated: list[str] = ()) -> int:
     cfg = checked_config(overrides)
-    if cfg is None:
+    if cfg is None:  # (a repeated key's last value refused: not "it is used", the eleventh catalogue's t39)
         return 2
+    print("".join(f"rlpost: {said}\n" for said in repeated), end="", file=sys.stderr)
     if show_config:
         from rlpost.config import to_yaml
 
@@ -207,6 +208,9 @@ def cmd_export(argv: list[str]) -> int:
 def cmd_plan(argv: list[str]) -> int:
     """`rlpost plan [--gpu-gb N] OVERRIDES...`: the memory plan of a training config, per GPU."""
     gpu_gb = None
+    if argv[:1] in (["-h"], ["--help"]):  # as every other command (the eleventh catalogue's t62)
+        print(cmd_plan.__doc__ + "\n\n--gpu-gb N: the GPU's memory in GiB (default: this machine's GPU, else 80)")
+        return 0
     argv = [w for a in argv for w in (a.split("=", 1) if a.startswith("--gpu-gb=") else [a])]  # --gpu-gb=N too
     if "--gpu-gb" in argv:
         i = argv.index("--gpu-gb")
@@ -214,7 +218,7 @@ def cmd_plan(argv: list[str]) -> int:
             gpu_gb = float(argv[i + 1])
         except (IndexError, ValueError):
             gpu_gb = -1.0
-        if not gpu_gb > 0:
+        if not 0 < gpu_gb < float("inf"):  # (1e400 was taken: "inf GiB", the eleventh catalogue's t64)
             print("rlpost plan: --gpu-gb takes the GPU memory in GiB, above 0 (80 for an H100)", file=sys.stderr)
             return 2
         argv = argv[:i] + argv[i + 2 :]

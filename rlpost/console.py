@@ -21,6 +21,8 @@ class SteadyStream:
         self._stream, self._name, self.gone = stream, name, False
 
     def write(self, text: str) -> int:
+        if self._stream is None:  # closed when rlpost started (`>&-`: the eleventh catalogue's t72)
+            raise ConsoleError(f"cannot write to standard {self._name.removeprefix('std')}put (it is closed)")
         try:
             return self._stream.write(text)
         except BrokenPipeError:
@@ -30,6 +32,8 @@ class SteadyStream:
             raise self._failed(e) from None
 
     def flush(self) -> None:
+        if self._stream is None:
+            return
         try:
             self._stream.flush()
         except BrokenPipeError:
@@ -58,13 +62,15 @@ class SteadyStream:
                         "dropped; a run goes on, its log and metrics in its folder\n")  # fmt: skip
 
     def __getattr__(self, name):
+        if self._stream is None and name == "isatty":
+            return lambda: False
         return getattr(self._stream, name)
 
 
 def steady_console() -> None:
     """Make `sys.stdout` and `sys.stderr` steady (`SteadyStream`, escaped text): for the command only."""
     for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
+        stream = getattr(sys, name)  # (None: closed)
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
         setattr(sys, name, SteadyStream(stream, name))

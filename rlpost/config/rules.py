@@ -164,6 +164,8 @@ def resume_folder_exists(cfg):
 
 @rule("model.path")
 def model_folder_exists(cfg):
+    if not cfg.model.path.strip():  # read as the current folder (the eleventh catalogue's t53)
+        return "model.path is empty: give a model folder, a hub id, a .gguf file or `tiny`"
     return missing_folder("model.path", cfg.model.path)
 
 
@@ -376,4 +378,4 @@ def check_values(cfg: TrainConfig, prefix: str = "") -> None:
             raise ConfigError(f"{key}={value!r} must be {broken}")
 
 
-from rlpost.config import rules_algo, rules_machine  # noqa: E402, F401  (their rules join RULES, after these)
+from rlpost.config import rules_algo, rules_machine, rules_mode  # noqa: E402, F401  (their rules join RULES)

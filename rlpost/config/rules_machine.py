@@ -106,6 +106,8 @@ def wandb_unreachable(timeout_s: float = 3.0) -> str | None:
 def cache_dir_is_a_folder(cfg):
     """A file where the cache folder goes: refused here; a GGUF model spent half a minute converting
     before a traceback named it (the ninth catalogue's n08, n70)."""
+    if not cfg.model.cache_dir.strip():  # the current folder: a tiny model built into it (the eleventh's t54)
+        return "model.cache_dir is empty: give a folder (the default: ~/.cache/rlpost)"
     path = Path(cfg.model.cache_dir).expanduser()
     if path.exists() and not path.is_dir():
         return f"model.cache_dir={cfg.model.cache_dir!r} is a file, not a folder: give a folder (made if missing)"

@@ -195,6 +195,10 @@ def check_resume(cfg, run_dir: Path) -> None:
         was, now = (getattr(c, role).optim.offload for c in (saved, cfg))
         if (was == "layerwise") != (now == "layerwise"):
             differ.append(f"{role}.optim.offload={was!r} there, {now!r} here (layerwise keeps Adam's states apart)")
+    if saved.run.seed != cfg.run.seed:  # the epoch's order and the samples' seeds (the eleventh catalogue's t85)
+        differ.append(
+            f"run.seed={saved.run.seed} there, {cfg.run.seed} here (mid-epoch, prompts would train twice or never)"
+        )
     if saved.algo.async_rollouts and not cfg.algo.async_rollouts:  # its drawn-ahead batches: only async reads them
         differ.append("algo.async_rollouts=true there, false here (the prompts it had drawn ahead would never train)")
     if differ:

@@ -63,9 +63,9 @@ class Controller:
         self.started = time.monotonic() if started is None else started  # for the summary's wall time
         quiet_libraries(cfg.logger.verbose)
         self.run_dir = claim_run_dir(cfg, log)
-        log(f"run folder: {self.run_dir}")
         self.samples, self.workers = SampleLog(self.run_dir, cfg.logger.samples_per_step), Workers()
-        try:  # from here a failure gives the run folder back (`shutdown`)
+        try:  # from here a failure gives the run folder back (`shutdown`; a closed stdout: cat11's t72)
+            log(f"run folder: {self.run_dir}")
             pool = self.workers.pool(cfg)  # a user's reward file runs in it now, before any model is built
             self.model_path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
             self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)

@@ -226,7 +226,7 @@ class Rollouts:
     def validate(self, rows: list[PromptRow], params: SamplingParams) -> dict[str, float]:
         """Accuracy and mean reward of `params` (one sample each) on the validation rows."""
         start = time.perf_counter()
-        batch = self.generate(rows, params)
+        batch = self.generate(rows, replace(params, ahead=True))  # (async: before the queued samples)
         scores, errors, _ = self.score(rows, batch, params.n, rule_only=True)
         episodes = {f"val/env_{k[4:]}": v for k, v in env_metrics(batch).items()} if "env_turns" in batch else {}
         return {

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig, to_yaml
-from rlpost.controller.checkpoint import check_resume
+from rlpost.controller.checkpoint import check_resume, find
 
 LOCK = "run.lock"
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png")  # what a run writes, with checkpoints/
@@ -66,6 +66,7 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
                 )
             _delete_run(run_dir, log)
         check_resume(cfg, run_dir)  # before this run's config.yaml replaces the saving run's
+        say_lost_metrics(cfg, run_dir, log)
         if cfg.trainer.save_every and (run_dir / "checkpoints").is_dir():
             check_writable(run_dir / "checkpoints")
         check_config_file(run_dir / "config.yaml")
@@ -156,6 +157,19 @@ def check_run_files(run_dir: Path) -> None:
                     f"run.dir={str(run_dir)!r}: {name} line {number} is not a row rlpost wrote ({line[:60]!r}); "
                     "a run keeps or drops that file's rows by step: remove the line (edited by hand?) or move the file"
                 )
+
+
+def say_lost_metrics(cfg: TrainConfig, run_dir: Path, log) -> None:
+    """A resume in a folder whose metrics.jsonl is gone: said, with what it means (nothing was, and
+    the summary counted only the new steps: the eleventh catalogue's t91)."""
+    if cfg.trainer.resume == "none" or (run_dir / "metrics.jsonl").exists():
+        return
+    folder = find(run_dir, cfg.trainer.resume, log=lambda *_: None)
+    if folder is not None and folder.parent.parent == run_dir:
+        log(
+            f"{run_dir / 'metrics.jsonl'} is missing: the steps up to {folder.name} are not in it; the rows start "
+            "after it, and the run's summary and curves count only those"
+        )
 
 
 def holds_a_run(run_dir: Path) -> bool:

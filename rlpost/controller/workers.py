@@ -30,12 +30,16 @@ def rollout_groups(cfg: TrainConfig) -> dict[str, tuple[int, tuple[str, ...]]]:
       actor's queue it would wait for every generation call submitted before it: `memory`, read
       after each GPU step, held async runs to the synchronous pace that way
       (benchmarks/real_model/async_h200x4.json).
-    - `generate`: the stream's units queued on an actor (`DEPTH`) run side by side, where the engine
-      shares its steps (vLLM): the next unit's samples fill the batch while the last, longest
-      samples of the one before decode."""
+    - `generate` (vLLM, whose engine shares its steps between calls; other engines take the calls
+      one at a time, in the order they came): the stream's units queued on an actor (`DEPTH`) run
+      side by side, the next unit's samples filling the batch while the last, longest samples of
+      the one before decode. One slot more for a validation, which then never waits for
+      a unit to end (its samples go first: `SamplingParams.ahead`); a validation step cost async
+      runs 18-34 s against 10-15 s one-step-off (benchmarks/real_model/async_h200x4b.json)."""
     if not cfg.algo.async_rollouts:
         return {}
-    return {"control": (1, ("receive_weights", "memory")), "generate": (DEPTH, ("generate",))}
+    control = {"control": (1, ("receive_weights", "memory"))}
+    return control | ({"generate": (DEPTH + 1, ("generate",))} if cfg.rollout.backend == "vllm" else {})
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 # the controller's phases of a step (`timing_s/<phase>`; their sum is about `timing_s/step`);
 # `update_worker`, `optimizer_step`, ... are parts of these and left out
 PHASES = ("gen", "reward", "filter", "logprob", "values", "critic_update", "update", "weight_sync")
-FAILURES = ("errors", "timeouts", "crashes", "bad_values")  # reward/<kind>: samples that scored reward.error_score
+FAILURES = ("timeouts", "crashes", "bad_values")  # reward/<kind>: which of reward/errors (every failed sample)
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -60,7 +60,8 @@ def summarize(rows: list[dict], wall_s: float | None = None) -> dict:
             "first": _mean(rewards[:tenth]),
             "last": _mean(rewards[-tenth:]),
             "steps_averaged": tenth,
-            "failed_samples": int(sum(r.get(f"reward/{kind}", 0.0) for r in steps for kind in FAILURES)),
+            "failed_samples": int(sum(r.get("reward/errors", 0.0) for r in steps)),  # (counted twice: cat11's t22)
+            "failed_by_kind": {k: int(sum(r.get(f"reward/{k}", 0.0) for r in steps)) for k in FAILURES},
         },
         "weight_syncs": {
             "done": len(syncs),
@@ -95,10 +96,11 @@ def format_summary(summary: dict, files: dict[str, str]) -> str:
     r = s["reward"]
     if r["first"] is not None:
         n = r["steps_averaged"]
-        failed = r.get("failed_samples", 0)
+        failed, kinds = r.get("failed_samples", 0), r.get("failed_by_kind", {})
+        which = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in kinds.items() if v)
         lines.append(
             f"  reward: {r['first']:.3f} (mean of the first {n} step{'s' * (n > 1)}) -> {r['last']:.3f} (the last)"
-            + (f"; {failed} samples failed to score (reward/errors, timeouts, crashes, bad_values)" if failed else "")
+            + (f"; {failed} samples failed to score (reward/errors{': ' + which if which else ''})" if failed else "")
         )
     w = s["weight_syncs"]
     lines.append(f"  weight syncs: {w['done']} done, {w['verified']} verified by checksum")

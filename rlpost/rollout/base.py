@@ -22,6 +22,7 @@ class SamplingParams:
     max_tokens: int = 256
     greedy: bool = False
     seed: int = 0
+    ahead: bool = False  # decoded before the samples already queued where calls share an engine (validation)
 
 
 class Pauser:

@@ -189,12 +189,26 @@ def answer(future, e: Episode, episodes: list[Episode]):
         if problem is None:
             step.reward = finite_number(step.reward)  # (a numpy scalar: a float)
             return step
-    except Exception as error:  # noqa: BLE001  (the user's environment: counted, the episode ends)
-        problem = f"raised {error!r}"
+    except (Exception, SystemExit) as error:  # noqa: BLE001  (the user's environment: counted, the episode
+        problem = f"raised {error!r}"  # ends; sys.exit there killed the rollout actor: the eleventh catalogue's t35)
     e.errors, e.done = e.errors + 1, True
     if not any(other.errors for other in episodes if other is not e):
         print(f"warning: env.step {problem} in an episode: it ends there (env/errors counts)")
     return None
+
+
+class Unmade:
+    """In place of an environment its factory failed to make for a row (it raised: the rollout
+    actor died, the error hidden behind "a Ray worker died": the eleventh catalogue's t38): its
+    episode ends at its first step, counted in `env/errors`, the factory's error said."""
+
+    tools: list = []
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def step(self, turn):
+        raise RuntimeError(f"(env.name's factory raised {self.error!r} for this episode's row)")
 
 
 def step_problem(step) -> str | None:
@@ -205,6 +219,10 @@ def step_problem(step) -> str | None:
         return f"returned {step!r} ({type(step).__name__}), not an EnvStep"
     if finite_number(step.reward) is None:
         return f"returned a reward of {step.reward!r} ({type(step.reward).__name__}), not a finite number"
+    if not (
+        isinstance(step.done, bool) or type(step.done).__name__ == "bool_"
+    ):  # a string ended every episode at its first turn (cat11's t33)
+        return f"returned done={step.done!r} ({type(step.done).__name__}), not True or False"
     messages = step.messages if isinstance(step.messages, list) else [step.messages]
     for m in messages:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m):

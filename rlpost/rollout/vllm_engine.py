@@ -108,6 +108,8 @@ def engine_kwargs(
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
         if pausable:  # async scheduling keeps a batch in flight between two steps: a sync
             kwargs["async_scheduling"] = False  # landing there would race it (the CPU has none)
+    if pausable:  # calls share the engine: a validation's samples go before those queued (`ahead`)
+        kwargs["scheduling_policy"] = "priority"
     else:  # no prefill split over steps: vLLM rewinds a seeded sampler's generator for the part
         # it discards, which a CPU generator cannot do ("CPU Generator does not use offset")
         kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=batched_tokens)

@@ -68,7 +68,7 @@ def generate_stepped(engine: VLLMRolloutEngine, prompts: list[list[int]], params
     each request had then are the older version's."""
     rows = [p for p in prompts for _ in range(params.n)]
     settings = [sampling(params, 1, params.max_tokens, params.seed + k, engine.eos_id) for k in range(len(rows))]
-    done, started, switches = engine.steps.generate(rows, settings, engine.lora_request)
+    done, started, switches = engine.steps.generate(rows, settings, engine.lora_request, -1 if params.ahead else 0)
     responses = [list(d.token_ids) for d in done]
     logprobs = [[d.logprobs[i][t].logprob for i, t in enumerate(r)] for d, r in zip(done, responses)]
     versions = [[started] * len(r) for r in responses]
@@ -83,66 +83,90 @@ class SharedSteps:
     """The requests of every stepped generation under way on one engine. A rollout actor runs up
     to `rlpost.controller.stream.DEPTH` generation calls at once (async rollouts), so the next
     call's requests fill the batch while the last, longest samples of the call before decode:
-    no call waits out another's tail. A call's requests wait in `inbox` (never behind a step);
-    whichever call holds the lock admits them and runs the next scheduler step for all calls,
-    and each takes its own outputs once all have ended. Where a sync landed between two steps,
-    each request's tokens so far are noted (`switches`: (new version, request -> tokens))."""
+    no call waits out another's tail. One thread of its own steps the engine (vLLM's CPU kernels
+    keep per-thread state from one step to the next: steps taken by the calls' threads in turn
+    failed a check on it). A call's requests wait in `inbox`; that thread admits them, runs the
+    scheduler steps for all calls and completes each call whose requests have all ended
+    (`results`, `ended`). Where a sync landed between two steps, each request's tokens so far are
+    noted (`switches`: (new version, (call, row) -> tokens))."""
 
     def __init__(self, engine: VLLMRolloutEngine):
         self.engine, self.core = engine, engine.llm.llm_engine
-        self.lock = threading.Lock()  # vLLM's engine, and all below
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # (call, rows, settings, LoRA request)
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # (call, rows, settings, LoRA request, priority)
         self.calls: dict[int, tuple[list[str], int, int]] = {}  # call -> (its requests, start version, first switch)
+        self.left: dict[int, int] = {}  # call -> its requests not ended
         self.ours: dict[str, tuple[int, int]] = {}  # request id (vLLM's outputs name it) -> (call, row), in flight
         self.done: dict[tuple[int, int], object] = {}  # (call, row) -> its final output
         self.switches: list[tuple[int, dict[tuple[int, int], int]]] = []
         self.version = engine.weight_version  # the version the last step ran with
+        self.ended: dict[int, threading.Event] = {}
+        self.results: dict[int, tuple] = {}  # call -> (outputs, start version, its switches), or the error
+        self.wake, self.thread = threading.Event(), None
+        self.threads = torch.get_num_threads()  # the engine's maker's: the stepping thread takes it
 
-    def generate(self, rows: list[list[int]], settings: list, lora_request):
+    def generate(self, rows: list[list[int]], settings: list, lora_request, priority: int = 0):
         """Each row's final output once all have ended, the version they started with, and the
-        switches while they ran (request keyed by its row)."""
+        switches while they ran (request keyed by its row). A lower `priority` is scheduled before
+        the requests already waiting (vLLM's priority policy)."""
         call = next(REQUESTS)
-        self.inbox.put((call, rows, settings, lora_request))
-        try:
-            while True:
-                with self.lock:
-                    self._admit()
-                    ids, started, first = self.calls[call]
-                    if all((call, k) in self.done for k in range(len(ids))):
-                        switches = [
-                            (v, {k: n for (c, k), n in s.items() if c == call}) for v, s in self.switches[first:]
-                        ]
-                        return [self.done.pop((call, k)) for k in range(len(ids))], started, switches
+        ended = self.ended[call] = threading.Event()
+        self.inbox.put((call, rows, settings, lora_request, priority))
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="rlpost-vllm-steps", daemon=True)
+            self.thread.start()
+        self.wake.set()
+        while not ended.wait(1.0):
+            if not self.thread.is_alive():  # (it hands its errors to the calls: this is a bug)
+                raise RuntimeError("rlpost's vLLM stepping thread ended while a generation waited for it")
+        del self.ended[call]
+        result = self.results.pop(call)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _run(self) -> None:
+        """The stepping thread: admit, step while any call is under way, else wait for one. Its
+        OpenMP threads are those of the thread that made the engine (a new thread's default differs:
+        vLLM's CPU attention then failed its check of the threads its step was planned for)."""
+        torch._C.set_num_threads(self.threads)  # (vLLM's CPU worker replaces torch.set_num_threads)
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            self._admit()
+            try:
+                while self.calls:
                     if not self.core.has_unfinished_requests():
-                        raise RuntimeError(f"vLLM's engine lost requests of call {call}")
+                        raise RuntimeError(f"vLLM's engine lost the requests of {len(self.calls)} calls")
                     self._step()
-        finally:
-            with self.lock:
-                self._admit()
-                ids, _, _ = self.calls.pop(call)
-                if any(self.ours.pop(i, None) for i in ids):  # (an error: the rest is not wanted)
-                    self.core.abort_request(ids)
-                for k in range(len(ids)):
-                    self.done.pop((call, k), None)
-                if not self.calls:
-                    self.switches.clear()
+                    self._admit()
+            except Exception as e:  # each call under way raises it in its own thread
+                self.core.abort_request(list(self.ours))
+                self.ours.clear()
+                self.done.clear()
+                for call in list(self.calls):
+                    del self.calls[call], self.left[call]
+                    self.results[call] = e
+                    self.ended[call].set()
 
     def _admit(self) -> None:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         while not self.inbox.empty():
-            call, rows, settings, lora_request = self.inbox.get()
+            call, rows, settings, lora_request, priority = self.inbox.get()
             if not self.calls:  # nothing in flight: no switch to note
                 self.version = self.engine.weight_version
             ids = []
             for k, (prompt, sp) in enumerate(zip(rows, settings)):
                 sp.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
                 key = f"rlpost-sample-{next(REQUESTS)}"
-                self.core.add_request(key, TokensPrompt(prompt_token_ids=prompt), sp, lora_request=lora_request)
+                prompt = TokensPrompt(prompt_token_ids=prompt)
+                self.core.add_request(key, prompt, sp, lora_request=lora_request, priority=priority)
                 self.ours[key] = (call, k)
                 ids.append(key)
-            self.calls[call] = (ids, self.engine.weight_version, len(self.switches))
+            self.calls[call], self.left[call] = (ids, self.engine.weight_version, len(self.switches)), len(ids)
+            if not ids:
+                self._complete(call)
 
     def _step(self) -> None:
         with self.engine.pauser.generating():
@@ -150,7 +174,21 @@ class SharedSteps:
                 self.switches.append((self.engine.weight_version, self._tokens_so_far()))
                 self.version = self.engine.weight_version
             for out in self.core.step():
-                self.done[self.ours.pop(out.request_id)] = out.outputs[0]
+                call, row = self.ours.pop(out.request_id)
+                self.done[call, row] = out.outputs[0]
+                self.left[call] -= 1
+                if not self.left[call]:
+                    self._complete(call)
+
+    def _complete(self, call: int) -> None:
+        """Hand `call` its outputs and switches, and wake it."""
+        ids, started, first = self.calls.pop(call)
+        del self.left[call]
+        mine = [(v, {k: n for (c, k), n in t.items() if c == call}) for v, t in self.switches[first:]]
+        self.results[call] = [self.done.pop((call, k)) for k in range(len(ids))], started, mine
+        if not self.calls:
+            self.switches.clear()
+        self.ended[call].set()
 
     def _tokens_so_far(self) -> dict[tuple[int, int], int]:
         """(call, row) -> tokens generated so far, of every request in flight: vLLM's output

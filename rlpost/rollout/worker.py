@@ -15,7 +15,7 @@ from rlpost.config import Colocation, TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.rollout.base import RolloutEngine, SamplingParams
-from rlpost.rollout.episodes import run_episodes
+from rlpost.rollout.episodes import Unmade, run_episodes
 from rlpost.weightsync.kinds import sync_kinds
 from rlpost.weightsync.manifest import WeightSyncError
 from rlpost.weightsync.sync import SyncStats, receive_weights
@@ -71,6 +71,14 @@ def make_engine(cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_i
     raise ValueError(f"rollout.backend={r.backend!r} is unknown; choose hf or vllm")
 
 
+def made_env(e, row: EpisodeRow):
+    """The environment of `row` (`env` section `e`), or an `Unmade` that ends its episode."""
+    try:
+        return make_env(e.name, row, e)
+    except (Exception, SystemExit) as error:  # noqa: BLE001  (the user's factory)
+        return Unmade(error)
+
+
 class RolloutWorker:
     def __init__(self, cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_id: int, devices=None):
         """`devices`: the GPUs of a colocated tensor-parallel engine (its trainer ranks'), which
@@ -102,7 +110,7 @@ class RolloutWorker:
 
                 self._tokenizer = load_tokenizer(self.model_path, self.cfg.model.trust_remote_code)
             e = self.cfg.env
-            envs = [make_env(e.name, row, e) for row in rows for _ in range(params.n)]
+            envs = [made_env(e, row) for row in rows for _ in range(params.n)]
             batch = run_episodes(
                 self.engine, self._tokenizer, prompts, envs, params, e.max_turns, e.timeout_s, e.workers
             )

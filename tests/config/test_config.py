@@ -185,6 +185,9 @@ VIOLATIONS = {
     "lam_read": [["algo.lam=0.9"], ["algo.name=reinforce_pp", "algo.lam=0.5"]],
     "norm_adv_by_std_read": [["algo.name=ppo", "algo.norm_adv_by_std=false"]],
     "overlong_buffer_fits": [["algo.overlong_buffer=4"]],
+    "staleness_read_when_split": [["algo.max_staleness=3"]],  # (quickstart: colocate)
+    "env_keys_need_an_env": [["env.max_turns=7", "env.timeout_s=1"], ["env.workers=3"]],
+    "vllm_keys_need_vllm": [["rollout.enforce_eager=true", "rollout.max_num_seqs=1"], ["rollout.kv_cache_gb=2"]],
     "lora_targets": [
         ["model.lora.rank=4", "model.lora.target_modules=[]"],
         ["model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"],
@@ -192,6 +195,7 @@ VIOLATIONS = {
     ],
     "vllm_adapter_rank": [["model.lora.rank=600", "model.lora.mode=adapter", "rollout.backend=vllm"]],
     "model_folder_exists": [
+        ["model.path="],
         ["model.path=/no/such/folder"],
         ["model.path=./nope"],
         ["model.path=a/b/c"],
@@ -201,7 +205,7 @@ VIOLATIONS = {
     "model_type_known": [[f"model.path={ODD_MODELS / 'qwen9'}"]],
     "overwrite_or_resume": [["run.overwrite=true", "trainer.resume=auto"]],
     "critic_folder_exists": [["critic.model_path=/no/such/critic"]],
-    "cache_dir_is_a_folder": [[f"model.cache_dir={REPO / 'README.md'}"]],
+    "cache_dir_is_a_folder": [[f"model.cache_dir={REPO / 'README.md'}"], ["model.cache_dir="]],
     "reward_model_folder_exists": [["reward.model.path=../no/rm"]],
     "reward_model_scorer": [
         ["reward.model.path=tiny", "reward.model.kind=causal_lm"],
@@ -248,13 +252,15 @@ RANGED = [(k, f.metadata["range"], f.type) for k, f in iter_fields() if "range" 
 def test_every_range_refuses_the_values_just_outside_it(key, bounds, kind):
     step = 1 if kind in ("int", int) else 0.5
     recipe = "ppo" if key in ("algo.gamma", "algo.lam") else "quickstart"  # where the key is read
+    vllm_only = dict(iter_fields())[key].metadata["help"].startswith("vllm")
+    mode = ["env.name=retry"] if key.startswith("env.") else ["rollout.backend=vllm"] if vllm_only else []
     for op, limit in bounds.items():
         outside = {"ge": limit - step, "gt": limit, "le": limit + step, "lt": limit}[op]
         with pytest.raises(ConfigError, match=f"^{key}="):
-            load_config([f"+recipe={recipe}", f"{key}={outside}"])
+            load_config([f"+recipe={recipe}", *mode, f"{key}={outside}"])
         inside = {"ge": limit, "gt": limit + step, "le": limit, "lt": limit - step}[op]
         try:  # the bound itself (>=, <=) or the next value in is allowed by this key
-            load_config([f"+recipe={recipe}", f"{key}={inside}"])
+            load_config([f"+recipe={recipe}", *mode, f"{key}={inside}"])
         except ConfigError as e:  # another rule may refuse it, never this range
             assert not str(e).startswith(f"{key}="), str(e)
 

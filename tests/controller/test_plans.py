@@ -128,8 +128,7 @@ def test_an_actor_and_a_critic_on_one_device_must_fit_together():
     critic = {"total": 80 * GIB, "free": 50 * GIB, "resident": 10 * GIB}
     assert merge_memory((actor, critic)) == {"total": 80 * GIB, "free": 50 * GIB, "resident": 30 * GIB}
     assert merge_memory(({}, {})) == {}  # CPU: nothing to report
-    cfg = cfg_with("rollout.gpu_memory_utilization=0.65")
-    cfg.rollout.backend = "vllm"
+    cfg = cfg_with("rollout.backend=vllm", "rollout.gpu_memory_utilization=0.65")
     check_colocated_memory(cfg, [actor])  # the actor alone leaves room for vLLM
     with pytest.raises(ConfigError, match="trainer rank 0"):
         check_colocated_memory(cfg, [merge_memory((actor, critic))])  # with its critic it does not

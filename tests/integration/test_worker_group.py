@@ -32,7 +32,14 @@ def test_async_rollouts_read_memory_and_sync_beside_queued_generation(ray_sessio
     from rlpost.controller.cluster import WorkerGroup
     from rlpost.controller.workers import rollout_groups
 
-    cfg = load_config(["+recipe=quickstart", "cluster.placement=split", f"algo.async_rollouts={async_rollouts}"])
+    cfg = load_config(
+        [
+            "+recipe=quickstart",
+            "cluster.placement=split",
+            f"algo.async_rollouts={async_rollouts}",
+            "rollout.backend=vllm",
+        ]
+    )
     placement = SimpleNamespace(options=lambda *args: {"num_cpus": 0})
     group = WorkerGroup(SlowRollout, cfg, placement, [0], "rollout", lambda rank: (), groups=rollout_groups(cfg))
     group.call("memory")  # the actor is up

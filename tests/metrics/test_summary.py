@@ -46,6 +46,7 @@ def test_summary_numbers_are_those_of_the_rows():
         "last": (0.95 + 1.0) / 2,
         "steps_averaged": 2,
         "failed_samples": 0,
+        "failed_by_kind": {"timeouts": 0, "crashes": 0, "bad_values": 0},
     }
     assert s["weight_syncs"] == {"done": 20, "verified": 19}
 
@@ -77,12 +78,12 @@ def test_the_summary_says_how_many_samples_failed_to_score():
     """A reward that raised on every sample ended with "reward: 0.000 -> 0.000" and exit 0, the
     failures only in the metrics (the fifth catalogue's r06, r08)."""
     rows = [step_row(1, 0.0, **{"reward/errors": 30.0, "reward/timeouts": 2.0}), step_row(2, 0.0)]
-    rows[1].update({"reward/crashes": 1.0, "reward/bad_values": 3.0, "reward/mean_raw": 9.0})
-    s = summarize(rows)
-    assert s["reward"]["failed_samples"] == 36
+    rows[1].update({"reward/errors": 4.0, "reward/crashes": 1.0, "reward/bad_values": 3.0, "reward/mean_raw": 9.0})
+    s = summarize(rows)  # reward/errors counts every failed sample, the other kinds say which (eleventh's t22)
+    assert s["reward"]["failed_samples"] == 34
     assert format_summary(s, {}).splitlines()[2] == (
-        "  reward: 0.000 (mean of the first 1 step) -> 0.000 (the last); 36 samples failed to score "
-        "(reward/errors, timeouts, crashes, bad_values)"
+        "  reward: 0.000 (mean of the first 1 step) -> 0.000 (the last); 34 samples failed to score "
+        "(reward/errors: 2 timeouts, 1 crashes, 3 bad values)"
     )
 
 

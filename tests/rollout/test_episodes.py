@@ -248,6 +248,16 @@ class RaisingEnv(ScriptedEnv):
         return super().step(turn)
 
 
+class ExitingEnv(ScriptedEnv):
+    """The user's environment whose step calls sys.exit (the eleventh catalogue's t35: only
+    Exception was caught, and SystemExit killed the rollout actor)."""
+
+    def step(self, turn: Turn) -> EnvStep:
+        if turn.index >= 1:
+            raise SystemExit(3)
+        return super().step(turn)
+
+
 class NoneEnv(ScriptedEnv):
     """The user's environment whose step returns None from its second turn on (the eighth catalogue's
     e46: the episode ended without a word, env/errors 0)."""
@@ -280,10 +290,21 @@ class StringMessageEnv(ScriptedEnv):
         return EnvStep(["No, try again."], out.reward, out.done) if turn.index >= 1 else out
 
 
+class StringDoneEnv(ScriptedEnv):
+    """The user's environment whose second step says done="no" (the eleventh catalogue's t33: a
+    truthy string ended every episode at that turn and dropped its message, with nothing said)."""
+
+    def step(self, turn: Turn) -> EnvStep:
+        out = super().step(turn)
+        return EnvStep(out.messages, out.reward, "no") if turn.index >= 1 else out
+
+
 @pytest.mark.parametrize(
     "env, said",
     [
         (RaisingEnv, "raised KeyError('feedback')"),
+        (StringDoneEnv, "returned done='no' (str), not True or False"),
+        (ExitingEnv, "raised SystemExit(3)"),
         (NoneEnv, "returned None (NoneType), not an EnvStep"),  # it ended without a word, env/errors 0
         (OddRewardEnv, "returned a reward of '1.0' (str), not a finite number"),
         (NanRewardEnv, "returned a reward of nan (float), not a finite number"),

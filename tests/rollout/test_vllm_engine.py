@@ -236,7 +236,64 @@ def test_calls_side_by_side_share_the_steps_and_a_sync_splits_each_calls_tokens(
         assert (got[:, switch:] - old_ref[:, switch:]).abs().max() > 1e-2
         switches.append(switch)
     assert switches[0] > switches[1] >= 1, switches
-    assert not engine.steps.calls and not engine.steps.done and not engine.steps.switches
+    left = engine.steps
+    assert not left.calls and not left.done and not left.switches and not left.results and not left.ended
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_validations_samples_go_before_the_samples_queued_by_the_calls_under_way(tiny, engine, monkeypatch, ahead):
+    """A validation during async rollouts (`SamplingParams.ahead`) shares the engine with the
+    stream's calls: its requests are scheduled before theirs still waiting for a slot (vLLM's
+    priority policy), so it ends within the first round of the queued call, not after it."""
+    import threading
+
+    _, _, tok = tiny
+    core, steps, ended, second = engine.llm.llm_engine, [0], {}, threading.Event()
+    step = core.step
+
+    def counted_step():
+        steps[0] += 1
+        if steps[0] == 2:
+            second.set()
+            while engine.steps.inbox.empty():
+                pass
+        return step()
+
+    monkeypatch.setattr(core, "step", counted_step)
+    monkeypatch.setattr(engine, "eos_id", -1)  # every sample takes max_tokens steps
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+
+    def call(name, params):
+        engine.generate(prompts, params)
+        ended[name] = steps[0]
+
+    stream = SamplingParams(n=50, max_tokens=8, seed=1)  # 150 samples, 64 at once (max_num_seqs)
+    validation = SamplingParams(n=1, max_tokens=4, seed=2, greedy=True, ahead=ahead)
+    later = threading.Thread(target=lambda: second.wait(120) and call("validation", validation))
+    later.start()
+    call("stream", stream)
+    later.join(120)
+    assert ended["stream"] >= 3 * 8  # three rounds of the 64 slots
+    assert (ended["validation"] <= 2 * 8) == ahead, ended  # queued first: after the stream's second round
+
+
+def test_a_step_that_fails_fails_the_call_and_the_next_call_generates(tiny, engine, monkeypatch):
+    """The stepping thread hands an engine's error to every call under way, drops their requests,
+    and steps the next call as before."""
+    _, _, tok = tiny
+    core, step = engine.llm.llm_engine, engine.llm.llm_engine.step
+    prompts = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(n=2, max_tokens=6, seed=1)
+
+    def broken():
+        raise RuntimeError("the engine broke")
+
+    monkeypatch.setattr(core, "step", broken)
+    with pytest.raises(RuntimeError, match="the engine broke"):
+        engine.generate(prompts, params)
+    assert not core.has_unfinished_requests() and not engine.steps.calls
+    monkeypatch.setattr(core, "step", step)
+    assert len(engine.generate(prompts, params)) == 6
 
 
 def test_the_stepped_generation_gives_the_samples_of_llm_generate(tiny, engine, monkeypatch):
