@@ -204,3 +204,45 @@ def test_a_repeated_key_whose_last_value_is_refused_is_not_said_to_be_used(capsy
         cli.main(["train", "--cfg", "job", "+recipe=quickstart", "trainer.total_steps=1", "trainer.total_steps=2"]) == 0
     )
     assert capsys.readouterr().err == "rlpost: trainer.total_steps given 2 times (1, 2): the last, 2, is used\n"
+
+
+def skipping_rank(rank, world, port, model_dir, batch_path, out):
+    """One critic update towards NaN returns: a non-finite gradient norm, a skipped step."""
+    import torch
+    import torch.distributed as dist
+
+    from rlpost.config import load_config
+    from rlpost.controller.step import step_plan
+    from rlpost.data.microbatch import shard_batch
+    from rlpost.roles.critic import CriticWorker
+    from tests.roles.test_critic import COMMON
+
+    torch.set_num_threads(1)
+    cfg = load_config(COMMON + [f"trainer.world_size={world}", "trainer.layout=packed"])
+    batch = torch.load(batch_path, weights_only=False)
+    worker = CriticWorker(cfg, model_dir, rank, world, "127.0.0.1", port)
+    try:
+        shard = shard_batch(batch, step_plan(batch, cfg)[1])[rank]
+        values = worker.compute_values(shard)["values"]
+        shard["values"], shard["returns"] = values, torch.full_like(values, float("nan"))
+        metrics = worker.update(shard)
+        if rank == 0:
+            torch.save(metrics, out)
+        dist.barrier()
+    finally:
+        worker.shutdown()
+
+
+def test_a_skipped_optimizer_step_counts_once_whatever_the_ranks(tmp_path):
+    """t27: a reward of 1e300 gave "2 optimizer steps of the actor were skipped" in a run of 1
+    optimizer step: the count was summed over the trainer ranks (the norm is global: all skip)."""
+    import torch
+
+    from rlpost.weightsync.transport import free_port
+    from tests.helpers import run_ranks, save_tiny_model
+    from tests.roles.test_critic import grouped_batch
+
+    save_tiny_model(tmp_path / "model")
+    torch.save(grouped_batch()[0], tmp_path / "batch.pt")
+    run_ranks(skipping_rank, 2, free_port(), str(tmp_path / "model"), str(tmp_path / "batch.pt"), str(tmp_path / "o"))
+    assert torch.load(tmp_path / "o", weights_only=False)["critic/skipped_steps"] == 1.0

@@ -144,7 +144,9 @@ class FSDPEngine:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         stats.add(f"{self.spec.prefix}/grad_norm", norm, 1.0)
-        stats.add(f"{self.spec.prefix}/skipped_steps", float(not math.isfinite(norm)), 0.0)
+        # (the norm is global: every rank skips; the sum over ranks counted each skip world times: cat11's t27)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        stats.add(f"{self.spec.prefix}/skipped_steps", float(not math.isfinite(norm)) / world, 0.0)
         return norm
 
     # -------------------------------------------------------------------------------- update
