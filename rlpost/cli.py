@@ -112,7 +112,7 @@ def train_once(overrides: list[str], show_config: bool = False, repeated: list[s
         return 1
     except KeyboardInterrupt as e:  # a second signal, or one during start-up: no checkpoint
         print(f"rlpost: interrupted ({e or 'SIGINT'}); the actors are shut down", file=sys.stderr)
-        return 130
+        return 128 + getattr(e, "signum", 2)  # (SIGINT: 130)
     return 0
 
 

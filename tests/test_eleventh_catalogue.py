@@ -1,10 +1,12 @@
 """Faults the eleventh bad-input catalogue found (tried by someone who did not write the code, on
-4c0e953): each test fails on the code before its fix."""
+4c0e953): each test fails on the code before its fix. Those that need a module's own fakes are
+beside them: t97 in tests/controller/test_progress.py, t38 in tests/rollout/test_episodes.py, t27
+in tests/roles/test_critic.py."""
 
 import pytest
 
 from rlpost.config import ConfigError
-from tests.controller.test_run_dir import cfg_in, earlier_run
+from tests.run_dirs import cfg_in, earlier_run
 
 
 def test_overwrite_never_deletes_through_a_link_to_another_runs_checkpoints(tmp_path):
@@ -23,33 +25,6 @@ def test_overwrite_never_deletes_through_a_link_to_another_runs_checkpoints(tmp_
         claim_run_dir(cfg_in(run, "run.overwrite=true"), log=lambda *_: None)
     assert (other / "checkpoints" / "step_2" / "controller.pt").exists()  # the other run's, untouched
     assert (run / "metrics.jsonl").exists()  # nothing of this run's deleted either: refused first
-
-
-def test_a_signal_during_the_runs_report_lets_it_finish_and_shut_down(tmp_path, capsys):
-    """t97 (HANG): `run_steps` put the previous handlers back before the report (summary.json,
-    curves.png, the console's summary) and the shutdown: a SIGTERM then killed the process, with
-    the lock left and Ray's agents orphaned. The handlers now stay until the caller's shutdown,
-    and a signal after the last step only says so."""
-    import os
-    import signal
-
-    from rlpost.controller.progress import run_steps
-    from rlpost.controller.signals import StopSignals
-    from tests.controller.test_progress import FakeController
-
-    outside = []  # the handler before the run's (the default would end pytest on the old code)
-    before = signal.signal(signal.SIGTERM, lambda signum, frame: outside.append(signum))
-    c, stop, reported = FakeController(tmp_path, 0), StopSignals(), []
-    stop.before_start = False
-    c.report = lambda: os.kill(os.getpid(), signal.SIGTERM) or reported.append(True)  # the signal in the report
-    try:
-        assert run_steps(c, stop) == tmp_path
-        assert reported == [True] and c.step == 3 and stop.signal == signal.SIGTERM and not outside
-        assert signal.getsignal(signal.SIGTERM) == stop._note  # kept for the shutdown after it
-    finally:
-        stop.restore()
-        signal.signal(signal.SIGTERM, before)
-    assert "SIGTERM as the run ends: finishing its summary and shutdown" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("seeds, code", [("0,1", 128 + 15), ("0", 0)])
@@ -142,34 +117,6 @@ def test_a_closed_standard_output_is_said_in_one_line():
     assert done.returncode == 1 and done.stderr == "rlpost: cannot write to standard output (it is closed)\n"
 
 
-def test_an_environment_its_factory_could_not_make_ends_its_episode_said(capsys):
-    """t38 (TRACEBACK): a factory that raised for a later row killed the rollout actor, reported as
-    "a Ray worker or node of the run died" with resume advice; its error was shown nowhere."""
-    from types import SimpleNamespace
-
-    from rlpost.envs import ENVS, EpisodeRow
-    from rlpost.rollout.base import SamplingParams
-    from rlpost.rollout.episodes import Unmade, run_episodes
-    from rlpost.rollout.worker import made_env
-    from tests.rollout.test_episodes import EOS, TOK, ScriptedEngine, ScriptedEnv, ids
-
-    def factory(row, options):
-        if row.ground_truth == "bad":
-            raise RuntimeError("no env for bad")
-        return ScriptedEnv()
-
-    ENVS.register("cat11_t38", factory)
-    options = SimpleNamespace(name="cat11_t38")
-    envs = [made_env(options, EpisodeRow("A=", truth, "arithmetic")) for truth in ("bad", "good")]
-    assert isinstance(envs[0], Unmade) and isinstance(envs[1], ScriptedEnv)
-    forever = [ids("x") + [EOS]] * 10
-    engine = ScriptedEngine({"A=": forever, "B=": forever})
-    batch = run_episodes(engine, TOK, [ids("A="), ids("B=")], envs, SamplingParams(n=1, max_tokens=200), 4, 60.0)
-    assert batch["env_errors"].tolist() == [1, 0] and batch["env_turns"].tolist() == [1, 4]
-    out = capsys.readouterr().out
-    assert "env.name's factory raised RuntimeError('no env for bad') for this episode's row" in out
-
-
 def test_plan_prints_its_help_and_refuses_an_infinite_gpu(capsys):
     """t62: `rlpost plan --help` was refused as an unknown option (exit 2); t64: `--gpu-gb=1e400`
     was taken and printed "(inf GiB)"."""
@@ -206,43 +153,102 @@ def test_a_repeated_key_whose_last_value_is_refused_is_not_said_to_be_used(capsy
     assert capsys.readouterr().err == "rlpost: trainer.total_steps given 2 times (1, 2): the last, 2, is used\n"
 
 
-def skipping_rank(rank, world, port, model_dir, batch_path, out):
-    """One critic update towards NaN returns: a non-finite gradient norm, a skipped step."""
-    import torch
-    import torch.distributed as dist
+@pytest.mark.parametrize("signum, code", [(15, 143), (2, 130)])
+def test_a_second_signal_exits_with_its_own_code(tmp_path, monkeypatch, capsys, signum, code):
+    """t103: two SIGTERMs exited 130, SIGINT's code; one SIGTERM exits 143."""
+    from rlpost import cli
+    from rlpost.controller import run
+    from rlpost.controller.signals import SecondSignal
 
+    def second(cfg, log=print):
+        raise SecondSignal(signum)
+
+    monkeypatch.setattr(run, "train", second)
+    assert cli.main(["train", "+recipe=quickstart", f"run.dir={tmp_path}"]) == code
+    assert "interrupted (second SIG" in capsys.readouterr().err
+
+
+def test_an_exports_claim_left_by_a_killed_export_is_taken_over(tmp_path):
+    """t99: SIGTERM during `rlpost export` left `--out` holding only `.rlpost-export`, and every
+    later export was refused: "another export is writing into it", though none ran."""
+    import os
+    import subprocess
+    import sys
+
+    from rlpost.controller.files import take_claim
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    claim = tmp_path / ".rlpost-export"
+    claim.write_text(gone.stdout.strip())  # its process has ended
+    take_claim(claim)
+    assert claim.read_text() == str(os.getpid())
+    with pytest.raises(FileExistsError):  # a live one's stays
+        take_claim(claim)
+    claim.write_text("")  # one being written this instant
+    with pytest.raises(FileExistsError):
+        take_claim(claim)
+
+
+def test_plot_names_the_run_folder_for_its_metrics_file_and_says_which_lists_are_curves(tmp_path):
+    """t67: `rlpost plot RUN/metrics.jsonl` said "no metrics.jsonl (is it a run folder?)"; t69: a
+    JSON file holding [1, 2, 3] was refused as having no "list of numbers"."""
+    from rlpost.metrics.plot import plot_json
+    from rlpost.metrics.summary import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(FileNotFoundError, match=r"metrics.jsonl is a run's metrics file: give its run folder, "):
+        read_metrics(tmp_path / "metrics.jsonl")
+    (tmp_path / "list.json").write_text("[1, 2, 3]")
+    with pytest.raises(ValueError, match=r"not just increasing integers, which read as steps"):
+        plot_json(tmp_path / "list.json")
+
+
+def test_a_step_whose_episodes_mostly_timed_out_or_failed_is_said():
+    """t36: 32 of 32 episodes past `env.timeout_s` were counted in the metrics, never said; t32:
+    an environment that failed in every episode got one line, with no count and no env.name."""
     from rlpost.config import load_config
-    from rlpost.controller.step import step_plan
-    from rlpost.data.microbatch import shard_batch
-    from rlpost.roles.critic import CriticWorker
-    from tests.roles.test_critic import COMMON
+    from rlpost.controller.alerts import Alerts
 
-    torch.set_num_threads(1)
-    cfg = load_config(COMMON + [f"trainer.world_size={world}", "trainer.layout=packed"])
-    batch = torch.load(batch_path, weights_only=False)
-    worker = CriticWorker(cfg, model_dir, rank, world, "127.0.0.1", port)
-    try:
-        shard = shard_batch(batch, step_plan(batch, cfg)[1])[rank]
-        values = worker.compute_values(shard)["values"]
-        shard["values"], shard["returns"] = values, torch.full_like(values, float("nan"))
-        metrics = worker.update(shard)
-        if rank == 0:
-            torch.save(metrics, out)
-        dist.barrier()
-    finally:
-        worker.shutdown()
+    cfg = load_config(["+recipe=quickstart", "env.name=retry", "env.timeout_s=2"])
+    said = []
+    alerts = Alerts(cfg, said.append)
+    episodes = cfg.data.train_batch_size * cfg.rollout.n
+    alerts.check(1, {"env/timeouts": float(episodes), "env/errors": episodes / 2})
+    alerts.check(2, {"env/timeouts": float(episodes), "env/errors": 0.0})  # said when it starts, not again
+    assert said == [
+        f"warning: in step 1 {episodes} of {episodes} episodes ran past env.timeout_s=2 (env/timeouts) and ended "
+        "there: raise env.timeout_s, or make env.name's steps faster",
+        f"warning: in step 1 {episodes // 2} of {episodes} episodes of env.name=retry ended on an error of the "
+        "environment (env/errors; its first is said above): fix the environment",
+    ]
+    alerts.check(3, {"env/timeouts": episodes / 2 - 1})
+    assert len(said) == 2
 
 
-def test_a_skipped_optimizer_step_counts_once_whatever_the_ranks(tmp_path):
-    """t27: a reward of 1e300 gave "2 optimizer steps of the actor were skipped" in a run of 1
-    optimizer step: the count was summed over the trainer ranks (the norm is global: all skip)."""
-    import torch
+def test_a_full_disk_at_a_checkpoint_is_said_as_a_full_disk(tmp_path):
+    """t73: a full disk while the trainer ranks wrote a checkpoint read "a Ray worker or node of
+    the run died (CheckpointError ... CheckpointException ranks ...)"; "No space left on device"
+    was only inside Ray's 70-line dump."""
+    import errno
 
-    from rlpost.weightsync.transport import free_port
-    from tests.helpers import run_ranks, save_tiny_model
-    from tests.roles.test_critic import grouped_batch
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    save_tiny_model(tmp_path / "model")
-    torch.save(grouped_batch()[0], tmp_path / "batch.pt")
-    run_ranks(skipping_rank, 2, free_port(), str(tmp_path / "model"), str(tmp_path / "batch.pt"), str(tmp_path / "o"))
-    assert torch.load(tmp_path / "o", weights_only=False)["critic/skipped_steps"] == 1.0
+    from rlpost.controller import checkpoint
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/disk/run/checkpoints/.tmp_step_2/x.distcp")
+
+    class Group:
+        def call(self, method, folder):
+            try:
+                raise CheckpointException("ranks", {0: (full, None), 1: (RuntimeError("unexpected pos"), None)})
+            except BaseException as e:
+                raise RuntimeError("ray task error") from e  # as Ray's task error carries it
+
+    checkpoint.save(tmp_path, 1, {"step": 1}, [], keep=0)
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.save(tmp_path, 2, {"step": 2}, [Group()], keep=0)
+    assert str(info.value) == (
+        f"writing checkpoint {tmp_path / 'checkpoints' / 'step_2'} failed: OSError: [Errno 28] No space left on "
+        f"device: '/disk/run/checkpoints/.tmp_step_2/x.distcp'; the newest complete checkpoint is "
+        f"{tmp_path / 'checkpoints' / 'step_1'}; free space there, then trainer.resume=auto"
+    )

@@ -2,7 +2,8 @@
 the length cap; every group of a group-baseline algorithm (GRPO, RLOO, REINFORCE++ with a
 baseline) scored alike, so that every advantage is 0 and the update leaves the model as it was; a
 collapsed policy (entropy and gradient 0: after too large a learning rate); optimizer steps
-skipped on a gradient norm that was not finite. Settings that train, but not as their values say
+skipped on a gradient norm that was not finite; multi-turn episodes that
+mostly ran out of time or failed. Settings that train, but not as their values say
 (a warm-up as long as the run, a micro-batch budget below one sequence), are said before the first step.
 The run goes on (a later batch may differ); each kind is said when it starts and again only after
 a step without it, not every step."""
@@ -58,6 +59,25 @@ def no_signal(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[st
     return out
 
 
+def episodes_cut(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[str, str]:
+    """Multi-turn episodes that half or more of a step's ended early, by kind: `env_timeouts` (past
+    `env.timeout_s`: counted, never said: the eleventh catalogue's t36), `env_errors` (the
+    environment failed: its first error is said once, the count was not: t32)."""
+    out, episodes, e = {}, cfg.data.train_batch_size * cfg.rollout.n, cfg.env
+    timeouts, errors = metrics.get("env/timeouts", 0.0), metrics.get("env/errors", 0.0)
+    if e.name and timeouts >= episodes / 2:
+        out["env_timeouts"] = (
+            f"warning: in step {step} {timeouts:g} of {episodes} episodes ran past env.timeout_s={e.timeout_s:g} "
+            "(env/timeouts) and ended there: raise env.timeout_s, or make env.name's steps faster"
+        )
+    if e.name and errors >= episodes / 2:
+        out["env_errors"] = (
+            f"warning: in step {step} {errors:g} of {episodes} episodes of env.name={e.name} ended on an error of "
+            "the environment (env/errors; its first is said above): fix the environment"
+        )
+    return out
+
+
 def setting_warnings(cfg: TrainConfig) -> list[str]:
     """Settings that train, but not as their values say: said once before the first step."""
     from rlpost.trainer.engine import total_optimizer_steps
@@ -109,7 +129,7 @@ class Alerts:
         self.cfg, self.log, self.active = cfg, log, set()
 
     def check(self, step: int, metrics: dict[str, float]) -> None:
-        found = no_signal(self.cfg, step, metrics)
+        found = {**no_signal(self.cfg, step, metrics), **episodes_cut(self.cfg, step, metrics)}
         for kind, message in found.items():
             if kind not in self.active:
                 self.log(message)

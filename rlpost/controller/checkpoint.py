@@ -16,8 +16,8 @@ to the newest intact one.
 
 from __future__ import annotations
 
+import errno
 import json
-import os
 import re
 import shutil
 import zipfile
@@ -25,6 +25,8 @@ import zlib
 from pathlib import Path
 
 import torch
+
+from rlpost.controller.files import os_error_in, take_claim
 
 _COMPLETE = re.compile(r"^step_(\d+)$")
 
@@ -95,10 +97,12 @@ def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: i
     except Exception as e:  # a full disk, a lost mount: say so, leave the older checkpoints as they are
         shutil.rmtree(tmp, ignore_errors=True)
         cause = getattr(e, "cause", None) or e  # a Ray task error carries the actor's exception
-        older = complete_checkpoints(run_dir)
+        older, disk = complete_checkpoints(run_dir), os_error_in(e)
+        why = f"{type(disk or cause).__name__}: {disk or cause}"
+        full = disk is not None and disk.errno in (errno.ENOSPC, errno.EDQUOT)
         raise CheckpointError(
-            f"writing checkpoint {final} failed: {type(cause).__name__}: {cause}; the newest complete "
-            f"checkpoint is {older[-1] if older else 'none'}"
+            f"writing checkpoint {final} failed: {why}; the newest complete checkpoint is "
+            f"{older[-1] if older else 'none'}" + ("; free space there, then trainer.resume=auto" if full else "")
         ) from e
     if final.exists():
         shutil.rmtree(final)
@@ -284,9 +288,11 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
     made = not out_dir.exists()
     try:  # before the weights are loaded: a file where a folder of the path should be, no permission
         out_dir.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        take_claim(claim)
     except FileExistsError:
-        raise FileExistsError(f"--out {out_dir}: another export is writing into it; give another --out") from None
+        raise FileExistsError(
+            f"--out {out_dir}: another export is writing into it ({claim}); give another --out"
+        ) from None
     except OSError as e:
         raise FileExistsError(f"--out {out_dir}: cannot make the folder ({e.strerror})") from None
     if [p.name for p in out_dir.iterdir()] != [claim.name]:  # another export finished into it meanwhile

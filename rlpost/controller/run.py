@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rlpost.config import TrainConfig
+from rlpost.controller.checkpoint import CheckpointError
 from rlpost.controller.loop import Controller
 from rlpost.controller.progress import run_time_at
 from rlpost.controller.signals import StopSignals
@@ -34,6 +35,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 if stop.signal is not None and is_ray_error(e):  # the signal took the workers too
                     controller.stop_on(stop.signal, workers_gone=True)
                 dead = controller.dead_actors() if is_ray_error(e) else []
+                if isinstance(e, CheckpointError) and not dead:  # a full disk: no worker died (cat11's t73)
+                    raise
                 if is_ray_error(e) and (not dead or restarts >= cfg.trainer.max_restarts):
                     raise workers_died(cfg, controller, dead, restarts, e) from e
                 if not dead:

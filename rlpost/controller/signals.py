@@ -17,6 +17,15 @@ class Stopped(Exception):
         self.exit_code = 128 + signum
 
 
+class SecondSignal(KeyboardInterrupt):
+    """A second signal: the run stops at once; `rlpost` exits 128 + `signum` (it exited 130, SIGINT's
+    code, for a second SIGTERM too: the eleventh catalogue's t103)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"second {signal.Signals(signum).name}: stopping at once")
+        self.signum = signum
+
+
 class StopSignals:
     """While it is installed, the first SIGTERM, SIGINT or SIGHUP is only noted (`signal`: the loop stops
     after the step under way); a second one raises KeyboardInterrupt at once."""
@@ -38,7 +47,7 @@ class StopSignals:
 
     def _note(self, signum, frame) -> None:
         if self.signal is not None:
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+            raise SecondSignal(signum)
         self.signal = signum
         name = signal.Signals(signum).name
         if self.before_start:  # building a model, reading the data: nothing to save

@@ -238,7 +238,10 @@ def plot_json(path: str | Path, out: str | Path | None = None) -> tuple[Path, li
     panels = [("curve", name, lines) for name, lines in curves.items()]
     panels += [("table", title, rows) for title, rows in tables.items()]
     if not panels:
-        raise ValueError(f"{path}: no curve ([step, value] pairs, or a list of numbers) and no table of numbers")
+        raise ValueError(  # ([1, 2, 3] was refused as "no list of numbers": the eleventh catalogue's t69)
+            f"{path}: no curve ([step, value] pairs, or a list of 3 or more numbers that are not just increasing "
+            "integers, which read as steps) and no table of numbers"
+        )
     if len(panels) > MAX_PANELS:
         print(f"rlpost plot: {path} holds {len(panels)} panels, the first {MAX_PANELS} are drawn")
         panels = panels[:MAX_PANELS]

@@ -16,6 +16,8 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     """The rows of `run_dir/metrics.jsonl`, one per step (where a step was written twice, by an
     attempt that died before `trim_logs` ran, the last row wins), in step order."""
     path = Path(run_dir) / "metrics.jsonl"
+    if Path(run_dir).name == "metrics.jsonl" and Path(run_dir).is_file():  # the eleventh catalogue's t67
+        raise FileNotFoundError(f"{run_dir} is a run's metrics file: give its run folder, {Path(run_dir).parent}")
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is it a run folder?)")
     rows: dict[int, dict] = {}

@@ -101,7 +101,7 @@ class SharedSteps:
         self.version = engine.weight_version  # the version the last step ran with
         self.ended: dict[int, threading.Event] = {}
         self.results: dict[int, tuple] = {}  # call -> (outputs, start version, its switches), or the error
-        self.wake, self.thread = threading.Event(), None
+        self.wake, self.thread, self.starting = threading.Event(), None, threading.Lock()
         self.threads = torch.get_num_threads()  # the engine's maker's: the stepping thread takes it
 
     def generate(self, rows: list[list[int]], settings: list, lora_request, priority: int = 0):
@@ -111,9 +111,10 @@ class SharedSteps:
         call = next(REQUESTS)
         ended = self.ended[call] = threading.Event()
         self.inbox.put((call, rows, settings, lora_request, priority))
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._run, name="rlpost-vllm-steps", daemon=True)
-            self.thread.start()
+        with self.starting:  # (two first calls at once would start two)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="rlpost-vllm-steps", daemon=True)
+                self.thread.start()
         self.wake.set()
         while not ended.wait(1.0):
             if not self.thread.is_alive():  # (it hands its errors to the calls: this is a bug)
@@ -132,8 +133,8 @@ class SharedSteps:
         while True:
             self.wake.wait()
             self.wake.clear()
-            self._admit()
             try:
+                self._admit()
                 while self.calls:
                     if not self.core.has_unfinished_requests():
                         raise RuntimeError(f"vLLM's engine lost the requests of {len(self.calls)} calls")
@@ -157,13 +158,21 @@ class SharedSteps:
             if not self.calls:  # nothing in flight: no switch to note
                 self.version = self.engine.weight_version
             ids = []
-            for k, (prompt, sp) in enumerate(zip(rows, settings)):
-                sp.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
-                key = f"rlpost-sample-{next(REQUESTS)}"
-                prompt = TokensPrompt(prompt_token_ids=prompt)
-                self.core.add_request(key, prompt, sp, lora_request=lora_request, priority=priority)
-                self.ours[key] = (call, k)
-                ids.append(key)
+            try:
+                for k, (prompt, sp) in enumerate(zip(rows, settings)):
+                    sp.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when it ends
+                    key = f"rlpost-sample-{next(REQUESTS)}"
+                    prompt = TokensPrompt(prompt_token_ids=prompt)
+                    self.core.add_request(key, prompt, sp, lora_request=lora_request, priority=priority)
+                    self.ours[key] = (call, k)
+                    ids.append(key)
+            except Exception as e:  # vLLM refused a request (too long, say): that call raises it, the others go on
+                self.core.abort_request(ids)
+                for key in ids:
+                    del self.ours[key]
+                self.results[call] = e
+                self.ended[call].set()
+                continue
             self.calls[call], self.left[call] = (ids, self.engine.weight_version, len(self.switches)), len(ids)
             if not ids:
                 self._complete(call)

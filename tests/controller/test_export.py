@@ -2,6 +2,7 @@
 DCP checkpoint) and its errors. A real ActorWorker (FSDP2, one gloo rank, no Ray) saves the
 checkpoint; the exported folder holds exactly its weights. (LoRA runs: tests/integration/test_lora_loop.py.)"""
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -64,7 +65,7 @@ def test_export_full_finetuning_checkpoint(run_dir, tmp_path):
     assert not (out / ".rlpost-export").exists()  # the export's claim on its folder, let go
     busy = tmp_path / "busy"  # the ninth catalogue's n62: two exports into one --out both said they wrote it
     busy.mkdir()
-    (busy / ".rlpost-export").write_text("")  # another export's claim: it is writing there
+    (busy / ".rlpost-export").write_text(str(os.getpid()))  # a live export's claim: it is writing there
     assert main(["export", str(run), "--out", str(busy)]) == 2
     assert [p.name for p in busy.iterdir()] == [".rlpost-export"]  # its files untouched, none added
 

@@ -295,3 +295,29 @@ def test_output_to_a_file_gets_a_line_a_step_not_the_bars_frames(tmp_path, capsy
     assert "\r" not in out + err
     lines = [line for line in out.splitlines() if " step " in line]
     assert [line.split(", step_s ")[0] for line in lines] == [f"grpo step {n}/3: reward {n}.000" for n in (1, 2, 3)]
+
+
+def test_a_signal_during_the_runs_report_lets_it_finish_and_shut_down(tmp_path, capsys):
+    """The eleventh catalogue's t97 (HANG): `run_steps` put the previous handlers back before the report (summary.json,
+    curves.png, the console's summary) and the shutdown: a SIGTERM then killed the process, with
+    the lock left and Ray's agents orphaned. The handlers now stay until the caller's shutdown,
+    and a signal after the last step only says so."""
+    import os
+    import signal
+
+    from rlpost.controller.progress import run_steps
+    from rlpost.controller.signals import StopSignals
+
+    outside = []  # the handler before the run's (the default would end pytest on the old code)
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: outside.append(signum))
+    c, stop, reported = FakeController(tmp_path, 0), StopSignals(), []
+    stop.before_start = False
+    c.report = lambda: os.kill(os.getpid(), signal.SIGTERM) or reported.append(True)  # the signal in the report
+    try:
+        assert run_steps(c, stop) == tmp_path
+        assert reported == [True] and c.step == 3 and stop.signal == signal.SIGTERM and not outside
+        assert signal.getsignal(signal.SIGTERM) == stop._note  # kept for the shutdown after it
+    finally:
+        stop.restore()
+        signal.signal(signal.SIGTERM, before)
+    assert "SIGTERM as the run ends: finishing its summary and shutdown" in capsys.readouterr().err

@@ -203,3 +203,43 @@ def test_a_value_models_new_head_is_loaded_without_transformers_report(tmp_path,
     out, err = capfd.readouterr()
     assert "LOAD REPORT" not in out + err and "MISSING" not in out + err
     assert hf_logging.get_verbosity() == before  # the library's level put back
+
+
+def skipping_rank(rank, world, port, model_dir, batch_path, out):
+    """One critic update towards NaN returns: a non-finite gradient norm, a skipped step."""
+    import torch
+    import torch.distributed as dist
+
+    from rlpost.config import load_config
+    from rlpost.controller.step import step_plan
+    from rlpost.data.microbatch import shard_batch
+    from rlpost.roles.critic import CriticWorker
+
+    torch.set_num_threads(1)
+    cfg = load_config(COMMON + [f"trainer.world_size={world}", "trainer.layout=packed"])
+    batch = torch.load(batch_path, weights_only=False)
+    worker = CriticWorker(cfg, model_dir, rank, world, "127.0.0.1", port)
+    try:
+        shard = shard_batch(batch, step_plan(batch, cfg)[1])[rank]
+        values = worker.compute_values(shard)["values"]
+        shard["values"], shard["returns"] = values, torch.full_like(values, float("nan"))
+        metrics = worker.update(shard)
+        if rank == 0:
+            torch.save(metrics, out)
+        dist.barrier()
+    finally:
+        worker.shutdown()
+
+
+def test_a_skipped_optimizer_step_counts_once_whatever_the_ranks(tmp_path):
+    """The eleventh catalogue's t27: a reward of 1e300 gave "2 optimizer steps of the actor were skipped" in a run of 1
+    optimizer step: the count was summed over the trainer ranks (the norm is global: all skip)."""
+    import torch
+
+    from rlpost.weightsync.transport import free_port
+    from tests.helpers import run_ranks, save_tiny_model
+
+    save_tiny_model(tmp_path / "model")
+    torch.save(grouped_batch()[0], tmp_path / "batch.pt")
+    run_ranks(skipping_rank, 2, free_port(), str(tmp_path / "model"), str(tmp_path / "batch.pt"), str(tmp_path / "o"))
+    assert torch.load(tmp_path / "o", weights_only=False)["critic/skipped_steps"] == 1.0

@@ -323,3 +323,31 @@ def test_an_environment_that_fails_ends_its_episode_counted_and_the_others_go_on
     assert batch["env_errors"].tolist() == [1, 0] and batch["env_turns"].tolist() == [2, 4]
     assert batch["env_reward"].tolist() == [0.5, 2.0]  # what its steps scored before the one that failed
     assert capsys.readouterr().out == f"warning: env.step {said} in an episode: it ends there (env/errors counts)\n"
+
+
+def test_an_environment_its_factory_could_not_make_ends_its_episode_said(capsys):
+    """The eleventh catalogue's t38 (TRACEBACK): a factory that raised for a later row killed the
+    rollout actor, reported as "a Ray worker or node of the run died" with resume advice; its error
+    was shown nowhere."""
+    from types import SimpleNamespace
+
+    from rlpost.envs import ENVS, EpisodeRow
+    from rlpost.rollout.base import SamplingParams
+    from rlpost.rollout.episodes import Unmade, run_episodes
+    from rlpost.rollout.worker import made_env
+
+    def factory(row, options):
+        if row.ground_truth == "bad":
+            raise RuntimeError("no env for bad")
+        return ScriptedEnv()
+
+    ENVS.register("cat11_t38", factory)
+    options = SimpleNamespace(name="cat11_t38")
+    envs = [made_env(options, EpisodeRow("A=", truth, "arithmetic")) for truth in ("bad", "good")]
+    assert isinstance(envs[0], Unmade) and isinstance(envs[1], ScriptedEnv)
+    forever = [ids("x") + [EOS]] * 10
+    engine = ScriptedEngine({"A=": forever, "B=": forever})
+    batch = run_episodes(engine, TOK, [ids("A="), ids("B=")], envs, SamplingParams(n=1, max_tokens=200), 4, 60.0)
+    assert batch["env_errors"].tolist() == [1, 0] and batch["env_turns"].tolist() == [1, 4]
+    out = capsys.readouterr().out
+    assert "env.name's factory raised RuntimeError('no env for bad') for this episode's row" in out

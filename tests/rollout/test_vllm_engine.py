@@ -279,7 +279,7 @@ def test_a_validations_samples_go_before_the_samples_queued_by_the_calls_under_w
 
 def test_a_step_that_fails_fails_the_call_and_the_next_call_generates(tiny, engine, monkeypatch):
     """The stepping thread hands an engine's error to every call under way, drops their requests,
-    and steps the next call as before."""
+    and steps the next call as before; a request vLLM refuses fails its own call only."""
     _, _, tok = tiny
     core, step = engine.llm.llm_engine, engine.llm.llm_engine.step
     prompts = [tok(p)["input_ids"] for p in PROMPTS]
@@ -294,6 +294,9 @@ def test_a_step_that_fails_fails_the_call_and_the_next_call_generates(tiny, engi
     assert not core.has_unfinished_requests() and not engine.steps.calls
     monkeypatch.setattr(core, "step", step)
     assert len(engine.generate(prompts, params)) == 6
+    with pytest.raises(Exception, match="(?i)length|long|exceed"):  # vLLM refuses a prompt past max_model_len
+        engine.generate([list(range(3, 3 + 80))], params)
+    assert len(engine.generate(prompts, params)) == 6 and not engine.steps.calls
 
 
 def test_the_stepped_generation_gives_the_samples_of_llm_generate(tiny, engine, monkeypatch):
