@@ -209,3 +209,14 @@ def test_a_hangup_stops_the_run_as_sigterm_does_unless_nohup_ignores_it():
         signals.restore()
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_a_checkpoint_that_failed_with_every_actor_alive_is_said_as_itself(fake, monkeypatch):
+    """The eleventh catalogue's t73: a full disk while the ranks wrote a checkpoint came through
+    Ray's task error, and the run ended with "a Ray worker or node of the run died (CheckpointError
+    ...)" and advice to restart; no worker had died."""
+    fake.signal = False
+    monkeypatch.setattr(FakeController, "dead_actors", lambda self: [])
+    with pytest.raises(CheckpointError, match="^writing checkpoint step_3 failed$"):
+        run_module.train(TrainConfig(), log=lambda *_: None)
+    assert fake.calls == [("start", 0), ("shutdown",)]
