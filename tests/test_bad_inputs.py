@@ -339,7 +339,8 @@ def test_a_checkpoint_that_cannot_be_written_names_the_cause_and_the_one_to_resu
         checkpoint.save(tmp_path, 4, {"step": 4}, [], keep=2)
     assert str(info.value) == (
         f"writing checkpoint {tmp_path / 'checkpoints' / 'step_4'} failed: OSError: [Errno 28] No space left on "
-        f"device; the newest complete checkpoint is {tmp_path / 'checkpoints' / 'step_2'}"
+        f"device; the newest complete checkpoint is {tmp_path / 'checkpoints' / 'step_2'}; free space there, then "
+        "trainer.resume=auto"
     )
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_2"]
 

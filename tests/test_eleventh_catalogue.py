@@ -3,6 +3,8 @@
 beside them: t97 in tests/controller/test_progress.py, t38 in tests/rollout/test_episodes.py, t27
 in tests/roles/test_critic.py."""
 
+import re
+
 import pytest
 
 from rlpost.config import ConfigError
@@ -252,3 +254,38 @@ def test_a_full_disk_at_a_checkpoint_is_said_as_a_full_disk(tmp_path):
         f"device: '/disk/run/checkpoints/.tmp_step_2/x.distcp'; the newest complete checkpoint is "
         f"{tmp_path / 'checkpoints' / 'step_1'}; free space there, then trainer.resume=auto"
     )
+
+
+def test_a_run_dir_whose_name_is_too_long_is_named(tmp_path):
+    """t80: a 300-character `run.dir` ended in a raw 29-line `OSError: File name too long`."""
+    from rlpost.controller.run_dir import claim_run_dir
+
+    with pytest.raises(ConfigError, match=r"^run.dir='.*a{300}': cannot use that path \(File name too long\)"):
+        claim_run_dir(cfg_in(tmp_path / ("a" * 300)), log=lambda *_: None)
+
+
+def test_an_override_hydra_cannot_parse_is_named():
+    """t57: `trainer.total_steps=[1` and `trainer.optim.lr=1e-4=5` got Hydra's parser text ("no
+    viable alternative at input '[1'") without the override named."""
+    from rlpost.config import load_config
+
+    for bad, why in [("trainer.total_steps=[1", "no viable alternative"), ("trainer.optim.lr=1e-4=5", "mismatched")]:
+        with pytest.raises(ConfigError, match=rf"^'{re.escape(bad)}' cannot be read as KEY=VALUE \({why}"):
+            load_config(["+recipe=quickstart", bad])
+
+
+def test_a_temporary_folder_ray_cannot_write_is_named(tmp_path, monkeypatch):
+    """t76: a `TMPDIR` that cannot be written ended in Ray's raw 38-line PermissionError."""
+    import os
+
+    from rlpost.controller.cluster import check_ray_can_start
+
+    if os.geteuid() == 0:  # (root writes anywhere: the folder's mode is not what is checked then)
+        monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path / "ro"))
+    (tmp_path / "ro").mkdir(mode=0o555)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "ro"))
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    with pytest.raises(ConfigError, match=r"the temporary folder '.*ro' \(TMPDIR, or RAY_TMPDIR\) cannot be written"):
+        check_ray_can_start()
+    monkeypatch.setenv("RAY_TMPDIR", "/tmp")  # Ray's own folder, writable: fine
+    check_ray_can_start()

@@ -52,6 +52,12 @@ def unknown_key(key: str) -> str:
 def _explain(error: Exception) -> str:
     """Turn a Hydra/OmegaConf composition error into one line naming the key and what would fix it."""
     text = str(error)
+    bad = getattr(error, "override", None)  # Hydra's parser: the override was not named (cat11's t57)
+    if isinstance(bad, str):
+        return (
+            f"{bad!r} cannot be read as KEY=VALUE ({text.splitlines()[0].rstrip(':')}); quote a value that holds "
+            "brackets, = or spaces: KEY='...'"
+        )
     if error.__cause__ is not None:
         text += "\n" + str(error.__cause__)
     keys = [next(g for g in m.groups() if g) for m in _KEY_IN_MESSAGE.finditer(text)]

@@ -136,7 +136,12 @@ def check_ray_can_start() -> None:
         )
     import tempfile
 
-    root = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()  # Ray's sessions and their sockets go there
+    root = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or tempfile.gettempdir()  # Ray's sessions
+    if not os.access(root, os.W_OK | os.X_OK):  # Ray's raw PermissionError (the eleventh catalogue's t76)
+        raise ConfigError(
+            f"the temporary folder {root!r} (TMPDIR, or RAY_TMPDIR) cannot be written: Ray keeps its sessions "
+            "there; set TMPDIR to a folder you can write, e.g. /tmp"
+        )
     socket_path = f"{root}/ray/session_2026-01-01_00-00-00_000000_{os.getpid()}/sockets/plasma_store"
     if len(socket_path.encode()) > SOCKET_PATH_MAX:
         raise ConfigError(

@@ -41,7 +41,11 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
             "would get a new folder, with none): give run.dir=<the run's folder>, or leave trainer.resume out"
         )
     run_dir = Path(cfg.run.dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}").expanduser().resolve()
-    if run_dir.exists() and not run_dir.is_dir():
+    try:  # (a name longer than the file system takes raised a raw OSError here: the eleventh catalogue's t80)
+        a_file = run_dir.exists() and not run_dir.is_dir()
+    except OSError as e:
+        raise ConfigError(f"run.dir={str(run_dir)!r}: cannot use that path ({e.strerror}); choose another run.dir")
+    if a_file:
         raise ConfigError(f"run.dir={str(run_dir)!r} is a file, not a folder; choose another run.dir")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
