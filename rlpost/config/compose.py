@@ -53,7 +53,7 @@ def _explain(error: Exception) -> str:
     """Turn a Hydra/OmegaConf composition error into one line naming the key and what would fix it."""
     text = str(error)
     bad = getattr(error, "override", None)  # Hydra's parser: the override was not named (cat11's t57)
-    if isinstance(bad, str):
+    if isinstance(bad, str) and "extraneous input '='" not in text:  # (`==`: the command line names it)
         return (
             f"{bad!r} cannot be read as KEY=VALUE ({text.splitlines()[0].rstrip(':')}); quote a value that holds "
             "brackets, = or spaces: KEY='...'"

@@ -63,6 +63,7 @@ def test_a_stall_is_named_while_it_lasts_and_stops_the_wait_at_its_deadline(ray_
 
     refs = [waits.remote(0.1), waits.remote(60)]
     labels = {refs[0]: "rollout rank 0: generate", refs[1]: "trainer rank 1: update"}
+    ray.get(refs[0])  # (a loaded machine started its worker past the first second: it was named then)
     said = []
     start = time.time()
     with pytest.raises(Stall, match=r"waited 3 s for trainer rank 1: update \(cluster.stall_timeout_s=3\)"):
