@@ -39,11 +39,13 @@
 #                                            # as run on 2026-11-28 (sync_s0, async2_s0, the kill: async_h100x4.json)
 #   bash benchmarks/real_model/gpu.sh async_b  # the same on an easier task, no padding (jobs_async_b.txt): as run on
 #                                            # 2026-11-28 on 8fd6f33 (async_h200x4.json) and 4878c4b (async_h200x4b.json)
+#   bash benchmarks/real_model/gpu.sh x2a    # a 2-GPU machine, three calls: GPU tests; one_7b across the calls (detached.sh);
+#                                            # issue 36's gap seeds 1, 3, 8 beside it (jobs_x2a.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, algos, async, async_b, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x2a, algos, async, async_b, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -91,6 +93,13 @@ scale_setup() {  # random-weight Qwen2 shapes (benchmarks/random_model.py), a re
 data.task=arithmetic data.max_prompt_length=32 data.train_batch_size=32 rollout.n=8 rollout.max_response_length=512 \
 trainer.micro_batch_size=256 trainer.max_tokens_per_microbatch=4096 trainer.total_steps=6 trainer.val_every=0 \
 trainer.optim.lr=1e-6 algo.kl_coef=0.001 reward.fn=/tmp/digit_share.py:score"
+}
+
+seven_b_env() {  # issue 42's 7B runs on one GPU: $O7 full parameters offloaded, $L7 LoRA rank 64 (after scale_setup)
+  export O7="model.path=/tmp/qwen2-7b $SCALE rollout.max_response_length=1024 trainer.total_steps=3 trainer.param_offload=true \
+trainer.optim.offload=layerwise trainer.max_tokens_per_microbatch=2048 trainer.profile_step=3"
+  export L7="model.path=/tmp/qwen2-7b $SCALE rollout.max_response_length=1024 trainer.total_steps=3 model.lora.rank=64 \
+model.lora.alpha=128 model.lora.target_modules=[all-linear] trainer.optim.lr=1e-5"  # issue 42 item 3 (x4k)
 }
 
 case "$STAGE" in
@@ -178,22 +187,23 @@ rollout.max_response_length=1024 trainer.total_steps=3"
   one_7b|x4i|x4j|x4k)  # issue 42 item 2, one H200: the 7B shape with full parameters, FSDP2 parameter offload, Adam streamed
            # layer by layer from the host, vLLM sleeping while the trainer runs; a quarter of x4g's batch (32 x 8 x 1024
            # tokens: x4g's tokens per GPU) at 2048 tokens a micro-batch (the plan fits 3072: a margin), step 3 profiled
-           # (host<->GPU copies: memcpy.py). x4i: the same as a job of jobs_x4i.txt, beside issue 36's gap runs
-    ls /tmp/qwen2-7b/*.safetensors > /dev/null 2>&1 || python3 benchmarks/random_model.py --shape 7b --out /tmp/qwen2-7b \
-      > "$W/build_7b.log" 2>&1
-    scale_setup
-    export O7="model.path=/tmp/qwen2-7b $SCALE rollout.max_response_length=1024 trainer.total_steps=3 trainer.param_offload=true \
-trainer.optim.offload=layerwise trainer.max_tokens_per_microbatch=2048 trainer.profile_step=3"
-    export L7="model.path=/tmp/qwen2-7b $SCALE rollout.max_response_length=1024 trainer.total_steps=3 model.lora.rank=64 \
-model.lora.alpha=128 model.lora.target_modules=[all-linear] trainer.optim.lr=1e-5"  # issue 42 item 3 (x4k)
-    python3 -m rlpost.cli plan $O7 $COMMON --gpu-gb "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits \
-      | head -1 | awk '{printf "%.1f", $1 / 1024}')" > "$W/plan_7b_one.txt" 2>&1
-    python3 benchmarks/real_model/memcpy.py --bandwidth > "$W/pcie.json" 2> "$W/pcie.log"  # pinned copies, GPU 0
-    if [ "$STAGE" = one_7b ]; then run one_7b 0 $O7; else
+           # (one_7b.sh). x4i: the same as a job of jobs_x4i.txt, beside issue 36's gap runs
+    scale_setup; seven_b_env
+    if [ "$STAGE" = one_7b ]; then
+      CUDA_VISIBLE_DEVICES=0 timeout $((LIMIT - (SECONDS - START))) bash benchmarks/real_model/one_7b.sh
+    else
+      CUDA_VISIBLE_DEVICES=0 bash benchmarks/real_model/one_7b.sh --setup
       python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" \
-        --deadline $((LIMIT - (SECONDS - START) - 120)); fi  # and 60 s for the trace below
-    waitruns
-    for t in "$W"/one_7b/profile/*.json.gz; do [ -f "$t" ] && timeout 60 python3 benchmarks/real_model/memcpy.py "$t" > "${t%.json.gz}.memcpy.json"; done
+        --deadline $((LIMIT - (SECONDS - START) - 120))  # and 60 s for the trace below
+      waitruns
+      for t in "$W"/one_7b/profile/*.json.gz; do [ -f "$t" ] && timeout 60 python3 benchmarks/real_model/memcpy.py "$t" > "${t%.json.gz}.memcpy.json"; done
+    fi
+    ;;
+  x2a)  # a 2-GPU machine, the same command in three calls on one warm machine (jobs_x2a.txt): the GPU tests, then the
+        # 7B shape on GPU 0 in a session of its own across the calls (detached.sh, one_7b.sh), issue 36's gap runs on GPU 1
+    scale_setup; seven_b_env; export COMMON
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x2a.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --min-start 60 --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   async)  # issue 41: time to accuracy, synchronous / one-step-off / async (jobs_async.txt), over several calls
     export ASYNC="+recipe=smollm2_steps data.operands=2 data.max_operands=24 data.arithmetic_digits=2 \
