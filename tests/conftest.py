@@ -57,11 +57,24 @@ def pytest_sessionstart(session):
             raise pytest.UsageError(f"RLPOST_REQUIRE names {name}, which does not import: {last}")
 
 
+@pytest.hookimpl(trylast=True)  # after every other plugin's
 def pytest_unconfigure(config):
-    """The GPU tests' pytest has not exited after its summary (benchmarks/gpu_tests.json "exit"). With
-    RLPOST_EXIT_REPORT set, name what is still alive then: non-daemon threads and child processes."""
-    if not os.environ.get("RLPOST_EXIT_REPORT"):
-        return
+    """The GPU tests' pytest has not exited after its summary (benchmarks/gpu_tests.json "exit"),
+    holding minutes of device time. With RLPOST_EXIT_REPORT set, name what is still alive then;
+    with RLPOST_HARD_EXIT set (the GPU runs' job lines), end the process here, with pytest's exit
+    status, once the summary and the JUnit file are written."""
+    if os.environ.get("RLPOST_EXIT_REPORT"):
+        exit_report()
+    if os.environ.get("RLPOST_HARD_EXIT"):
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(getattr(config, "rlpost_exit_status", 1))
+
+
+def exit_report():
+    """Non-daemon threads and child processes still alive, printed."""
     import threading
     from pathlib import Path
 
@@ -80,3 +93,7 @@ def pytest_unconfigure(config):
                 argv = name
             children.append(f"{pid} {argv[:300]}")
     print(f"\nRLPOST_EXIT_REPORT non-daemon threads={threads} children={children}", flush=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config.rlpost_exit_status = int(exitstatus)
