@@ -12,6 +12,7 @@ rlpost doctor [--config-docs]                               # check the install 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 
@@ -293,7 +294,9 @@ def cmd_plot(argv: list[str]) -> int:
         return 2
     except OSError as e:  # a folder it cannot write: PIL's traceback (the tenth catalogue's t45)
         print(
-            f"rlpost plot: cannot write {e.filename} ({e.strerror}): give --out PATH somewhere writable",
+            f"rlpost plot: cannot write {e.filename} ({e.strerror}): "
+            + ("free space there, or " if e.errno == errno.ENOSPC else "")
+            + "give --out PATH somewhere writable",
             file=sys.stderr,
         )
         return 1

@@ -289,3 +289,23 @@ def test_a_temporary_folder_ray_cannot_write_is_named(tmp_path, monkeypatch):
         check_ray_can_start()
     monkeypatch.setenv("RAY_TMPDIR", "/tmp")  # Ray's own folder, writable: fine
     check_ray_can_start()
+
+
+def test_a_resume_whose_training_rows_changed_is_refused_before_the_actors_start(tmp_path):
+    """t84 (LATE): a training file that gained a row was refused with a clear message, but after the
+    actors had started and loaded the checkpoint (21.5 s); other mismatches are refused at once."""
+    from rlpost.controller.checkpoint import save
+    from rlpost.controller.setup import load_data
+    from rlpost.data.dataset import DataError, PromptLoader, PromptRow
+    from rlpost.tiny.model import build_char_tokenizer
+
+    tokenizer, quiet = build_char_tokenizer(), (lambda *_: None)
+    loader, _, _ = load_data(cfg_in(tmp_path), tokenizer, quiet)  # what the controller loads before any actor
+    next(loader)
+    save(tmp_path, 1, {"loader": loader.state_dict()}, [], keep=0)
+    resumed, _, _ = load_data(cfg_in(tmp_path, "trainer.resume=auto"), tokenizer, quiet)  # the same rows
+    assert resumed.position == 0  # only checked here; the controller's resume puts it in place
+    other = PromptLoader([PromptRow([i], f"p{i}", str(i), "arithmetic") for i in range(8)], 4, seed=0)
+    save(tmp_path, 2, {"loader": other.state_dict()}, [], keep=0)  # the newest: a run on 8 other rows
+    with pytest.raises(DataError, match=r"^the training rows are not those the checkpoint's run trained on \(8 rows "):
+        load_data(cfg_in(tmp_path, "trainer.resume=auto"), tokenizer, quiet)

@@ -78,6 +78,21 @@ def episodes_cut(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict
     return out
 
 
+def spread(cfg: TrainConfig, step: int, first: dict[str, float], now: dict[str, float]) -> dict[str, str]:
+    """`spread`: since the first step the policy's entropy rose by half or more and its reward fell by
+    half or more; updates too large push a policy toward random tokens (the eleventh catalogue's
+    t56: lr=1000 did, and the warnings blamed the data)."""
+    e0, e1, r0, r1 = (m.get(k) for k in ("actor/entropy", "reward/mean") for m in (first, now))
+    if None in (e0, e1, r0, r1) or not (e1 >= 1.5 * e0 and e1 > 0.5 and 0 < r0 and r1 <= r0 / 2):
+        return {}
+    return {
+        "spread": f"warning: in step {step} the policy's entropy is {e1:.2f} nats a token (the first step's "
+        f"{e0:.2f}) and its reward {r1:.3f} (the first step's {r0:.3f}) (actor/entropy, reward/mean): the updates "
+        "pushed it toward random tokens; too large a step does this (now "
+        f"trainer.optim.lr={cfg.trainer.optim.lr:g}): lower it and start again"
+    }
+
+
 def setting_warnings(cfg: TrainConfig) -> list[str]:
     """Settings that train, but not as their values say: said once before the first step."""
     from rlpost.trainer.engine import total_optimizer_steps
@@ -126,10 +141,12 @@ class Alerts:
     """`no_signal` of each step, logged when a kind starts (not again while it lasts)."""
 
     def __init__(self, cfg: TrainConfig, log=print):
-        self.cfg, self.log, self.active = cfg, log, set()
+        self.cfg, self.log, self.active, self.first = cfg, log, set(), None
 
     def check(self, step: int, metrics: dict[str, float]) -> None:
-        found = {**no_signal(self.cfg, step, metrics), **episodes_cut(self.cfg, step, metrics)}
+        self.first = self.first or metrics  # (a resumed run's first step here is its own first)
+        found = {**spread(self.cfg, step, self.first, metrics), **no_signal(self.cfg, step, metrics)}
+        found.update(episodes_cut(self.cfg, step, metrics))
         for kind, message in found.items():
             if kind not in self.active:
                 self.log(message)

@@ -16,6 +16,7 @@ to the newest intact one.
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import re
@@ -210,6 +211,21 @@ def check_resume(cfg, run_dir: Path) -> None:
             f"trainer.resume={cfg.trainer.resume}: {folder} was saved by a run with other settings: "
             f"{'; '.join(differ)}. Resume with that run's settings, or start a new run.dir"
         )
+
+
+def check_data_place(cfg, loader) -> None:
+    """The checkpoint `trainer.resume` goes on from must have counted `loader`'s rows (its place in
+    them means nothing for others): refused here, with the data's own message, before the actors
+    start and load it. A `controller.pt` that cannot be read is left to `load` to say."""
+    if cfg.trainer.resume == "none":
+        return
+    folder = find(Path(cfg.run.dir or ".").expanduser().resolve(), cfg.trainer.resume, log=lambda *_: None)
+    try:
+        state = torch.load(folder / "controller.pt", weights_only=False)["loader"] if folder else None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError):
+        return
+    if state is not None:
+        copy.copy(loader).load_state_dict(state)
 
 
 # ---------------------------------------------------------------------------------------- export

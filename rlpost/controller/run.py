@@ -72,6 +72,18 @@ def workers_died(cfg: TrainConfig, controller: Controller, dead: list[str], rest
         f"{left}after step {controller.step}. Its newest complete checkpoint: "
         f"{newest[0] if newest else 'none (trainer.save_every=N writes them)'}; to go on from it, run the same "
         f"command with trainer.resume=auto run.dir={controller.run_dir} (trainer.max_restarts=N restarts by itself)"
+        + episodes_hint(cfg, dead)
+    )
+
+
+def episodes_hint(cfg: TrainConfig, dead: list[str]) -> str:
+    """A rollout actor runs env.name's episodes in its own process: a step that ends that process
+    is said as a likely cause, which a restart meets again (the eleventh catalogue's t34)."""
+    if not cfg.env.name or not any(d.startswith("rollout") for d in dead):
+        return ""
+    return (
+        f". The rollout actors run env.name={cfg.env.name}'s episodes: an episode step that ends its process "
+        "(os._exit, a crash in native code) kills the actor the same way after every restart"
     )
 
 

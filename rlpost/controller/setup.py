@@ -1,7 +1,6 @@
-"""What a run needs before any actor starts: its prompts checked and loaded, the model's positions
-against the lengths asked for, its weights against its config.json, its tokenizer's eos token, and a
-user's reward function tried once (its folder:
-`controller/run_dir.py`)."""
+"""What a run needs before any actor starts: its prompts checked and loaded (a resumed checkpoint's place in them
+too), the model's positions against the lengths asked for, its weights against its config.json, its tokenizer's
+eos token, and a user's reward function tried once (its folder: `controller/run_dir.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig
 from rlpost.controller.alerts import setting_warnings
+from rlpost.controller.checkpoint import check_data_place
 from rlpost.data.dataset import (
     DataError,
     PromptLoader,
@@ -110,7 +110,9 @@ def load_data(
         if warning:
             log(warning)
     log(f"data: {len(train.rows)} training prompts, {len(val.rows)} validation prompts")
-    return PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle), val.rows, dropped
+    loader = PromptLoader(train.rows, cfg.data.train_batch_size, cfg.run.seed, cfg.data.shuffle)
+    check_data_place(cfg, loader)  # before any actor starts: the eleventh catalogue's t84
+    return loader, val.rows, dropped
 
 
 def own_scorer(reward_fn: str, data_source: str) -> str | None:

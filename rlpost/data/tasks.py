@@ -204,7 +204,12 @@ def write_atomic(text: str, path: Path) -> Path:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False) as f:
-        f.write(text)
+        try:
+            f.write(text)
+            f.flush()
+        except OSError:  # a full disk: the part written goes with it (the eleventh catalogue's t78)
+            Path(f.name).unlink(missing_ok=True)
+            raise
     os.chmod(f.name, 0o644)  # (a temporary file is the owner's alone)
     Path(f.name).replace(path)
     return path

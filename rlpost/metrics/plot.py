@@ -68,8 +68,17 @@ def _save(fig, plt, out: Path, titles: list[str]) -> None:
         raise ValueError(f"{out} exists and is not a picture rlpost drew: give another --out, or move it away")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100, metadata={"Title": "rlpost", "Description": "panels: " + " | ".join(titles)})
-    plt.close(fig)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:  # drawn beside it, then renamed: a full disk leaves no empty picture (the eleventh catalogue's t79)
+        fig.savefig(
+            tmp, format="png", dpi=100, metadata={"Title": "rlpost", "Description": "panels: " + " | ".join(titles)}
+        )
+        tmp.replace(out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(out)) from e
+    finally:
+        plt.close(fig)
 
 
 def _names(dirs: list[Path]) -> list[str]:

@@ -75,6 +75,25 @@ def rank_state(engine, folder: str, layerwise: bool) -> dict:
     return state
 
 
+def unreadable(name: str, error: str, kind: str) -> str:
+    """Why a checkpoint's `name` state did not load: a tensor of another size or shape (another
+    model's checkpoint), or anything else, which the same model's damaged files give (the eleventh
+    catalogue's t87: random bytes in a `.distcp` file were blamed on the settings)."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    shapes = [line for line in lines if "size" in line.lower() or "shape" in line.lower()]
+    if shapes:
+        return (
+            f"its {name} state does not fit this model ({shapes[0][:300]}); resume with the model.path and "
+            "model.lora settings of the run that saved it"
+        )
+    last = lines[-1][:300] if lines else kind
+    return (
+        f"its {name} state could not be read ({kind}: {last}): a file of it may be damaged; resume from an "
+        "earlier checkpoint (trainer.resume=PATH of its step_N folder), or, if the checkpoint is another run's, with "
+        "the model.path and model.lora settings of the run that saved it"
+    )
+
+
 def load_checkpoint(engine, folder: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -84,11 +103,7 @@ def load_checkpoint(engine, folder: str) -> None:
     try:
         dcp.load(state, checkpoint_id=os.path.join(folder, engine.name))
     except (Exception, CheckpointException) as e:  # noqa: BLE001  (DCP's is a BaseException, per rank)
-        said = [line.strip() for line in str(e).splitlines() if "size" in line.lower() or "shape" in line.lower()]
-        raise ValueError(
-            f"its {engine.name} state does not fit this model ({(said or [type(e).__name__])[0][:300]}); resume "
-            "with the model.path and model.lora settings of the run that saved it"
-        ) from None
+        raise ValueError(unreadable(engine.name, str(e), type(e).__name__)) from None
     if options.ignore_frozen_params:  # the frozen base stays as loaded from model.path
         options = dataclasses.replace(options, strict=False)
     layerwise = isinstance(engine.optimizer, LayerwiseAdamW)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlpost.config import load_config
-from rlpost.controller.alerts import Alerts, no_signal, setting_warnings
+from rlpost.controller.alerts import Alerts, episodes_cut, no_signal, setting_warnings
 
 LEARNS = {"response_length/truncated_frac": 0.25, "reward/uniform_groups": 0.5, "reward/mean": 0.4}
 
@@ -35,6 +35,8 @@ def test_a_collapsed_policy_names_the_learning_rate():
     assert list(found) == ["collapsed"] and "(now trainer.optim.lr=10): lower it" in found["collapsed"]
     assert no_signal(cfg, 3, {**LEARNS, "actor/entropy": 0.0, "actor/grad_norm": 0.3}) == {}  # still moving
     assert no_signal(cfg, 3, {**LEARNS, "actor/entropy": 0.02, "actor/grad_norm": 0.0}) == {}  # no step taken
+    assert no_signal(cfg, 3, {**LEARNS, "actor/grad_norm": 0.0}) == {}  # a step without the entropy logged
+    assert no_signal(cfg, 3, {**LEARNS, "actor/entropy": 0.0}) == {}  # nor the gradient norm
     cold = load_config(["+recipe=quickstart", "rollout.temperature=1e-6"])  # the temperature's doing, said as such
     stuck = {**LEARNS, "actor/entropy": 0.0, "actor/grad_norm": 0.0, "reward/uniform_groups": 1.0}
     assert list(no_signal(cold, 3, stuck)) == ["uniform"]
@@ -99,6 +101,8 @@ def test_one_skipped_optimizer_step_of_the_actor_is_said_in_full():
     )
     near = no_signal(cfg, 4, {**LEARNS, "actor/skipped_steps": 1.0, "rollout/logprob_diff_mean": 0.5})
     assert near == found
+    nat = no_signal(cfg, 4, {**LEARNS, "actor/skipped_steps": 1.0, "rollout/logprob_diff_mean": 1.0})
+    assert "1.00 nats a token from the trainer's" in nat["skipped_actor"]  # above 0.5 nats is far
     short = load_config(["+recipe=quickstart", "rollout.max_response_length=7"], this_machine=False)
     cut = no_signal(short, 4, {**LEARNS, "response_length/truncated_frac": 1.0})
     assert cut["truncated"] == (
@@ -161,3 +165,36 @@ def test_a_critic_warmup_as_long_as_the_run_and_a_zero_learning_rate_are_said():
     assert "warning: trainer.optim.lr=0: the policy's weights never change (it measures; it does not train)" in (
         setting_warnings(frozen)
     )
+
+
+def test_episodes_cut_short_are_said_from_half_of_the_step_by_kind():
+    cfg = load_config(["+recipe=quickstart", "env.name=retry", "env.timeout_s=2"], this_machine=False)
+    half = cfg.data.train_batch_size * cfg.rollout.n / 2
+    assert list(episodes_cut(cfg, 5, {"env/timeouts": half})) == ["env_timeouts"]  # exactly half; no errors logged
+    assert list(episodes_cut(cfg, 5, {"env/errors": half})) == ["env_errors"]
+    assert episodes_cut(cfg, 5, {"env/timeouts": 0.8 * half, "env/errors": 0.8 * half}) == {}  # 40%: not said
+    plain = load_config(["+recipe=quickstart"], this_machine=False)  # no environment: nothing to say
+    assert episodes_cut(plain, 5, {"env/timeouts": 2 * half, "env/errors": 2 * half}) == {}
+
+
+def test_a_policy_pushed_toward_random_tokens_names_the_learning_rate():
+    """The eleventh catalogue's t56: lr=1000 made the policy uniform (entropy 4.48, reward 0) and the
+    warnings blamed the data and the response length."""
+    cfg = load_config(["+recipe=quickstart", "trainer.optim.lr=1000"], this_machine=False)
+    said = []
+    alerts = Alerts(cfg, said.append)
+    alerts.check(1, {**LEARNS, "actor/entropy": 1.2, "reward/mean": 0.4})
+    alerts.check(2, {**LEARNS, "actor/entropy": 1.8, "reward/mean": 0.2})  # both by half: said
+    alerts.check(3, {**LEARNS, "actor/entropy": 4.48, "reward/mean": 0.0})  # still: not again
+    assert said == [
+        "warning: in step 2 the policy's entropy is 1.80 nats a token (the first step's 1.20) and its reward 0.200 "
+        "(the first step's 0.400) (actor/entropy, reward/mean): the updates pushed it toward random tokens; too "
+        "large a step does this (now trainer.optim.lr=1000): lower it and start again"
+    ]
+    # short of half on one of them, sharper, no reward to lose, or a policy near certain either way
+    for first, now in (((1.2, 0.4), (1.7, 0.25)), ((1.2, 0.4), (1.9, 0.3)), ((1.2, 0.4), (0.4, 0.1)),
+                       ((1.2, 0.0), (4.0, 0.0)), ((0.1, 0.4), (0.3, 0.1))):  # fmt: skip
+        quiet = Alerts(cfg, said.append)
+        for step, (entropy, reward) in enumerate((first, now), 1):
+            quiet.check(step, {**LEARNS, "actor/entropy": entropy, "reward/mean": reward})
+    assert len(said) == 1

@@ -189,6 +189,25 @@ def test_actors_dead_with_no_restart_left_end_the_run_naming_them_and_how_to_go_
     assert fake.calls.count(("shutdown",)) == restarts + 1
 
 
+def test_a_dead_rollout_actor_of_a_run_with_episodes_names_the_environment(tmp_path):
+    """The eleventh catalogue's t34: `os._exit` in `env.step` killed the rollout actor; the message
+    advised a resume or restarts, which fail the same way, and did not name env.name."""
+    from types import SimpleNamespace
+
+    controller = SimpleNamespace(run_dir=tmp_path, step=2)
+    episodes = TrainConfig()
+    episodes.env.name = "my_envs.py:Maze"
+    said = str(run_module.workers_died(episodes, controller, ["rollout 0"], 0, RuntimeError("gone")))
+    assert said.endswith(
+        "(trainer.max_restarts=N restarts by itself). The rollout actors run env.name=my_envs.py:Maze's episodes: an "
+        "episode step that ends its process (os._exit, a crash in native code) kills the actor the same way after "
+        "every restart"
+    )
+    trainer = str(run_module.workers_died(episodes, controller, ["trainer 0"], 0, RuntimeError("gone")))
+    plain = str(run_module.workers_died(TrainConfig(), controller, ["rollout 0"], 0, RuntimeError("gone")))
+    assert trainer.endswith("restarts by itself)") and plain.endswith("restarts by itself)")
+
+
 def test_a_hangup_stops_the_run_as_sigterm_does_unless_nohup_ignores_it():
     """SIGHUP (the terminal or ssh session closed) killed the run at once, with no checkpoint and
     the lock left behind (the fifth catalogue's s01); under `nohup` it stays ignored."""

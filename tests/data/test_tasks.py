@@ -249,3 +249,37 @@ def test_cli_writes_a_task_with_data_settings(tmp_path):
     assert bad.returncode == 2 and "data.operands=1 must be >= 2" in bad.stderr and "Traceback" not in bad.stderr
     other = run("sums_chat", "--out", str(tmp_path), "model.path=x")
     assert other.returncode == 2 and "data.KEY=VALUE" in other.stderr
+
+
+def test_a_full_disk_leaves_no_part_written(tmp_path, monkeypatch):
+    """The eleventh catalogue's t78: `rlpost data ... --out DIR` on a full disk left a hidden
+    `.train.jsonl.XXXX.tmp` holding the space."""
+    import tempfile
+
+    from rlpost.data.tasks import write_atomic
+
+    made = tempfile.NamedTemporaryFile
+
+    class Full:
+        def __init__(self, *a, **kw):
+            self.f = made(*a, **kw)
+            self.name = self.f.name
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[:10])
+            self.f.flush()
+            raise OSError(28, "No space left on device")
+
+        def flush(self):
+            self.f.flush()
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", Full)
+    with pytest.raises(OSError, match="No space"):
+        write_atomic("x" * 1000, tmp_path / "data" / "train.jsonl")
+    assert list((tmp_path / "data").iterdir()) == []

@@ -144,3 +144,21 @@ def test_a_value_that_is_not_finite_is_said_on_its_panel_not_drawn_as_not_logged
     plot_runs([run])
     assert "not finite at step 1" in said
     assert said.count("not logged") == 0  # every panel of this run has its values (the reward's: NaN)
+
+
+def test_a_full_disk_names_the_picture_and_leaves_no_part_of_it(tmp_path, monkeypatch):
+    """The eleventh catalogue's t79: "cannot write None (No space left on device)" and an empty
+    picture left where it was to go."""
+    from matplotlib.figure import Figure
+
+    run = fake_run(tmp_path / "a")
+
+    def full(self, fname, **kw):
+        Path(fname).write_bytes(b"\x89PNG half")
+        raise OSError(28, "No space left on device")  # as a write to a full disk raises: no file name
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    with pytest.raises(OSError, match="No space") as e:
+        plot_runs([run], tmp_path / "out" / "full.png")
+    assert e.value.filename == str(tmp_path / "out" / "full.png")
+    assert list((tmp_path / "out").iterdir()) == []

@@ -253,3 +253,30 @@ def test_a_checkpoint_of_another_model_shape_is_refused_by_name(tmp_path):
     said = str(info.value)
     assert said.startswith("its trainer state does not fit this model (") and "size" in said.lower()
     assert said.endswith("); resume with the model.path and model.lora settings of the run that saved it")
+
+
+def test_a_damaged_checkpoint_is_said_as_one_not_as_another_model(tmp_path):
+    """The eleventh catalogue's t87: 1 MB of random bytes in a `.distcp` file, its size kept, was
+    refused as "does not fit this model ... resume with the model.path and model.lora settings of the
+    run that saved it", which were the same."""
+    from rlpost.roles.actor import ActorWorker
+
+    save_tiny_model(tmp_path / "model", hidden=32, intermediate=64)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    worker = ActorWorker(config(), str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
+    try:
+        worker.save_checkpoint(str(folder))
+        (part,) = (folder / "trainer").glob("*.distcp")
+        data = bytearray(part.read_bytes())
+        data[len(data) // 4 :] = (
+            torch.randint(0, 256, (len(data) - len(data) // 4,), dtype=torch.uint8).numpy().tobytes()
+        )
+        part.write_bytes(bytes(data))
+        with pytest.raises(ValueError) as info:
+            worker.load_checkpoint(str(folder))
+    finally:
+        worker.shutdown()
+    said = str(info.value)
+    assert said.startswith("its trainer state could not be read (") and "does not fit" not in said
+    assert "a file of it may be damaged; resume from an earlier checkpoint (trainer.resume=PATH" in said
