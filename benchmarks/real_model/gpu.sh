@@ -40,12 +40,13 @@
 #   bash benchmarks/real_model/gpu.sh async_b  # the same on an easier task, no padding (jobs_async_b.txt): as run on
 #                                            # 2026-11-28 on 8fd6f33 (async_h200x4.json) and 4878c4b (async_h200x4b.json)
 #   bash benchmarks/real_model/gpu.sh x2a    # a 2-GPU machine, three calls: GPU tests; one_7b across the calls (detached.sh);
-#                                            # issue 36's gap seeds 1, 3, 8 beside it (jobs_x2a.txt)
+#                                            # issue 36's gap seeds 1, 3, 8 beside it (jobs_x2a.txt): as run on 047843f
+#   bash benchmarks/real_model/gpu.sh x2b    # not yet run: the same with jobs_x2b.txt (one_7b at 6144 tokens a micro-batch)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x2a, algos, async, async_b, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x2a, x2b, algos, async, async_b, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -82,8 +83,9 @@ headroom() {  # the start model's greedy accuracy and pass@8 on candidate tasks 
 
 scale_setup() {  # random-weight Qwen2 shapes (benchmarks/random_model.py), a reward they can move, and $SCALE
   printf 'def score(sample):\n    text = sample.response\n    return sum(c.isdigit() for c in text) / max(len(text), 1)\n' > /tmp/digit_share.py
-  local builds=()  # all three before the queue starts (a job of any shape may come first), side by side
-  for shape in 0.5b 1.5b 3b; do
+  local builds=()  # all three before the queue starts (a job of any shape may come first), side by side; `scale_setup -`: none
+  for shape in ${1:-0.5b 1.5b 3b}; do
+    [ "$shape" = - ] && continue
     [ -f /tmp/qwen2-$shape/config.json ] && continue
     python3 benchmarks/random_model.py --shape $shape --out /tmp/qwen2-$shape > "$W/build_$shape.log" 2>&1 &
     builds+=($!)
@@ -199,10 +201,11 @@ rollout.max_response_length=1024 trainer.total_steps=3"
       for t in "$W"/one_7b/profile/*.json.gz; do [ -f "$t" ] && timeout 60 python3 benchmarks/real_model/memcpy.py "$t" > "${t%.json.gz}.memcpy.json"; done
     fi
     ;;
-  x2a)  # a 2-GPU machine, the same command in three calls on one warm machine (jobs_x2a.txt): the GPU tests, then the
-        # 7B shape on GPU 0 in a session of its own across the calls (detached.sh, one_7b.sh), issue 36's gap runs on GPU 1
-    scale_setup; seven_b_env; export COMMON
-    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x2a.txt --dir "$W" --grace 50 --common "$COMMON" \
+  x2a|x2b)  # a 2-GPU machine, the same command in three calls on one warm machine (jobs_$STAGE.txt): x2a the GPU tests,
+            # then the 7B shape on GPU 0 in a session of its own across the calls (detached.sh, one_7b.sh), issue 36's gap
+            # runs on GPU 1; x2b the 7B shape at 6144 tokens a micro-batch, step 2 profiled, beside gap runs
+    scale_setup -; seven_b_env; export COMMON  # (x2a built the 0.5B-3B shapes too: 90 s of its first call)
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" \
       --min-start 60 --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   async)  # issue 41: time to accuracy, synchronous / one-step-off / async (jobs_async.txt), over several calls
