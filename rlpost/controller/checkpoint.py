@@ -222,7 +222,7 @@ def check_data_place(cfg, loader) -> None:
     folder = find(Path(cfg.run.dir or ".").expanduser().resolve(), cfg.trainer.resume, log=lambda *_: None)
     try:
         state = torch.load(folder / "controller.pt", weights_only=False)["loader"] if folder else None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError):
+    except Exception:  # noqa: BLE001  (any failure to read it is `load`'s to say, with what to do)
         return
     if state is not None:
         copy.copy(loader).load_state_dict(state)
