@@ -309,3 +309,28 @@ def test_a_resume_whose_training_rows_changed_is_refused_before_the_actors_start
     save(tmp_path, 2, {"loader": other.state_dict()}, [], keep=0)  # the newest: a run on 8 other rows
     with pytest.raises(DataError, match=r"^the training rows are not those the checkpoint's run trained on \(8 rows "):
         load_data(cfg_in(tmp_path, "trainer.resume=auto"), tokenizer, quiet)
+
+
+def test_a_reward_file_that_fails_after_the_start_is_said_as_such(tmp_path):
+    """t29: the reward file was edited after the start's check to raise at import; at step 1 a worker
+    that started then could not load it, and the run died in a 103-line chained traceback."""
+    from rlpost.rewards import RewardInput
+    from rlpost.rewards.pool import RewardPool
+
+    reward = tmp_path / "chg.py"
+    reward.write_text("def score(sample):\n    return 1.0\n")
+    pool = RewardPool(f"{reward}:score", {}, 2, 10.0, 0, 0.0)
+    try:
+        pool.load()  # the first worker loads it as the run starts
+        reward.write_text("raise RuntimeError('file being edited')\n")
+        samples = [RewardInput("1 + 1 =", "2", "2", "mine")] * 8
+        with pytest.raises(ConfigError) as info:
+            pool.score(samples)
+    finally:
+        pool.close()
+    assert str(info.value) == (
+        f"reward.fn='{reward}:score': a reward worker started during the run could not load it: ValueError: "
+        f"reward.fn='{reward}:score': running {reward} raised RuntimeError at line 1: file being edited; it loaded "
+        "when the run started, so the file (or what it imports) has changed since: fix it, then go on with "
+        "trainer.resume=auto"
+    )

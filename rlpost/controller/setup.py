@@ -28,7 +28,7 @@ from rlpost.models.checks import cut_short, meta_model, weight_mismatch
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS, RewardInput
 from rlpost.rewards.base import check_call, is_trusted
-from rlpost.rewards.pool import RewardPool
+from rlpost.rewards.pool import RewardPool, not_loaded
 
 
 def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
@@ -321,25 +321,6 @@ def reward_pool(cfg: TrainConfig) -> RewardPool:
     return pool
 
 
-def not_loaded(spec: str, error: RuntimeError, memory_mb: int = 0) -> ConfigError:
-    """A reward worker could not build `reward.fn`: the file's own error, from the traceback's last
-    exception line on (numpy's ImportError goes on over several lines); under a memory cap an
-    import that fails for want of memory names `reward.memory_mb`."""
-    import re
-
-    lines = str(error).strip().splitlines()
-    named = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", line)]
-    why = " ".join(line.strip() for line in lines[named[-1] if named else -1 :] if line.strip())[:1000]
-    starved = re.search(r"MemoryError|ImportError|can't start new thread|Cannot allocate memory", str(error))
-    cap = (
-        f" (under reward.memory_mb={memory_mb}, each reward worker's memory cap: one this low can stop the file's "
-        "imports; raise it, or 0 for none)"
-        if memory_mb and starved
-        else ""
-    )
-    return ConfigError(f"reward.fn={spec!r} could not be loaded: {why}{cap}")
-
-
 def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool: RewardPool | None = None) -> None:
     """A reward function of the user's (not rlpost's own scorers) scores one sample before any actor
     starts: the first training row, its ground truth as the response. A function that cannot be
@@ -356,6 +337,7 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool
     row, own = untrusted[0], pool is None
     pool = RewardPool(r.fn, r.kwargs, 1, r.timeout_s, r.memory_mb, r.error_score) if own else pool
     try:
+        pool.load()  # (the run's has: a no-op) the file's own error, as the start's
         scores = pool.score([RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source)])
     except RuntimeError as e:
         raise not_loaded(r.fn, e, r.memory_mb) from None

@@ -183,6 +183,10 @@ def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:
 
 
 # ------------------------------------------------------------------------------- in the parent
+class WorkerStartError(RuntimeError):
+    """A pool worker could not build its function: the setup's error, as the worker said it."""
+
+
 class WorkerPool:
     """`workers` processes that run the function `setup()` builds in each (`setup` must pickle:
     a module-level function, or a `functools.partial` of one). Messages call them `name` workers and
@@ -225,7 +229,7 @@ class WorkerPool:
                 self.procs[i].join(timeout=5)
                 message = f"it died as it started (exit code {self.procs[i].exitcode})"
         if message != "ready":
-            raise RuntimeError(f"a {self.name} worker could not start: {message}")
+            raise WorkerStartError(f"a {self.name} worker could not start: {message}")
         self.ready[i] = True
 
     def _replace(self, i: int) -> None:
