@@ -313,6 +313,12 @@ class WorkerPool:
             for conn, (i, chunk, d) in list(waiting.items()):
                 if time.monotonic() >= d and not conn.poll():  # hung where the alarm cannot reach
                     waiting.pop(conn)
+                    self.log(  # (a stopped process, or one stuck in native code: the eleventh catalogue's t31)
+                        f"{self.name}: a worker did not answer for its share's {len(chunk)} items in "
+                        f"{len(chunk) * timeout_s + GRACE_S:g} s ({self.timeout_key}={timeout_s:g} each), where its "
+                        "own alarm could not stop it (a stopped process, or one stuck in native code): replaced, "
+                        "and its items scored again one at a time"
+                    )
                     self._replace(i)
                     results[chunk.start : chunk.stop] = [self._one(i, items[j], timeout_s) for j in chunk]
         return results

@@ -226,3 +226,24 @@ def test_a_stop_signal_gives_up_a_batch_under_way_and_the_workers_are_replaced(u
         assert out.scores == [1.0, -1.0] and out.counts["errors"] == 1
     finally:
         p.close()
+
+
+def test_a_stopped_worker_is_replaced_after_its_share_and_said(user_file, capsys):
+    """The eleventh catalogue's t31: a SIGSTOPped reward worker held its share for 50 s (16 items x
+    3 s), then its items were scored again, and nothing was said."""
+    import os
+    import signal
+
+    p = pool(f"{user_file}:length", workers=1, timeout_s=0.5)
+    try:
+        p.load()
+        os.kill(p.pool.procs[0].pid, signal.SIGSTOP)
+        out = p.score([sample("x" * i) for i in range(4)])
+        assert out.scores == [0.0, 1.0, 2.0, 3.0] and out.counts["errors"] == 0  # again, on a fresh worker
+    finally:
+        p.close()
+    assert (
+        "reward: a worker did not answer for its share's 4 items in 4 s (reward.timeout_s=0.5 each), where its own "
+        "alarm could not stop it (a stopped process, or one stuck in native code): replaced, and its items scored "
+        "again one at a time\n"
+    ) in capsys.readouterr().out
