@@ -42,11 +42,12 @@
 #   bash benchmarks/real_model/gpu.sh x2a    # a 2-GPU machine, three calls: GPU tests; one_7b across the calls (detached.sh);
 #                                            # issue 36's gap seeds 1, 3, 8 beside it (jobs_x2a.txt): as run on 047843f
 #   bash benchmarks/real_model/gpu.sh x2b    # not yet run: the same with jobs_x2b.txt (one_7b at 6144 tokens a micro-batch)
+#   bash benchmarks/real_model/gpu.sh async_c  # not yet run: issue 41 on a 2-GPU machine, 2-6 numbers, 30 steps (jobs_async_c.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x2a, x2b, algos, async, async_b, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x2a, x2b, algos, async, async_b, async_c, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -224,6 +225,14 @@ trainer.save_every=5 trainer.start_pass_k=0 model.attn_implementation=rlpost_var
 trainer.max_tokens_per_microbatch=16384"
     export COMMON
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_async_b.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --deadline $((LIMIT - (SECONDS - START) - 50))
+    ;;
+  async_c)  # issue 41 on a 2-GPU machine (jobs_async_c.txt): 2 to 6 one-digit numbers, 30 steps, one 1 + 1 run at a time
+    export ASYNC_C="+recipe=smollm2_steps data.operands=2 data.max_operands=6 data.arithmetic_digits=1 \
+data.max_prompt_length=128 rollout.max_response_length=1024 cluster.placement=split trainer.total_steps=30 trainer.val_every=5 \
+trainer.save_every=5 trainer.start_pass_k=0 model.attn_implementation=rlpost_varlen trainer.micro_batch_size=512 \
+trainer.max_tokens_per_microbatch=16384"
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_async_c.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   algos)  # issue 40 item 3 on the real model's task: each algorithm with its mini-batches (jobs_algos.txt), several calls
