@@ -191,6 +191,13 @@ def _delete_run(run_dir: Path, log) -> None:
     (what a run writes: `RUN_FILES`, and `RUN_TREES`' entries by name); nothing else in the folder,
     and nothing through a link out of it (another run's checkpoints/, say: the eleventh catalogue's t75)."""
     links = [folder for folder in RUN_TREES if (run_dir / folder).is_symlink()]
+    links += [  # one of its entries linked to another run's (the twelfth catalogue's t81)
+        f"{folder}/{entry.name}"
+        for folder, pattern in RUN_TREES.items()
+        if folder not in links
+        for entry in sorted((run_dir / folder).glob(pattern))
+        if entry.is_symlink()
+    ]
     if links:
         where = ", ".join(f"{run_dir / f} -> {os.readlink(run_dir / f)}" for f in links)
         raise ConfigError(
@@ -249,6 +256,14 @@ def _one_claim_at_a_time(run_dir: Path):
         os.close(fd)  # (closing it releases the flock)
 
 
+def when(since) -> str:
+    """A lock's `since` as a date; one written by hand (the twelfth catalogue's t18: "yesterday") as it is."""
+    try:
+        return datetime.fromtimestamp(float(since)).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return repr(since)
+
+
 def _take_lock(run_dir: Path, path: Path, me: dict, log) -> None:
     for _ in range(2):
         try:
@@ -261,7 +276,7 @@ def _take_lock(run_dir: Path, path: Path, me: dict, log) -> None:
                 log(f"{path}: the run that held it (pid {holder.get('pid')}) is gone; taking the folder over")
                 path.unlink(missing_ok=True)
                 continue
-            since = datetime.fromtimestamp(holder.get("since", 0)).strftime("%Y-%m-%d %H:%M:%S")
+            since = when(holder.get("since", 0))
             raise ConfigError(
                 f"run.dir={str(run_dir)!r} is in use by another run (pid {holder.get('pid')} on host "
                 f"{holder.get('host')}, since {since}); wait for it to end or choose another run.dir (if that run "

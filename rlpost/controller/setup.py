@@ -220,10 +220,18 @@ def check_lora_targets(cfg: TrainConfig, model_path: str) -> None:
     (the model built on the meta device from a local config.json: no weights are read)."""
     import torch
 
-    targets, trust = list(cfg.model.lora.target_modules), cfg.model.trust_remote_code
-    if cfg.model.lora.rank <= 0 or targets == ["all-linear"] or not (Path(model_path) / "config.json").is_file():
+    targets, trust, rank = list(cfg.model.lora.target_modules), cfg.model.trust_remote_code, cfg.model.lora.rank
+    if rank <= 0 or not (Path(model_path) / "config.json").is_file():
         return
     model = meta_model(model_path, trust)
+    hidden = getattr(model.config, "hidden_size", None)
+    if hidden and rank > hidden:  # (the twelfth catalogue's t14: 1e5 ran out of memory in Ray after 144 s)
+        raise ConfigError(
+            f"model.lora.rank={rank} is above {model_path}'s hidden size ({hidden}): the adapters would be larger "
+            "than the layers they adapt; give a rank below it (8-64 are usual)"
+        )
+    if targets == ["all-linear"]:
+        return
     layers = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
     missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in layers)]
     if missing:
