@@ -355,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return commands[argv[0]](argv[1:])
+    except KeyboardInterrupt:  # before a command's own handling (the twelfth catalogue's t74: during the imports)
+        started = (
+            " as it started: nothing was trained" if argv[0] == "train" else ""
+        )  # (a run's own handlers come later)
+        print(f"\nrlpost {argv[0]}: interrupted (SIGINT){started}", file=sys.stderr)
+        return 130
     except ConsoleError as e:
         try:
             print(f"rlpost: {e}", file=sys.stderr)

@@ -48,3 +48,16 @@ def test_a_lora_rank_above_the_models_hidden_size_is_refused_before_the_actors(t
         with pytest.raises(ConfigError, match=r"^model.lora.rank=33 is above .*/m's hidden size \(32\): the adapters "):
             check_lora_targets(cfg, str(tmp_path / "m"))
     check_lora_targets(load_config(["+recipe=quickstart", "model.lora.rank=32"]), str(tmp_path / "m"))
+
+
+def test_a_sigint_while_the_command_imports_is_one_line(monkeypatch, capsys):
+    """t74: Ctrl-C 3.5 s into `rlpost train`, while it imported its libraries, printed a raw
+    KeyboardInterrupt traceback from triton's import."""
+    from rlpost import cli
+
+    def importing(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_train", importing)
+    assert cli.main(["train", "+recipe=quickstart"]) == 130
+    assert capsys.readouterr().err == "\nrlpost train: interrupted (SIGINT) as it started: nothing was trained\n"
