@@ -61,3 +61,55 @@ def test_a_sigint_while_the_command_imports_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "cmd_train", importing)
     assert cli.main(["train", "+recipe=quickstart"]) == 130
     assert capsys.readouterr().err == "\nrlpost train: interrupted (SIGINT) as it started: nothing was trained\n"
+
+
+def test_a_metrics_file_that_cannot_be_written_for_want_of_permission_is_not_a_full_disk(tmp_path, monkeypatch):
+    """t100: `chattr +i metrics.jsonl` mid-run: "cannot write ... (Operation not permitted): free space there"."""
+    import errno
+    import os
+
+    from rlpost.metrics.trackers import JsonlTracker, TrackerError
+
+    tracker = JsonlTracker(tmp_path)
+
+    def refused(fd, data):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "write", refused)
+    with pytest.raises(TrackerError, match=r"\(Operation not permitted\): make it writable \(or choose another run"):
+        tracker.log({"reward/mean": 0.5}, 1)
+    monkeypatch.undo()
+    tracker.close()
+
+
+def test_plot_draws_the_picture_its_name_asks_for_or_refuses_the_name(tmp_path):
+    """t59: `rlpost plot RUN --out x.svg` (or `.jpgx`) wrote PNG bytes under that name, without a word
+    (since bd4ba2d drew beside the picture and renamed it, always as PNG)."""
+    from rlpost.metrics.plot import plot_json
+
+    bench = tmp_path / "bench.json"
+    bench.write_text('{"val_accuracy": [[0, 0.1], [1, 0.4], [2, 0.5]]}')
+    out, _ = plot_json(bench, tmp_path / "b.svg")
+    assert out.read_bytes().lstrip().startswith(b"<?xml") and b"<title>rlpost</title>" in out.read_bytes()
+    plot_json(bench, tmp_path / "b.svg")  # its own picture: drawn again
+    assert plot_json(bench, tmp_path / "b.png")[0].read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(ValueError, match=r"^--out .*/b.jpgx: pictures are drawn as .png or .svg; give a name"):
+        plot_json(bench, tmp_path / "b.jpgx")
+    assert not (tmp_path / "b.jpgx").exists()
+
+
+def test_a_lock_that_cannot_be_written_is_not_left_empty(tmp_path, monkeypatch):
+    """t16/t159: a run started in a run.dir on a full disk was refused clearly but left a 0-byte
+    run.lock; once space was freed the same command was refused as "in use by another run (pid None"."""
+    import errno
+
+    from rlpost.controller import run_dir
+    from rlpost.controller.run_dir import LOCK, claim_run_dir
+
+    def full(obj, f):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_dir.json, "dump", full)
+    with pytest.raises((OSError, ConfigError)):
+        claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
+    assert not (tmp_path / LOCK).exists()

@@ -282,8 +282,12 @@ def _take_lock(run_dir: Path, path: Path, me: dict, log) -> None:
                 f"{holder.get('host')}, since {since}); wait for it to end or choose another run.dir (if that run "
                 f"is gone, delete {path})"
             )
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+        except OSError:  # a full disk: no empty lock left to refuse the next run (the twelfth catalogue's t16)
+            path.unlink(missing_ok=True)
+            raise
         return
     raise ConfigError(  # a dead run's lock came back as it was taken over: another claim, unguarded
         f"run.dir={str(run_dir)!r}: {path} came back each time it was taken over (another run claiming the folder "

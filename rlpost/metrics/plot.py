@@ -61,9 +61,17 @@ def _target(out, default: Path) -> Path:
     return Path(out) if Path(out).suffix else Path(out).with_suffix(".png")
 
 
+DRAWN = {"png": b"Title\x00rlpost", "svg": b"<title>rlpost</title>"}  # what marks a picture rlpost drew
+
+
 def _save(fig, plt, out: Path, titles: list[str]) -> None:
-    """`out` written, unless it is a file rlpost did not draw (its PNG's Title is not `rlpost`)."""
-    if out.exists() and b"Title\x00rlpost" not in out.read_bytes()[:4096]:
+    """`out` written as its name's format (PNG or SVG), unless it is a file rlpost did not draw (its
+    Title is not `rlpost`)."""
+    fmt = out.suffix[1:].lower()
+    if fmt not in DRAWN:  # (PNG bytes went under any name: the twelfth catalogue's t59)
+        plt.close(fig)
+        raise ValueError(f"--out {out}: pictures are drawn as .png or .svg; give a name ending in one of them")
+    if out.exists() and DRAWN[fmt] not in out.read_bytes()[:4096]:
         plt.close(fig)
         raise ValueError(f"{out} exists and is not a picture rlpost drew: give another --out, or move it away")
     fig.tight_layout()
@@ -71,7 +79,7 @@ def _save(fig, plt, out: Path, titles: list[str]) -> None:
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:  # drawn beside it, then renamed: a full disk leaves no empty picture (the eleventh catalogue's t79)
         fig.savefig(
-            tmp, format="png", dpi=100, metadata={"Title": "rlpost", "Description": "panels: " + " | ".join(titles)}
+            tmp, format=fmt, dpi=100, metadata={"Title": "rlpost", "Description": "panels: " + " | ".join(titles)}
         )
         tmp.replace(out)
     except OSError as e:

@@ -7,6 +7,7 @@ factory per name of `logger.backends`, from the run's `TrackerRun` to the tracke
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -56,8 +57,10 @@ class RowFile:
                 os.ftruncate(self.fd, end)  # the part that fit goes too
             except OSError:
                 pass
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)  # else not "free space" (the twelfth catalogue's t100)
+            fix = "free space there" if full else "make it writable"
             raise TrackerError(
-                f"cannot write step {step}'s row to {self.path} ({e.strerror}): free space there (or choose another "
+                f"cannot write step {step}'s row to {self.path} ({e.strerror}): {fix} (or choose another "
                 "run.dir) and go on from the newest checkpoint with trainer.resume=auto"
             ) from None
 
