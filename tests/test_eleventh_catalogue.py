@@ -314,18 +314,25 @@ def test_a_resume_whose_training_rows_changed_is_refused_before_the_actors_start
 def test_a_reward_file_that_fails_after_the_start_is_said_as_such(tmp_path):
     """t29: the reward file was edited after the start's check to raise at import; at step 1 a worker
     that started then could not load it, and the run died in a 103-line chained traceback."""
-    from rlpost.rewards import RewardInput
+    import torch
+
+    from rlpost.config import load_config
+    from rlpost.controller.scoring import Scorer
+    from rlpost.data.dataset import PromptRow
     from rlpost.rewards.pool import RewardPool
+    from rlpost.tiny.model import build_char_tokenizer
 
     reward = tmp_path / "chg.py"
     reward.write_text("def score(sample):\n    return 1.0\n")
-    pool = RewardPool(f"{reward}:score", {}, 2, 10.0, 0, 0.0)
+    cfg = load_config(["+recipe=quickstart", f"reward.fn={reward}:score", "reward.num_workers=2"])
+    pool = RewardPool(cfg.reward.fn, {}, 2, 10.0, 0, 0.0)
     try:
         pool.load()  # the first worker loads it as the run starts
         reward.write_text("raise RuntimeError('file being edited')\n")
-        samples = [RewardInput("1 + 1 =", "2", "2", "mine")] * 8
-        with pytest.raises(ConfigError) as info:
-            pool.score(samples)
+        batch = {"response_ids": torch.tensor([[5, 6], [6, 5]]), "response_mask": torch.ones(2, 2, dtype=torch.bool)}
+        rows = [PromptRow([1], "1 + 1 =", "2", "mine")]
+        with pytest.raises(ConfigError) as info:  # the second worker starts for its share, on the edited file
+            Scorer(cfg, build_char_tokenizer(), pool, log=lambda *_: None).score(rows, batch, 2)
     finally:
         pool.close()
     assert str(info.value) == (

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlpost.controller.scoring import not_loaded
 from rlpost.rewards import RewardInput
-from rlpost.rewards.pool import RewardPool, not_loaded
+from rlpost.rewards.pool import RewardPool
 
 
 def test_a_reward_that_raises_a_keyboard_interrupt_is_an_error_of_the_sample_not_a_dead_worker(tmp_path):  # s07

@@ -1,19 +1,24 @@
 """Scoring generated batches: the decoded responses through the reward function (a pool of worker
 processes) and, when one is configured, the reward model's workers; the run stops when the reward
-function fails on too many samples for too long (`RewardFailure`)."""
+function fails on too many samples for too long (`RewardFailure`); a user's reward file that a reward
+worker cannot load, said by `not_loaded` (at the start, and in a worker started during the run)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from rlpost.config import TrainConfig
-from rlpost.controller.cluster import WorkerGroup
+from rlpost.config import ConfigError, TrainConfig
 from rlpost.data.batch import Batch
 from rlpost.data.dataset import PromptRow
 from rlpost.rewards import RewardInput
-from rlpost.rewards.executor import Scores
+from rlpost.rewards.executor import Scores, WorkerStartError
 from rlpost.rewards.model import combine
 from rlpost.rewards.pool import RewardPool
+
+if TYPE_CHECKING:  # (Ray's import is not the setup's: this module's `not_loaded` is)
+    from rlpost.controller.cluster import WorkerGroup
 
 
 class RewardFailure(RuntimeError):
@@ -44,7 +49,10 @@ class Scorer:
             RewardInput(rows[i // n].prompt_text, text, rows[i // n].ground_truth, rows[i // n].data_source)
             for i, text in enumerate(responses)
         ]
-        result = self.rewards.score(samples, interrupted)
+        try:
+            result = self.rewards.score(samples, interrupted)
+        except WorkerStartError as e:  # a worker started during the run could not load a user's file
+            raise not_loaded(self.cfg.reward.fn, e, self.cfg.reward.memory_mb, started=True) from None
         rule, errors = torch.tensor(result.scores, dtype=torch.float32), result.counts
         if result.first_error:
             kinds = ", ".join(f"{v} {k}" for k, v in errors.items() if v and k != "errors")
@@ -91,3 +99,29 @@ class Scorer:
             if part
         ]
         return torch.tensor([x for out in self.reward_models.get(refs) for x in out], dtype=torch.float32)
+
+
+def not_loaded(spec: str, error: RuntimeError, memory_mb: int = 0, started: bool = False) -> ConfigError:
+    """A reward worker could not build `reward.fn`: the file's own error, from the traceback's last
+    exception line on (numpy's ImportError goes on over several lines); under a memory cap an
+    import that fails for want of memory names `reward.memory_mb`. `started`: a worker the run
+    started after its first step (the file loaded at the start: the eleventh catalogue's t29)."""
+    import re
+
+    lines = str(error).strip().splitlines()
+    named = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", line)]
+    why = " ".join(line.strip() for line in lines[named[-1] if named else -1 :] if line.strip())[:1000]
+    starved = re.search(r"MemoryError|ImportError|can't start new thread|Cannot allocate memory", str(error))
+    cap = (
+        f" (under reward.memory_mb={memory_mb}, each reward worker's memory cap: one this low can stop the file's "
+        "imports; raise it, or 0 for none)"
+        if memory_mb and starved
+        else ""
+    )
+    if started:
+        return ConfigError(
+            f"reward.fn={spec!r}: a reward worker started during the run could not load it: {why}{cap}; it loaded "
+            "when the run started, so the file (or what it imports) has changed since: fix it, then go on with "
+            "trainer.resume=auto"
+        )
+    return ConfigError(f"reward.fn={spec!r} could not be loaded: {why}{cap}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from rlpost.config import ConfigError, TrainConfig
 from rlpost.controller.alerts import setting_warnings
 from rlpost.controller.checkpoint import check_data_place
+from rlpost.controller.scoring import not_loaded
 from rlpost.data.dataset import (
     DataError,
     PromptLoader,
@@ -28,7 +29,7 @@ from rlpost.models.checks import cut_short, meta_model, weight_mismatch
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS, RewardInput
 from rlpost.rewards.base import check_call, is_trusted
-from rlpost.rewards.pool import RewardPool, not_loaded
+from rlpost.rewards.pool import RewardPool
 
 
 def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:

@@ -9,9 +9,8 @@ import functools
 import math
 import traceback
 
-from rlpost.config import ConfigError
 from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, get_reward_fn, is_trusted
-from rlpost.rewards.executor import BadValue, Result, Scores, WorkerPool, WorkerStartError, _scorer, checked
+from rlpost.rewards.executor import BadValue, Result, Scores, WorkerPool, _scorer, checked
 
 
 class RewardPool:
@@ -53,11 +52,7 @@ class RewardPool:
         if len(rows) < len(samples):
             self._score_here(samples, sorted(set(range(len(samples))) - set(rows)), out)
         if rows:
-            try:
-                results = self.pool.map([samples[j] for j in rows], self.timeout_s, interrupted)
-            except WorkerStartError as e:  # one started now (replaced, or first used) could not load the file
-                raise not_loaded(self.spec, e, self.pool.memory_mb, started=True) from None
-            self._record(out, rows, results)
+            self._record(out, rows, self.pool.map([samples[j] for j in rows], self.timeout_s, interrupted))
         return out
 
     def _all_here(self, samples: list[RewardInput]) -> list[float] | None:
@@ -99,29 +94,3 @@ class RewardPool:
 
     def close(self) -> None:
         self.pool.close()
-
-
-def not_loaded(spec: str, error: RuntimeError, memory_mb: int = 0, started: bool = False) -> ConfigError:
-    """A reward worker could not build `reward.fn`: the file's own error, from the traceback's last
-    exception line on (numpy's ImportError goes on over several lines); under a memory cap an
-    import that fails for want of memory names `reward.memory_mb`. `started`: a worker the run
-    started after its first step (the file loaded at the start: the eleventh catalogue's t29)."""
-    import re
-
-    lines = str(error).strip().splitlines()
-    named = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", line)]
-    why = " ".join(line.strip() for line in lines[named[-1] if named else -1 :] if line.strip())[:1000]
-    starved = re.search(r"MemoryError|ImportError|can't start new thread|Cannot allocate memory", str(error))
-    cap = (
-        f" (under reward.memory_mb={memory_mb}, each reward worker's memory cap: one this low can stop the file's "
-        "imports; raise it, or 0 for none)"
-        if memory_mb and starved
-        else ""
-    )
-    if started:
-        return ConfigError(
-            f"reward.fn={spec!r}: a reward worker started during the run could not load it: {why}{cap}; it loaded "
-            "when the run started, so the file (or what it imports) has changed since: fix it, then go on with "
-            "trainer.resume=auto"
-        )
-    return ConfigError(f"reward.fn={spec!r} could not be loaded: {why}{cap}")
