@@ -232,25 +232,40 @@ def test_a_checkpoint_of_another_lora_setting_is_refused(tmp_path, saved_with_lo
         worker.shutdown()
 
 
-def test_a_checkpoint_of_another_model_shape_is_refused_by_name(tmp_path):
+def saved_checkpoint(tmp_path, hidden: int = 32):
+    """A tiny model of width `hidden` (in `tmp_path/model_<hidden>`) and its actor's checkpoint, saved."""
     from rlpost.roles.actor import ActorWorker
 
-    save_tiny_model(tmp_path / "small", hidden=32, intermediate=64)
-    save_tiny_model(tmp_path / "wide", hidden=48, intermediate=64)
+    model = tmp_path / f"model_{hidden}"
+    save_tiny_model(model, hidden=hidden, intermediate=64)
     folder = tmp_path / "ckpt"
     folder.mkdir()
-    worker = ActorWorker(config(), str(tmp_path / "small"), 0, 1, "127.0.0.1", free_port())
+    worker = ActorWorker(config(), str(model), 0, 1, "127.0.0.1", free_port())
     try:
         worker.save_checkpoint(str(folder))
     finally:
         worker.shutdown()
-    wide = ActorWorker(config(), str(tmp_path / "wide"), 0, 1, "127.0.0.1", free_port())
+    return folder
+
+
+def refusal_loading(folder, hidden: int, tmp_path) -> str:
+    """What an actor of a tiny model of width `hidden` says, refusing to load `folder`."""
+    from rlpost.roles.actor import ActorWorker
+
+    model = tmp_path / f"model_{hidden}"
+    if not model.exists():
+        save_tiny_model(model, hidden=hidden, intermediate=64)
+    worker = ActorWorker(config(), str(model), 0, 1, "127.0.0.1", free_port())
     try:
         with pytest.raises(ValueError) as info:
-            wide.load_checkpoint(str(folder))
+            worker.load_checkpoint(str(folder))
     finally:
-        wide.shutdown()
-    said = str(info.value)
+        worker.shutdown()
+    return str(info.value)
+
+
+def test_a_checkpoint_of_another_model_shape_is_refused_by_name(tmp_path):
+    said = refusal_loading(saved_checkpoint(tmp_path, hidden=32), 48, tmp_path)
     assert said.startswith("its trainer state does not fit this model (") and "size" in said.lower()
     assert said.endswith("); resume with the model.path and model.lora settings of the run that saved it")
 
@@ -259,24 +274,11 @@ def test_a_damaged_checkpoint_is_said_as_one_not_as_another_model(tmp_path):
     """The eleventh catalogue's t87: 1 MB of random bytes in a `.distcp` file, its size kept, was
     refused as "does not fit this model ... resume with the model.path and model.lora settings of the
     run that saved it", which were the same."""
-    from rlpost.roles.actor import ActorWorker
-
-    save_tiny_model(tmp_path / "model", hidden=32, intermediate=64)
-    folder = tmp_path / "ckpt"
-    folder.mkdir()
-    worker = ActorWorker(config(), str(tmp_path / "model"), 0, 1, "127.0.0.1", free_port())
-    try:
-        worker.save_checkpoint(str(folder))
-        (part,) = (folder / "trainer").glob("*.distcp")
-        data = bytearray(part.read_bytes())
-        data[len(data) // 4 :] = (
-            torch.randint(0, 256, (len(data) - len(data) // 4,), dtype=torch.uint8).numpy().tobytes()
-        )
-        part.write_bytes(bytes(data))
-        with pytest.raises(ValueError) as info:
-            worker.load_checkpoint(str(folder))
-    finally:
-        worker.shutdown()
-    said = str(info.value)
+    folder = saved_checkpoint(tmp_path, hidden=32)
+    (part,) = (folder / "trainer").glob("*.distcp")
+    data = bytearray(part.read_bytes())
+    data[len(data) // 4 :] = torch.randint(0, 256, (len(data) - len(data) // 4,), dtype=torch.uint8).numpy().tobytes()
+    part.write_bytes(bytes(data))
+    said = refusal_loading(folder, 32, tmp_path)
     assert said.startswith("its trainer state could not be read (") and "does not fit" not in said
     assert "a file of it may be damaged; resume from an earlier checkpoint (trainer.resume=PATH" in said
