@@ -174,6 +174,7 @@ def test_the_gap_comparison_pairs_seeds_over_the_steps_both_runs_have():
         "gap_s3": run([1.0], [0.1]),
         "gap_lora_s3": run([2.0], [0.1]),  # runs of before the tail was logged: no p999
     }
+    runs["gap_lora_s1"]["per_step"] |= {"logprob_gap_max_token": [7.0, 8.0], "logprob_gap_max_position": [3.0, 0.0]}
     out = gap.compare(runs)
     assert set(out) == {"seed_1", "seed_3"}
     s1 = out["seed_1"]
@@ -182,6 +183,7 @@ def test_the_gap_comparison_pairs_seeds_over_the_steps_both_runs_have():
     assert s1["full"]["p999_max"] == 0.4 and s1["p999_max_ratio"] == 0.75
     assert s1["full"]["median_step_max"] == 0.75
     assert s1["lora"]["max_token_logprobs"] == {"rollout": -1.0, "trainer": -2.0}
+    assert s1["lora"]["max_token"] == {"id": 7, "position": 3} and "max_token" not in s1["full"]  # step 1's: its max
     assert "p999_max" not in out["seed_3"]["full"] and out["seed_3"]["max_ratio"] == 2.0
 
 

@@ -27,6 +27,8 @@ PER_STEP = {
     "logprob_gap_p999": "rollout/logprob_diff_p999",  # the three below: None in runs before 2026-11-27
     "logprob_gap_max_rollout_logprob": "rollout/logprob_diff_max_rollout_logprob",
     "logprob_gap_max_trainer_logprob": "rollout/logprob_diff_max_trainer_logprob",
+    "logprob_gap_max_token": "rollout/logprob_diff_max_token",  # these two: None in runs before 2026-11-28
+    "logprob_gap_max_position": "rollout/logprob_diff_max_position",
     "tokens_per_s": "perf/tokens_per_s",
     "step_s": "timing_s/step",
     "update_peak_gb": "perf/update_peak_gb",

@@ -34,6 +34,8 @@ def side(steps: dict, n: int) -> dict:
             "rollout": round(top["logprob_gap_max_rollout_logprob"], 2),
             "trainer": round(top["logprob_gap_max_trainer_logprob"], 2),
         }
+    if top.get("logprob_gap_max_token") is not None:  # which token: its id and its place in its response
+        out["max_token"] = {"id": int(top["logprob_gap_max_token"]), "position": int(top["logprob_gap_max_position"])}
     return out
 
 

@@ -170,15 +170,20 @@ def batch_metrics(batch: Batch, rewards: torch.Tensor, reward_errors: dict[str, 
 
 def logprob_agreement(batch: Batch) -> dict[str, float]:
     """|rollout - trainer| log-prob over the model's own tokens: the mean, the maximum, the 99.9th
-    percentile (a tail that one token does not make), and both sides' log-prob of the token at the
-    maximum (a token the policy thought unlikely, or one it was sure of)."""
+    percentile (a tail that one token does not make), and of the token at the maximum: both sides'
+    log-prob (a token the policy thought unlikely, or one it was sure of), its id and its place in
+    its response (which token it was: decode the id with the model's tokenizer)."""
     mask = batch["loss_mask"]
     rollout, trainer = batch["rollout_logprobs"][mask].float(), batch["old_logprobs"][mask].float()
     diff = (rollout - trainer).abs()
     if not diff.numel():
         return {"rollout/logprob_diff_max": 0.0, "rollout/logprob_diff_mean": 0.0}
     at = int(diff.argmax())
+    row, place = (int(i) for i in mask.nonzero()[at])
+    ids = batch["response_ids"] if "response_ids" in batch else None
     return {
+        **({"rollout/logprob_diff_max_token": float(ids[row, place])} if ids is not None else {}),
+        "rollout/logprob_diff_max_position": float(place),
         "rollout/logprob_diff_max": diff[at].item(),
         "rollout/logprob_diff_mean": diff.mean().item(),
         "rollout/logprob_diff_p999": diff.kthvalue(max(1, math.ceil(0.999 * diff.numel()))).values.item(),

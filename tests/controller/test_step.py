@@ -43,6 +43,8 @@ def test_batch_metrics_hand_computed():
         "rollout/logprob_diff_p999": 1.0,  # the 5th smallest of 5
         "rollout/logprob_diff_max_rollout_logprob": -2.0,  # row 1's first token: the rollout's -2.0
         "rollout/logprob_diff_max_trainer_logprob": -1.0,  # against the trainer's -1.0
+        "rollout/logprob_diff_max_token": 1.0,  # row 1's response_ids[0]
+        "rollout/logprob_diff_max_position": 0.0,
         "rollout/weight_version": 2.5,
         "perf/tokens": 18.0,  # 2 + 2 + 3 + 3 prompt tokens, 3 + 1 + 2 + 2 response tokens
     }
@@ -63,6 +65,22 @@ def test_the_gap_percentile_is_a_tail_that_one_token_does_not_make(far, p999):
         -6.0,
         pytest.approx(-1.01),
     )
+
+
+def test_the_token_at_the_largest_gap_is_named_by_its_id_and_place_in_its_response():
+    """The largest gap at row 1, place 2 (a hole in the loss mask before it, and a larger gap in the
+    hole that does not count): its token id and place, not the row's or the batch's first."""
+    batch = Batch(
+        {
+            "response_ids": torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24]]),
+            "loss_mask": torch.tensor([[1, 1, 1, 0], [1, 0, 1, 1]], dtype=torch.bool),
+            "rollout_logprobs": torch.tensor([[-1.0, -1.0, -1.0, -1.0], [-1.0, -9.0, -4.0, -1.0]]),
+            "old_logprobs": torch.full((2, 4), -1.5),
+        }
+    )
+    m = logprob_agreement(batch)
+    assert m["rollout/logprob_diff_max"] == pytest.approx(2.5)
+    assert (m["rollout/logprob_diff_max_token"], m["rollout/logprob_diff_max_position"]) == (23.0, 2.0)
 
 
 def test_batch_metrics_of_multi_turn_episodes_hand_computed():
