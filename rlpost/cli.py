@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import sys
 
 
@@ -60,6 +61,8 @@ def checked_config(overrides: list[str]):
             hint = " (the override gives the key no value: write KEY=VALUE, or KEY=null where null is allowed)"
         if "LexerNoViableAlt" in str(e):  # Hydra's grammar: `~` starts a deletion, some characters end a value
             hint = """ (quote a value that holds characters such as ~ = , [ ] or spaces: "run.dir='~/runs/a'")"""
+        if not any(o.startswith("+recipe=") for o in overrides):  # (the defaults alone: the twelfth catalogue's t88)
+            hint += "; no recipe was given: start from one, e.g. +recipe=quickstart (rlpost train --help lists them)"
         print(f"rlpost: config error: {e}{hint}", file=sys.stderr)
         return None
     return cfg
@@ -194,8 +197,12 @@ def cmd_export(argv: list[str]) -> int:
     from rlpost.config import ConfigError
     from rlpost.controller.checkpoint import export
 
+    previous = signal.signal(signal.SIGTERM, _terminated)  # (a SIGTERM left a half-written --out: cat12's t99)
     try:
         export(args.run_dir, args.out, args.step, args.dtype)
+    except Terminated:
+        print(f"rlpost export: stopped by SIGTERM; {args.out} is left as it was before the export", file=sys.stderr)
+        return 143
     except (FileNotFoundError, FileExistsError, ConfigError, ValueError) as e:
         print(f"rlpost export: {e}", file=sys.stderr)
         return 2
@@ -203,7 +210,17 @@ def cmd_export(argv: list[str]) -> int:
         why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1][:200]
         print(f"rlpost export: cannot write {args.out} ({why}): free space, or give another --out", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+class Terminated(BaseException):
+    """A SIGTERM during a command that cleans up what it made (`_terminated` raises it)."""
+
+
+def _terminated(signum, frame):
+    raise Terminated
 
 
 def cmd_plan(argv: list[str]) -> int:

@@ -10,9 +10,9 @@ import sys
 
 def train_sweep(overrides: list[str], show_config: bool) -> int:
     """Hydra's multirun: every combination of the swept values, checked first, then one run after
-    another (each its own process) in SWEEP/0, SWEEP/1, ...; stops at the first run that fails."""
-    import yaml
-
+    another (each its own process) in SWEEP/0, SWEEP/1, ...; stops at the first run that fails.
+    With `trainer.resume=auto` a stopped sweep goes on: the jobs `multirun.yaml` records as done
+    are passed over, the others resume (a stopped sweep could not go on: the twelfth catalogue's t105)."""
     from rlpost.cli import checked_config
     from rlpost.config import ConfigError, compose, to_yaml
     from rlpost.config.command_line import sweep_folder, sweep_jobs
@@ -26,18 +26,14 @@ def train_sweep(overrides: list[str], show_config: bool) -> int:
                 "folders under one run.dir; give one, and sweep other keys"
             )
         folder = sweep_folder(compose(jobs[0]).run.dir)
+        jobs = [
+            [o for o in job if not o.startswith("run.dir=")] + [f"run.dir={folder / str(i)}"]
+            for i, job in enumerate(jobs)
+        ]
+        done = jobs_done(folder, jobs, resume="trainer.resume=auto" in overrides)
     except ConfigError as e:
         print(f"rlpost: config error: {e}", file=sys.stderr)
         return 2
-    if (folder / "multirun.yaml").exists():
-        print(
-            f"rlpost: a sweep already ran in {folder} (multirun.yaml); give the new one another run.dir",
-            file=sys.stderr,
-        )
-        return 2
-    jobs = [
-        [o for o in job if not o.startswith("run.dir=")] + [f"run.dir={folder / str(i)}"] for i, job in enumerate(jobs)
-    ]
     configs = [checked_config(job) for job in jobs]
     if any(c is None for c in configs):
         return 2
@@ -45,27 +41,70 @@ def train_sweep(overrides: list[str], show_config: bool) -> int:
         print("\n".join(f"# job {i}: {' '.join(job)}\n{to_yaml(c)}" for i, (job, c) in enumerate(zip(jobs, configs))))
         return 0
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "multirun.yaml").write_text(yaml.safe_dump([{"job": i, "overrides": j} for i, j in enumerate(jobs)]))
+    go_on = "to go on with the sweep: rlpost train -m " + " ".join([o for o in overrides if o != "trainer.resume=auto"])
+    return run_jobs(jobs, folder, done, go_on + " trainer.resume=auto")
+
+
+def jobs_done(folder, jobs: list[list[str]], resume: bool) -> set[int]:
+    """The jobs of the sweep in `folder` that have finished: none for a new sweep; for one that goes
+    on (`resume`), those `multirun.yaml` says are done, where it lists these jobs."""
+    import yaml
+
+    from rlpost.config import ConfigError
+
+    if not (folder / "multirun.yaml").exists():
+        return set()
+    saved = yaml.safe_load((folder / "multirun.yaml").read_text()) or []
+    if not resume or [s.get("overrides") for s in saved] != [without_resume(j) for j in jobs]:
+        raise ConfigError(
+            f"a sweep already ran in {folder} (multirun.yaml)" + (", with other jobs than these" if resume else "")
+            + "; to go on with it, give its command again with trainer.resume=auto; for a new sweep, another run.dir"
+        )  # fmt: skip
+    return {s["job"] for s in saved if s.get("done")}
+
+
+def run_jobs(jobs: list[list[str]], folder, done: set[int], go_on: str) -> int:
+    """Each job not `done`, one after another, recorded in `multirun.yaml` as it ends; the sweep's exit code."""
     for i, job in enumerate(jobs):
+        write_record(folder / "multirun.yaml", jobs, done)
+        if i in done:
+            print(f"rlpost: sweep job {i + 1} of {len(jobs)}: done before, in {folder / str(i)}", flush=True)
+            continue
         print(f"rlpost: sweep job {i + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
         code, signum = run_job(job)
+        done |= {i} if code == 0 else set()
+        write_record(folder / "multirun.yaml", jobs, done)
+        name = signal.Signals(signum).name if signum is not None else ""
+        left = f"; jobs {i + 1}.. did not run" if i + 1 < len(jobs) else ""
         if signum is not None and code == 0:  # the job had finished when the signal came
-            print(f"rlpost: sweep stopped by {signal.Signals(signum).name} after job {i} ended", file=sys.stderr)
+            print(f"rlpost: sweep stopped by {name} after job {i} ended", file=sys.stderr)
             if i + 1 == len(jobs):
                 return 0
-            print(f"rlpost: jobs {i + 1}.. did not run; the sweep's folder: {folder}", file=sys.stderr)
+            print(f"rlpost: {left[2:]}; the sweep's folder: {folder}; {go_on}", file=sys.stderr)
             return 128 + signum
         if signum is not None:
-            print(
-                f"rlpost: sweep stopped by {signal.Signals(signum).name} in job {i} (exit {code}); jobs {i + 1}.. "
-                f"did not run; to go on with job {i}: rlpost train {' '.join(job)} trainer.resume=auto",
-                file=sys.stderr,
-            )
+            print(f"rlpost: sweep stopped by {name} in job {i} (exit {code}){left}; {go_on}", file=sys.stderr)
             return 128 + signum
         if code != 0:
-            print(f"rlpost: sweep job {i} failed (exit {code}); jobs {i + 1}.. did not run ({folder})", file=sys.stderr)
+            print(
+                f"rlpost: sweep job {i} failed (exit {code}){left} ({folder}); once it is fixed, {go_on}",
+                file=sys.stderr,
+            )
             return code
     return 0
+
+
+def without_resume(job: list[str]) -> list[str]:
+    return [o for o in job if o != "trainer.resume=auto"]
+
+
+def write_record(record, jobs: list[list[str]], done: set[int]) -> None:
+    """`multirun.yaml`: each job's overrides and whether it has finished (a sweep that goes on passes those)."""
+    import yaml
+
+    record.write_text(
+        yaml.safe_dump([{"job": i, "overrides": without_resume(j), "done": i in done} for i, j in enumerate(jobs)])
+    )
 
 
 def run_job(job: list[str]) -> tuple[int, int | None]:

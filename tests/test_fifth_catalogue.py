@@ -253,7 +253,7 @@ def test_a_critic_of_a_smaller_vocabulary_is_refused_before_the_actors(tmp_path)
     save_tiny_model(tmp_path / "critic", hidden=32, layers=2, intermediate=64)
     vocab = json.loads((tmp_path / "policy" / "config.json").read_text())["vocab_size"]
     rows = [PromptRow([1, 2], "a", "1", "arithmetic")]
-    cfg = load_config([*QUICK, f"model.path={tmp_path / 'policy'}", f"critic.model_path={tmp_path / 'critic'}"])
+    cfg = load_config(["+recipe=ppo", f"model.path={tmp_path / 'policy'}", f"critic.model_path={tmp_path / 'critic'}"])
     check_vocab(cfg, tok, str(tmp_path / "policy"), rows)  # the same vocabulary: fine
     config = json.loads((tmp_path / "critic" / "config.json").read_text())
     (tmp_path / "critic" / "config.json").write_text(json.dumps({**config, "vocab_size": vocab - 8}))

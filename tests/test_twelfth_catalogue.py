@@ -113,3 +113,214 @@ def test_a_lock_that_cannot_be_written_is_not_left_empty(tmp_path, monkeypatch):
     with pytest.raises((OSError, ConfigError)):
         claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
     assert not (tmp_path / LOCK).exists()
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_the_advice_after_a_signal_goes_on_from_a_checkpoint_only_where_there_is_one(tmp_path, saved):
+    """t137/t190: "stopped by SIGTERM after step 26 (no checkpoint); to go on, run the same command
+    with trainer.resume=auto" where nothing was saved; following it started afresh and replaced the
+    26 logged steps."""
+    from types import SimpleNamespace
+
+    from rlpost.controller import checkpoint
+    from rlpost.controller.loop import Controller
+    from rlpost.controller.signals import Stopped
+
+    if saved:
+        checkpoint.save(tmp_path, 26, {"step": 26}, [], keep=0)
+    said = []
+    c = SimpleNamespace(cfg=cfg_in(tmp_path, "trainer.save_on_signal=false"), run_dir=tmp_path, step=26)
+    c.report, c.log = lambda: None, said.append
+    with pytest.raises(Stopped):
+        Controller.stop_on(c, 15)
+    where = f"checkpoint {tmp_path / 'checkpoints' / 'step_26'}" if saved else "no checkpoint"
+    advice = (
+        f"to go on, run the same command with trainer.resume=auto run.dir={tmp_path}"
+        if saved
+        else "nothing to go on from: run it again (here with run.overwrite=true, which replaces its logs)"
+    )
+    assert said == [f"stopped by SIGTERM after step 26 ({where}); {advice}"]
+
+
+def test_a_resume_says_the_settings_its_config_file_holds_that_the_run_does_not_take(tmp_path):
+    """t101: `config.yaml` edited (lr 0.0003 -> 0.5), then `trainer.resume=auto`: the run took the
+    command line's lr and wrote config.yaml back without a word."""
+    from rlpost.config import to_yaml
+    from rlpost.controller.run_dir import claim_run_dir, release_run_dir
+
+    def resumed() -> list[str]:
+        said = []
+        release_run_dir(claim_run_dir(cfg_in(tmp_path, "trainer.resume=auto"), log=said.append))
+        return [line for line in said if "config.yaml held other settings" in line]
+
+    earlier_run(tmp_path)
+    assert resumed() == []  # the same settings: nothing to say
+    lr = cfg_in(tmp_path).trainer.optim.lr
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg_in(tmp_path, "trainer.optim.lr=0.5")))
+    assert resumed() == [
+        f"{tmp_path / 'config.yaml'} held other settings than this resume's: trainer.optim.lr=0.5 there, {lr!r} here. "
+        "A run takes its settings from the command line and its recipe, never from config.yaml, which now records "
+        "this run's: to change a setting, give it on the command line"
+    ]
+    assert f"lr: {lr}" in (tmp_path / "config.yaml").read_text()  # the file records the run's settings
+    assert resumed() == []
+
+
+def test_a_reward_that_starts_processes_is_told_why_it_cannot(tmp_path):
+    """t114: a reward function using `multiprocessing.Pool` failed on every sample with "AssertionError:
+    daemonic processes are not allowed to have children", and nothing said what to do."""
+    from rlpost.rewards.base import RewardInput
+    from rlpost.rewards.pool import RewardPool
+
+    (tmp_path / "r.py").write_text(
+        "import multiprocessing\n\ndef reward(sample):\n"
+        "    with multiprocessing.Pool(2) as pool:\n        return float(sum(pool.map(abs, [1])))\n"
+    )
+    pool = RewardPool(f"{tmp_path / 'r.py'}:reward", {}, 1, timeout_s=20, memory_mb=0, error_score=0.0)
+    try:
+        out = pool.score([RewardInput("1+2=", "3", "3", "x")])
+    finally:
+        pool.close()
+    last = out.first_error.splitlines()[-1]
+    assert last.startswith("AssertionError: daemonic processes are not allowed to have children (the reward runs in")
+    assert "score in threads, or let reward.num_workers set how many processes score at once)" in last
+
+
+def test_a_default_data_source_that_no_row_reads_is_refused(tmp_path):
+    """t169: `data.default_data_source=nosuch` where every row has its own data_source trained on
+    without a word (it names no reward either)."""
+    from rlpost.config import load_config
+    from rlpost.controller.setup import load_data
+    from rlpost.tiny.model import build_char_tokenizer
+
+    rows = [{"prompt": "1+2=", "ground_truth": "3", "data_source": "arithmetic"}]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    files = [f"data.train_files=[{tmp_path / 't.jsonl'}]", f"data.val_files=[{tmp_path / 't.jsonl'}]", "data.task="]
+    files.append("data.train_batch_size=1")
+    with pytest.raises(ConfigError, match=r"^data.default_data_source='nosuch' is read only for rows without a "):
+        load_data(
+            load_config(["+recipe=quickstart", *files, "data.default_data_source=nosuch"]), build_char_tokenizer()
+        )
+    rows[0]["data_source"] = ""
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    load_data(
+        load_config(["+recipe=quickstart", *files, "data.default_data_source=arithmetic"]), build_char_tokenizer()
+    )
+
+
+def test_train_without_a_recipe_is_told_to_start_from_one(capsys):
+    """t88: `rlpost train` alone was refused for the defaults' own contradiction (272 positions
+    against the tiny model's 128), with nothing saying to pick a recipe."""
+    from rlpost.cli import checked_config
+
+    assert checked_config(["trainer.total_steps=1"]) is None
+    err = capsys.readouterr().err
+    assert err.startswith("rlpost: config error: ") and err.rstrip().endswith(
+        "; no recipe was given: start from one, e.g. +recipe=quickstart (rlpost train --help lists them)"
+    )
+    assert checked_config(["+recipe=quickstart", "model.tiny.max_position=19"]) is None
+    assert "no recipe was given" not in capsys.readouterr().err
+
+
+def test_a_sigterm_during_an_export_says_so_and_leaves_no_half_written_folder(tmp_path, monkeypatch, capsys):
+    """t99: a SIGTERM 1.7 s into `rlpost export` ended it with exit 143, no line, and its
+    `.rlpost-export` claim (and what it had written) left in --out."""
+    import os
+    import signal
+
+    from rlpost import cli
+    from rlpost.controller import checkpoint
+
+    def killed_while_writing(cfg, folder, out_dir, dtype, log):
+        (out_dir / "model.safetensors").write_bytes(b"half")
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler raises at once, in this thread
+
+    monkeypatch.setattr(checkpoint, "write_export", killed_while_writing)
+    monkeypatch.setattr(checkpoint, "select", lambda run_dir, step, log: run_dir / "checkpoints" / "step_2")
+    earlier_run(tmp_path / "run")
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 143
+    err = capsys.readouterr().err
+    assert err == f"rlpost export: stopped by SIGTERM; {tmp_path / 'out'} is left as it was before the export\n"
+    assert not (tmp_path / "out").exists() and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_signal_that_lands_in_a_finalizer_is_sent_again_not_dropped(monkeypatch):
+    """t01/t186: the second SIGTERM, handled while a garbage-collected object's `__del__` ran, was
+    raised inside it and dropped ("Exception ignored in: <function Group.__del__ ...>"); the run went
+    on to the end of its step."""
+    import signal
+    import sys
+
+    from rlpost.controller import signals as module
+
+    sent = []
+
+    class Timer:  # the handler's re-sending, taken here instead of sent to the test process
+        def __init__(self, delay, fn, args):
+            sent.append((delay, fn, args))
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(module.threading, "Timer", Timer)
+    stop = module.StopSignals()
+    stop.before_start = False
+    try:
+        stop._note(signal.SIGTERM, None)
+
+        def __del__():  # a finalizer's frame, as the handler finds it when it runs there
+            stop._note(signal.SIGTERM, sys._getframe())
+
+        __del__()
+        assert sent == [(0.05, module.os.kill, (module.os.getpid(), signal.SIGTERM))]
+        with pytest.raises(KeyboardInterrupt, match="^second SIGTERM: stopping at once$"):  # outside a __del__
+            stop._note(signal.SIGTERM, sys._getframe())
+    finally:
+        stop.restore()
+
+
+def test_a_second_signal_while_the_run_shuts_down_lets_the_shutdown_finish(capsys):
+    """t187: a second SIGTERM 1 s after the first reached the run in its shutdown: it died at once,
+    exit 143 and no line, and Ray's dashboard and runtime-env agents outlived it by 90 s."""
+    import signal
+
+    from rlpost.controller.signals import StopSignals
+
+    stop = StopSignals()
+    stop.before_start = False
+    try:
+        stop._note(signal.SIGTERM, None)
+        capsys.readouterr()
+        stop.finishing = True  # as train() sets it around each controller's shutdown
+        stop._note(signal.SIGTERM, None)
+        assert capsys.readouterr().err == "\nrlpost: SIGTERM as the run ends: finishing its summary and shutdown\n"
+        assert stop.signal == signal.SIGTERM
+    finally:
+        stop.restore()
+
+
+def test_a_full_temporary_folder_is_refused_before_ray_starts(tmp_path, monkeypatch):
+    """t158: TMPDIR on a full tmpfs (8 KiB free): after 40 s a 39-line raw traceback from ray.init
+    ("The current node timed out during startup"), naming neither the disk nor TMPDIR."""
+    import shutil
+    import tempfile
+    from collections import namedtuple
+
+    from rlpost.controller.cluster import check_ray_can_start
+
+    usage = namedtuple("usage", "total used free")
+    real = shutil.disk_usage
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda p: usage(12 << 20, (12 << 20) - 8192, 8192) if str(p) == str(tmp_path) else real(p)
+    )
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with pytest.raises(
+        ConfigError, match=rf"^the temporary folder '{tmp_path}' \(TMPDIR, or RAY_TMPDIR\) has 0.0 MiB free"
+    ):
+        check_ray_can_start()
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 0, (64 << 20) + 1))
+    monkeypatch.setenv("TMPDIR", "/tmp")  # (tmp_path is too long for Ray's sockets: a refusal of its own)
+    check_ray_can_start()

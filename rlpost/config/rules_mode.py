@@ -10,12 +10,16 @@ from rlpost.config.rules import rule
 
 
 def changed(section, skip: tuple[str, ...] = (), only=lambda field: True) -> list[str]:
-    """`name=value` of the fields of `section` set away from their defaults."""
+    """`name=value` of the fields of `section` set away from their defaults (`optim.lr=0.5` within a
+    section of a section)."""
     out = []
     for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        if f.name not in skip and only(f) and getattr(section, f.name) != default:
-            out.append(f"{f.name}={getattr(section, f.name)!r}")
+        if f.name in skip or not only(f) or value == default:
+            continue
+        inner = changed(value) if dataclasses.is_dataclass(value) else [f"={value!r}"]
+        out += [f"{f.name}{'' if part.startswith('=') else '.'}{part}" for part in inner]
     return out
 
 
@@ -47,3 +51,40 @@ def vllm_keys_need_vllm(cfg):
             f"{', '.join('rollout.' + k for k in keys)}: read only by vLLM, and rollout.backend={cfg.rollout.backend}: "
             "set rollout.backend=vllm, or leave them out"
         )
+
+
+@rule("algo.name")
+def critic_keys_need_a_critic(cfg):
+    from rlpost.algos.algorithms import ALGORITHMS
+
+    keys = changed(cfg.critic)
+    if keys and "critic" not in ALGORITHMS.get(cfg.algo.name).roles:  # (the twelfth catalogue's t197)
+        with_critic = ", ".join(name for name, algo in ALGORITHMS.items() if "critic" in algo.roles)
+        return (
+            f"{', '.join('critic.' + k for k in keys)}: read only by algorithms with a critic ({with_critic}), "
+            f"and algo.name={cfg.algo.name} has none: leave them out, or choose one of those"
+        )
+
+
+@rule("reward.model.path")
+def reward_model_keys_need_a_model(cfg):
+    keys = changed(cfg.reward.model, skip=("path",))
+    if keys and not cfg.reward.model.path:  # (the twelfth catalogue's t198)
+        return (
+            f"{', '.join('reward.model.' + k for k in keys)}: read only with a reward model, and reward.model.path "
+            "is not set: set reward.model.path, or leave them out"
+        )
+
+
+@rule("data.task")
+def task_keys_need_their_task(cfg):
+    from rlpost.data.tasks import TASKS
+
+    readers = {key: [n for n, t in TASKS.items() if key in t.reads] for _, t in TASKS.items() for key in t.reads}
+    reads = TASKS.get(cfg.data.task).reads if cfg.data.task else ()
+    keys = changed(cfg.data, only=lambda f: f.name in readers and f.name not in reads)
+    if keys:  # (the twelfth catalogue's t196: data.train_size with a task that trains on every problem)
+        by = "; ".join(f"data.{k} by {', '.join(readers[k.split('=')[0].split('.')[0]])}" for k in keys)
+        task = f"data.task={cfg.data.task}" if cfg.data.task else "data.task is not set (rows from data.train_files)"
+        listed = ", ".join("data." + k for k in keys)
+        return f"{listed}: read only by some offline tasks ({by}), and {task}: leave them out"

@@ -78,7 +78,12 @@ class EnvConfig:
         "`rollout.max_response_length` is the budget of the whole episode (the model's and the environment's tokens).",
     )
     max_turns: int = knob(4, "Most turns of the model in one episode.", ge=1)
-    timeout_s: float = knob(300.0, "Wall-clock time of one episode; past it no further turn starts (counted).", gt=0)
+    timeout_s: float = knob(
+        300.0,
+        "Wall-clock time of one episode; past it no further turn starts (counted). An environment its factory "
+        "has not made within it ends its episode at once (counted in env/errors).",
+        gt=0,
+    )
     tool_parser: str = knob(
         "hermes",
         "How tool calls are read from the model's text (`hermes`: `<tool_call>` JSON; an env file may register more).",
@@ -91,7 +96,8 @@ class EnvConfig:
     )
     workers: int = knob(
         16,
-        "Environment steps run at once in each rollout actor (threads), and worker processes for their tool calls.",
+        "Environment steps (and factories) run at once in each rollout actor (threads), and worker processes for "
+        "their tool calls.",
         ge=1,
     )
     tool_memory_mb: int = knob(4096, "Address-space cap of each tool worker process, MiB (0 = none).", ge=0)

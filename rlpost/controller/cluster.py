@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import socket
 import sys
 import time
@@ -121,7 +122,7 @@ def init_ray(**kwargs) -> None:
 def check_ray_can_start() -> None:
     """What stops a local Ray from starting, said before it tries (its own errors come late, from
     its processes): a home folder it cannot write `~/.ray` into, warnings made errors, which end
-    Ray's own processes as they start, and a temporary folder too long for its sockets' paths."""
+    Ray's own processes as they start, and a temporary folder full, or too long for its sockets' paths."""
     from rlpost.config import ConfigError
 
     home = Path.home()
@@ -142,6 +143,13 @@ def check_ray_can_start() -> None:
             f"the temporary folder {root!r} (TMPDIR, or RAY_TMPDIR) cannot be written: Ray keeps its sessions "
             "there; set TMPDIR to a folder you can write, e.g. /tmp"
         )
+    free = shutil.disk_usage(root).free
+    if free < RAY_TMP_NEED:  # a full disk: Ray's start timed out after 40 s, a raw traceback (cat12's t158)
+        raise ConfigError(
+            f"the temporary folder {root!r} (TMPDIR, or RAY_TMPDIR) has {free / 2**20:.1f} MiB free: Ray writes its "
+            f"session's files there and cannot start; free space there, or set TMPDIR to a folder with room (at least "
+            f"{RAY_TMP_NEED >> 20} MiB)"
+        )
     socket_path = f"{root}/ray/session_2026-01-01_00-00-00_000000_{os.getpid()}/sockets/plasma_store"
     if len(socket_path.encode()) > SOCKET_PATH_MAX:
         raise ConfigError(
@@ -152,6 +160,7 @@ def check_ray_can_start() -> None:
 
 
 SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket path (Linux), which Ray checks as it starts
+RAY_TMP_NEED = 64 << 20  # bytes free in Ray's temporary folder below which it is not started
 
 
 def visible_gpus() -> int:

@@ -231,10 +231,9 @@ class Controller:
         unfinished = f"during step {self.step + 1}, which its workers did not finish"
         when = unfinished if workers_gone else f"after step {self.step}"
         self.report()
-        self.log(
-            f"stopped by {name} {when} ({where}); to go on, run the same command with "
-            f"trainer.resume=auto run.dir={self.run_dir}"
-        )
+        go_on = f"to go on, run the same command with trainer.resume=auto run.dir={self.run_dir}"
+        again = "nothing to go on from: run it again (here with run.overwrite=true, which replaces its logs)"
+        self.log(f"stopped by {name} {when} ({where}); {go_on if folder is not None else again}")  # (cat12's t137)
         raise Stopped(signum)
 
     def dead_actors(self, timeout_s: float = 10.0) -> list[str]:

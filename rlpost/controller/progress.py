@@ -75,7 +75,7 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
             try:
                 metrics, pending = {**pending, **timed_step(c)}, {}
             except Interrupted:  # the signal came while the step's samples were scored: the step is given up
-                c.log(f"the signal stopped step {c.step + 1}'s scoring: the step is not trained (its samples are kept)")
+                c.log(f"the signal stopped step {c.step + 1}'s scoring: the step is not trained")
                 break
             trackers.log(metrics, c.step)
             alerts.check(c.step, metrics)  # a step that could not learn is said at once

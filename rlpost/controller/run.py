@@ -49,8 +49,10 @@ def train(cfg: TrainConfig, log=print) -> Path:
                 cfg = replace(  # the same run, from its newest complete checkpoint
                     cfg, trainer=replace(cfg.trainer, resume="auto"), run=replace(cfg.run, dir=str(controller.run_dir))
                 )
-            finally:
+            finally:  # a signal now is said and the shutdown finishes (cut short, Ray's agents outlived it: t187)
+                stop.finishing = True
                 controller.shutdown()
+                stop.finishing = False
     finally:
         stop.restore()
 

@@ -74,6 +74,7 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
         if cfg.trainer.save_every and (run_dir / "checkpoints").is_dir():
             check_writable(run_dir / "checkpoints")
         check_config_file(run_dir / "config.yaml")
+        say_edited_config(cfg, run_dir, log)
         (run_dir / "config.yaml").write_text(HEADER + to_yaml(cfg))
     except BaseException:
         release_run_dir(run_dir)
@@ -174,6 +175,39 @@ def say_lost_metrics(cfg: TrainConfig, run_dir: Path, log) -> None:
             f"{run_dir / 'metrics.jsonl'} is missing: the steps up to {folder.name} are not in it; the rows start "
             "after it, and the run's summary and curves count only those"
         )
+
+
+def say_edited_config(cfg: TrainConfig, run_dir: Path, log) -> None:
+    """A resume whose settings are not the ones its folder's `config.yaml` holds: said, key by key
+    (an edit of the file was taken for a setting, and rewritten without a word: the twelfth
+    catalogue's t101). A run reads the command line and its recipe; the file only records them."""
+    from rlpost.config import config_dict
+    from rlpost.controller.checkpoint import run_config
+
+    if cfg.trainer.resume == "none" or not (run_dir / "config.yaml").is_file():
+        return
+    try:
+        saved = run_config(run_dir)
+    except (ConfigError, FileNotFoundError):  # (a file that does not parse is refused where it is read)
+        return
+    flat = [dict(_leaves(config_dict(c))) for c in (saved, cfg)]
+    differ = [f"{k}={flat[0][k]!r} there, {v!r} here" for k, v in flat[1].items() if flat[0].get(k, v) != v]
+    differ = [d for d in differ if not d.startswith(("trainer.resume=", "run.overwrite=", "run.dir="))]
+    if differ:
+        log(
+            f"{run_dir / 'config.yaml'} held other settings than this resume's: {'; '.join(differ[:8])}"
+            f"{f' (and {len(differ) - 8} more)' if len(differ) > 8 else ''}. A run takes its settings from the "
+            "command line and its recipe, never from config.yaml, which now records this run's: to change a "
+            "setting, give it on the command line"
+        )
+
+
+def _leaves(node: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """`(dotted key, value)` of every leaf of a nested dict."""
+    out = []
+    for k, v in node.items():
+        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [(f"{prefix}{k}", v)]
+    return out
 
 
 def holds_a_run(run_dir: Path) -> bool:

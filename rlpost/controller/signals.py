@@ -5,8 +5,10 @@ built, the data being read, actors starting) stops it at once."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 
 
 class Stopped(Exception):
@@ -46,10 +48,13 @@ class StopSignals:
             signal.signal(s, self._note)
 
     def _note(self, signum, frame) -> None:
-        if self.signal is not None:
-            raise SecondSignal(signum)
-        self.signal = signum
         name = signal.Signals(signum).name
+        if self.signal is not None and not self.finishing:
+            if in_finalizer(frame):  # raised in a __del__, it is printed and dropped (the twelfth catalogue's t01):
+                threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()  # sent again, to land outside it
+                return
+            raise SecondSignal(signum)
+        self.signal = self.signal or signum
         if self.before_start:  # building a model, reading the data: nothing to save
             sys.stderr.write(f"\nrlpost: {name} before the run started: stopping now\n")
             raise Stopped(signum)
@@ -57,7 +62,7 @@ class StopSignals:
             # it became a SystemError traceback
             sys.stderr.write(f"\nrlpost: {name} while the workers started: stopping now (what started is shut down)\n")
             return
-        if self.finishing:
+        if self.finishing:  # (a second one cut the shutdown short: Ray's agents outlived the run, cat12's t187)
             sys.stderr.write(f"\nrlpost: {name} as the run ends: finishing its summary and shutdown\n")
             return
         sys.stderr.write(f"\nrlpost: {name}: stopping after the step under way; send it again to stop at once\n")
@@ -72,3 +77,12 @@ class StopSignals:
     def restore(self) -> None:
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+
+def in_finalizer(frame) -> bool:
+    """Whether `frame` runs inside an object's `__del__`, which drops what is raised in it."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False

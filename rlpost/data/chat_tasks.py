@@ -132,5 +132,6 @@ register_task(
             f"{f'-{data.max_operands}' if data.max_operands > data.operands else ''}-n{data.train_size}"
             f"-v{data.val_size}-f{SUMS_STEPS_FORMAT}"
         ),
+        reads=("arithmetic_digits", "operands", "max_operands", "train_size", "val_size"),
     )
 )

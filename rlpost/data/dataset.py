@@ -242,6 +242,7 @@ def prompt_ids(prompt, tokenizer, tools, where: str) -> tuple[str, list[int]]:
 class LoadResult:
     rows: list[PromptRow]
     dropped_too_long: int
+    defaulted: int = 0  # rows without a data_source of their own, given `default_data_source`
 
 
 def load_prompts(
@@ -251,7 +252,7 @@ def load_prompts(
     `tools_of(row)`: the tool schemas a row's chat-message prompt advertises (multi-turn runs).
     `scorer(data_source)`: the name of rlpost's own scorer of those rows (which compares answers
     with the ground truth: an empty one is refused), or None (the user's function)."""
-    rows, dropped = [], 0
+    rows, dropped, defaulted = [], 0, 0
     for source in sources:
         kept, shortest_dropped = len(rows), None
         for i, raw in enumerate(read_rows(source)):
@@ -278,12 +279,13 @@ def load_prompts(
             if not ids:
                 raise DataError(f"{source}: row {i}: field 'prompt' is empty")
             rows.append(PromptRow(ids, text, row["ground_truth"], row["data_source"] or default_data_source))
+            defaulted += not row["data_source"]
         if len(rows) == kept and shortest_dropped is not None:
             raise DataError(
                 f"{source}: every prompt is longer than data.max_prompt_length={max_prompt_length} tokens "
                 f"(the shortest has {shortest_dropped}); raise data.max_prompt_length"
             )
-    return LoadResult(rows, dropped)
+    return LoadResult(rows, dropped, defaulted)
 
 
 def overlap_warning(train: list[PromptRow], val: list[PromptRow]) -> str | None:

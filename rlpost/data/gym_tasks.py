@@ -132,5 +132,6 @@ register_task(
         GYM_FORMAT,
         gym_split,
         gym_cache_name,
+        reads=("gym", "train_size", "val_size"),
     )
 )

@@ -124,6 +124,7 @@ class Task:
     rows: Callable[..., tuple[list[dict], list[dict]]]
     cache_name: Callable[..., str]
     tiny: bool = False  # the tiny model (`model.path=tiny`) can be warmed up on it
+    reads: tuple[str, ...] = ("arithmetic_digits", "val_size")  # the `data` keys its rows depend on
 
 
 TASKS: Registry[Task] = Registry("offline task", key="data.task")

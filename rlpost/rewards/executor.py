@@ -97,8 +97,15 @@ def _call_one(fn: Callable, item, timeout_key: str) -> Result:
         return None, "bad_values", str(e)
     except (Exception, SystemExit, KeyboardInterrupt):  # noqa: BLE001  (user code: any failure is counted, with
         _running = False  # its traceback; a sys.exit() or a KeyboardInterrupt it raises ends the call, not the worker)
-        return None, "errors", traceback.format_exc(limit=-8)
+        said = traceback.format_exc(limit=-8).rstrip("\n")
+        return None, "errors", said + DAEMONIC * ("daemonic processes are not allowed to have children" in said)
     return value, "ok", ""
+
+
+DAEMONIC = (  # (a multiprocessing.Pool in a reward function: the twelfth catalogue's t114)
+    " (the reward runs in a worker process that may not start processes of its own: score in threads, or let "
+    "reward.num_workers set how many processes score at once)"
+)
 
 
 HANGS_AFTER = 3  # timeouts in a row in one chunk: the function hangs; the rest of the chunk is not run

@@ -189,8 +189,10 @@ def answer(future, e: Episode, episodes: list[Episode]):
         if problem is None:
             step.reward = finite_number(step.reward)  # (a numpy scalar: a float)
             return step
-    except (Exception, SystemExit) as error:  # noqa: BLE001  (the user's environment: counted, the episode
-        problem = f"raised {error!r}"  # ends; sys.exit there killed the rollout actor: the eleventh catalogue's t35)
+    except (Exception, SystemExit, KeyboardInterrupt) as error:  # noqa: BLE001  (the user's environment: counted,
+        if isinstance(error, KeyboardInterrupt) and not (future.done() and future.exception() is error):
+            raise  # (a signal to this process, not the environment's own: cat12's t147, cat11's t35 for sys.exit)
+        problem = f"raised {error!r}"
     e.errors, e.done = e.errors + 1, True
     if not any(other.errors for other in episodes if other is not e):
         print(f"warning: env.step {problem} in an episode: it ends there (env/errors counts)")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -79,6 +81,23 @@ def made_env(e, row: EpisodeRow):
         return Unmade(error)
 
 
+def made_envs(e, rows: list[EpisodeRow], n: int) -> list:
+    """`n` environments of each row, made side by side by `env.workers` threads; those not made
+    within `env.timeout_s` (an episode's time) are `Unmade`: a slow factory ran once per episode,
+    one after another, past every timeout and with nothing said (the twelfth catalogue's t182)."""
+    pool = ThreadPoolExecutor(e.workers, thread_name_prefix="rlpost-env-factory")
+    futures = [pool.submit(made_env, e, row) for row in rows for _ in range(n)]
+    deadline, envs = time.monotonic() + e.timeout_s, []
+    for future in futures:
+        try:
+            envs.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+        except FutureTimeout:
+            late = TimeoutError(f"not made within env.timeout_s={e.timeout_s:g} s, an episode's time")
+            envs.append(Unmade(late))
+    pool.shutdown(wait=False, cancel_futures=True)  # (a factory still running ends on its own)
+    return envs
+
+
 class RolloutWorker:
     def __init__(self, cfg: TrainConfig, model_path: str, rank: int, pad_id: int, eos_id: int, devices=None):
         """`devices`: the GPUs of a colocated tensor-parallel engine (its trainer ranks'), which
@@ -110,7 +129,7 @@ class RolloutWorker:
 
                 self._tokenizer = load_tokenizer(self.model_path, self.cfg.model.trust_remote_code)
             e = self.cfg.env
-            envs = [made_env(e, row) for row in rows for _ in range(params.n)]
+            envs = made_envs(e, rows, params.n)
             batch = run_episodes(
                 self.engine, self._tokenizer, prompts, envs, params, e.max_turns, e.timeout_s, e.workers
             )

@@ -76,9 +76,31 @@ def test_multirun_checks_every_job_then_runs_them_one_by_one_into_numbered_folde
     ]
     listed = yaml.safe_load((sweep / "multirun.yaml").read_text())
     assert [j["job"] for j in listed] == [0, 1, 2, 3] and listed[3]["overrides"][-1] == f"run.dir={sweep / '3'}"
-    assert "sweep job 2 failed (exit 7); jobs 3.. did not run" in capsys.readouterr().err
+    go_on = f"to go on with the sweep: rlpost train -m {' '.join(argv[2:])} trainer.resume=auto"
+    assert (
+        f"sweep job 2 failed (exit 7); jobs 3.. did not run ({sweep}); once it is fixed, {go_on}"
+        in capsys.readouterr().err
+    )
     assert cli.main(argv) == 2  # the folder holds a sweep: a second one is refused, nothing overwritten
     assert "a sweep already ran in" in capsys.readouterr().err and len(ran) == 3
+    assert [j["done"] for j in yaml.safe_load((sweep / "multirun.yaml").read_text())] == [True, True, False, False]
+    ran.clear()
+    FakeJob.wait = lambda self: 0
+    assert cli.main([*argv, "trainer.resume=auto"]) == 0  # the twelfth catalogue's t105: the sweep goes on
+    assert [c[4:] for c in ran] == [  # the two jobs not done, each resumed; the two done passed over
+        [
+            "+recipe=quickstart",
+            "run.seed=1",
+            f"trainer.total_steps={t}",
+            "trainer.resume=auto",
+            f"run.dir={sweep / str(i)}",
+        ]
+        for i, t in ((2, 1), (3, 2))
+    ]
+    assert "sweep job 1 of 4: done before, in" in capsys.readouterr().out
+    assert [j["done"] for j in yaml.safe_load((sweep / "multirun.yaml").read_text())] == [True] * 4
+    assert cli.main([*argv[:-1], "trainer.total_steps=5", "trainer.resume=auto"]) == 2  # other jobs: refused
+    assert "with other jobs than these" in capsys.readouterr().err
 
 
 def test_a_signal_to_a_sweep_goes_to_its_job_which_it_waits_for(tmp_path, monkeypatch, capsys):
@@ -107,10 +129,10 @@ def test_a_signal_to_a_sweep_goes_to_its_job_which_it_waits_for(tmp_path, monkey
     assert cli.main(argv) == 128 + signal.SIGTERM
     assert len(jobs) == 1 and jobs[0].got == [signal.SIGTERM]  # passed on; the second job never started
     err = capsys.readouterr().err
-    assert (
-        "sweep stopped by SIGTERM in job 0 (exit 143); jobs 1.. did not run; to go on with job 0: rlpost train" in err
+    assert err.rstrip().endswith(
+        f"sweep stopped by SIGTERM in job 0 (exit 143); jobs 1.. did not run; to go on with the sweep: rlpost train -m "
+        f"+recipe=quickstart run.dir={tmp_path / 's'} run.seed=0,1 trainer.resume=auto"
     )
-    assert err.rstrip().endswith(f"run.dir={tmp_path / 's' / '0'} trainer.resume=auto")
     assert signal.getsignal(signal.SIGTERM) is before
 
 

@@ -188,6 +188,14 @@ VIOLATIONS = {
     "staleness_read_when_split": [["algo.max_staleness=3"]],  # (quickstart: colocate)
     "env_keys_need_an_env": [["env.max_turns=7", "env.timeout_s=1"], ["env.workers=3"]],
     "vllm_keys_need_vllm": [["rollout.enforce_eager=true", "rollout.max_num_seqs=1"], ["rollout.kv_cache_gb=2"]],
+    "critic_keys_need_a_critic": [["critic.optim.lr=0.5"], ["critic.value_clip=0.2"]],  # (quickstart: grpo)
+    "reward_model_keys_need_a_model": [["reward.model.weight=2"], ["reward.model.sigmoid=true"]],
+    "task_keys_need_their_task": [  # (quickstart: data.task=arithmetic, which reads the digits and val_size)
+        ["data.train_size=5"],
+        ["data.operands=4", "data.max_operands=6"],
+        ["+data.gym.config.max_terms=3"],
+        ["data.task=", "data.train_files=[t.jsonl]", "data.val_files=[v.jsonl]", "data.val_size=64"],
+    ],
     "lora_targets": [
         ["model.lora.rank=4", "model.lora.target_modules=[]"],
         ["model.lora.rank=4", "model.lora.target_modules=[all-linear,q_proj]"],
@@ -251,9 +259,11 @@ RANGED = [(k, f.metadata["range"], f.type) for k, f in iter_fields() if "range" 
 @pytest.mark.parametrize("key, bounds, kind", RANGED, ids=[k for k, _, _ in RANGED])
 def test_every_range_refuses_the_values_just_outside_it(key, bounds, kind):
     step = 1 if kind in ("int", int) else 0.5
-    recipe = "ppo" if key in ("algo.gamma", "algo.lam") else "quickstart"  # where the key is read
+    recipe = "ppo" if key in ("algo.gamma", "algo.lam") or key.startswith("critic.") else "quickstart"  # where read
     vllm_only = dict(iter_fields())[key].metadata["help"].startswith("vllm")
     mode = ["env.name=retry"] if key.startswith("env.") else ["rollout.backend=vllm"] if vllm_only else []
+    mode += ["reward.model.path=tiny"] * key.startswith("reward.model.")
+    mode += ["data.task=sums_steps"] * (key in ("data.train_size", "data.operands", "data.max_operands"))
     for op, limit in bounds.items():
         outside = {"ge": limit - step, "gt": limit, "le": limit + step, "lt": limit}[op]
         with pytest.raises(ConfigError, match=f"^{key}="):

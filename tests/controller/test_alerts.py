@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rlpost.config import load_config
+import pytest
+
+from rlpost.config import ConfigError, load_config
 from rlpost.controller.alerts import Alerts, episodes_cut, no_signal, setting_warnings
 
 LEARNS = {"response_length/truncated_frac": 0.25, "reward/uniform_groups": 0.5, "reward/mean": 0.4}
@@ -135,9 +137,10 @@ def test_the_critics_warmup_is_checked_only_where_the_algorithm_has_a_critic():
     cfg = load_config([*ppo, "critic.optim.warmup_steps=8", "critic.optim.lr_schedule=constant"], this_machine=False)
     assert setting_warnings(cfg) == [warmup_warning("critic", 8, 8, 0.5, "")]
     assert setting_warnings(load_config([*ppo, "critic.optim.warmup_steps=7"], this_machine=False)) == []
-    # GRPO has no critic: a critic section it never builds is not warned about
+    # GRPO has no critic: a critic section it never builds is refused by name (the twelfth catalogue's t197)
     grpo = ["+recipe=quickstart", "trainer.total_steps=2", "trainer.optim.warmup_steps=0"]
-    assert setting_warnings(load_config([*grpo, "critic.optim.warmup_steps=500"], this_machine=False)) == []
+    with pytest.raises(ConfigError, match=r"^critic.optim.warmup_steps=500: read only by algorithms with a critic"):
+        load_config([*grpo, "critic.optim.warmup_steps=500"], this_machine=False)
 
 
 def test_a_microbatch_budget_warns_only_below_one_sequence():
@@ -159,8 +162,8 @@ def test_a_critic_warmup_as_long_as_the_run_and_a_zero_learning_rate_are_said():
         "the policy never does"
     ]
     assert setting_warnings(load_config([*ppo, "critic.warmup_steps=2"], this_machine=False)) == []
-    grpo = load_config(["+recipe=quickstart", "critic.warmup_steps=99"], this_machine=False)  # no critic: nothing
-    assert setting_warnings(grpo) == []
+    with pytest.raises(ConfigError, match=r"^critic.warmup_steps=99: read only by algorithms with a critic \(ppo"):
+        load_config(["+recipe=quickstart", "critic.warmup_steps=99"], this_machine=False)  # no critic: refused
     frozen = load_config(["+recipe=quickstart", "trainer.optim.lr=0"], this_machine=False)
     assert "warning: trainer.optim.lr=0: the policy's weights never change (it measures; it does not train)" in (
         setting_warnings(frozen)

@@ -266,7 +266,7 @@ def test_a_signal_that_stops_a_steps_scoring_stops_the_run_before_that_step(tmp_
     run_steps(c, c.stop)
     assert c.step == 2 and c.stopped == [15]
     assert [r["step"] for r in seen["rows"]] == [0, 1, 2]  # (0: the start metrics)
-    assert logged == ["the signal stopped step 3's scoring: the step is not trained (its samples are kept)"]
+    assert logged == ["the signal stopped step 3's scoring: the step is not trained"]
 
 
 def test_a_gpu_steps_time_includes_reading_the_engines_memory(tmp_path):

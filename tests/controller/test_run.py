@@ -30,6 +30,7 @@ class FakeController:
 
     def __init__(self, cfg, log, restarts, stop, started):
         self.stop, self.restarts, self.run_dir, self.step = stop, restarts, FakeController.run_dir, 3
+        assert not stop.finishing  # (after a restart too: its signals stop it again)
         FakeController.calls.append(("start", restarts))
 
     def run(self, stop):
@@ -46,8 +47,8 @@ class FakeController:
     def dead_actors(self):
         return ["trainer 0"]
 
-    def shutdown(self):
-        FakeController.calls.append(("shutdown",))
+    def shutdown(self):  # a signal during it is said and the shutdown finishes (the twelfth catalogue's t187)
+        FakeController.calls.append(("shutdown",) if self.stop.finishing else ("shutdown while signals stop it",))
 
 
 @pytest.fixture

@@ -206,7 +206,7 @@ def test_rows_without_a_data_source_under_auto_are_said_to_lack_one():
 
 def test_a_tasks_rows_are_written_where_data_sources_says(tmp_path):
     cfg = load_config(
-        ["+recipe=quickstart", f"model.cache_dir={tmp_path}", "data.train_size=40", "data.val_size=8"],
+        ["+recipe=quickstart", f"model.cache_dir={tmp_path}", "data.val_size=8"],
         this_machine=False,
     )
     (train,), (val,) = data_sources(cfg)

@@ -258,6 +258,16 @@ class ExitingEnv(ScriptedEnv):
         return super().step(turn)
 
 
+class InterruptingEnv(ScriptedEnv):
+    """The user's environment whose step raises KeyboardInterrupt (the twelfth catalogue's t147: the
+    rollout actor died, said as a cancelled Ray task, with neither the exception nor env.name named)."""
+
+    def step(self, turn: Turn) -> EnvStep:
+        if turn.index >= 1:
+            raise KeyboardInterrupt
+        return super().step(turn)
+
+
 class NoneEnv(ScriptedEnv):
     """The user's environment whose step returns None from its second turn on (the eighth catalogue's
     e46: the episode ended without a word, env/errors 0)."""
@@ -305,6 +315,7 @@ class StringDoneEnv(ScriptedEnv):
         (RaisingEnv, "raised KeyError('feedback')"),
         (StringDoneEnv, "returned done='no' (str), not True or False"),
         (ExitingEnv, "raised SystemExit(3)"),
+        (InterruptingEnv, "raised KeyboardInterrupt()"),
         (NoneEnv, "returned None (NoneType), not an EnvStep"),  # it ended without a word, env/errors 0
         (OddRewardEnv, "returned a reward of '1.0' (str), not a finite number"),
         (NanRewardEnv, "returned a reward of nan (float), not a finite number"),
@@ -351,3 +362,36 @@ def test_an_environment_its_factory_could_not_make_ends_its_episode_said(capsys)
     assert batch["env_errors"].tolist() == [1, 0] and batch["env_turns"].tolist() == [1, 4]
     out = capsys.readouterr().out
     assert "env.name's factory raised RuntimeError('no env for bad') for this episode's row" in out
+
+
+def test_slow_factories_are_made_side_by_side_and_those_past_the_episode_time_end_their_episode():
+    """The twelfth catalogue's t182: a factory that took 3 s ran once per episode, one after another
+    (93 s of generation at env.workers=16), past env.timeout_s=1 and with nothing said."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from rlpost.envs import ENVS, EpisodeRow
+    from rlpost.rollout.episodes import Unmade
+    from rlpost.rollout.worker import made_envs
+
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def factory(row, options):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.3 if row.ground_truth == "slow" else 0.0)
+        with lock:
+            running[0] -= 1
+        return ScriptedEnv()
+
+    ENVS.register("cat12_t182", factory)
+    rows = [EpisodeRow("A=", truth, "arithmetic") for truth in ("slow", "slow", "fast")]
+    envs = made_envs(SimpleNamespace(name="cat12_t182", workers=8, timeout_s=5.0), rows, 2)
+    assert len(envs) == 6 and all(isinstance(env, ScriptedEnv) for env in envs)
+    assert most[0] >= 4  # the four slow ones at once (one after another: 1)
+    envs = made_envs(SimpleNamespace(name="cat12_t182", workers=8, timeout_s=0.1), rows, 2)
+    assert [type(env).__name__ for env in envs] == ["Unmade"] * 4 + ["ScriptedEnv"] * 2
+    assert "not made within env.timeout_s=0.1 s, an episode's time" in str(envs[0].error)
+    assert isinstance(envs[0], Unmade)
