@@ -195,7 +195,7 @@ def cmd_export(argv: list[str]) -> int:
     from safetensors import SafetensorError
 
     from rlpost.config import ConfigError
-    from rlpost.controller.checkpoint import export
+    from rlpost.controller.export import export
 
     previous = signal.signal(signal.SIGTERM, _terminated)  # (a SIGTERM left a half-written --out: cat12's t99)
     try:

@@ -99,17 +99,17 @@ def test_an_export_that_does_not_fit_names_the_folder_and_leaves_nothing(tmp_pat
     from safetensors import SafetensorError
 
     from rlpost.cli import main
-    from rlpost.controller import checkpoint
+    from rlpost.controller import export as exporting
 
     def full(*args, **kwargs):
         (tmp_path / "out" / "model.safetensors").write_text("half")
         raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
                               "\"No space left on device\" })")  # fmt: skip
 
-    monkeypatch.setattr(checkpoint, "run_config", lambda run_dir: None)
-    monkeypatch.setattr(checkpoint, "select", lambda run_dir, step, log: run_dir)
-    monkeypatch.setattr(checkpoint, "check_base_model", lambda cfg, run_dir: None)
-    monkeypatch.setattr(checkpoint, "write_export", full)
+    monkeypatch.setattr(exporting, "run_config", lambda run_dir: None)
+    monkeypatch.setattr(exporting, "select", lambda run_dir, step, log: run_dir)
+    monkeypatch.setattr(exporting, "check_base_model", lambda cfg, run_dir: None)
+    monkeypatch.setattr(exporting, "write_export", full)
     assert main(["export", str(tmp_path), "--out", str(tmp_path / "out"), "--dtype", "float32"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"rlpost export: cannot write {tmp_path / 'out'} (Error while serializing: IoError(Os")
@@ -196,7 +196,7 @@ def test_a_run_folder_deleted_under_the_run_stops_it_by_name(tmp_path):  # s69
 def test_an_export_whose_checkpoint_a_live_run_rotates_away_says_so(tmp_path, monkeypatch):  # the eighth's e11
     """Exporting from a folder whose run is still training: its rotation deleted the step under
     export, and the error spoke of a missing adapter_config.json."""
-    from rlpost.controller import checkpoint
+    from rlpost.controller import export as exporting
 
     step = tmp_path / "checkpoints" / "step_3"
     step.mkdir(parents=True)
@@ -208,11 +208,11 @@ def test_an_export_whose_checkpoint_a_live_run_rotates_away_says_so(tmp_path, mo
         raise OSError("Can't find 'adapter_config.json' at the step's adapter/")
 
     monkeypatch.setattr(
-        checkpoint, "run_config", lambda run_dir: SimpleNamespace(model=SimpleNamespace(dtype="float32"))
+        exporting, "run_config", lambda run_dir: SimpleNamespace(model=SimpleNamespace(dtype="float32"))
     )
-    monkeypatch.setattr(checkpoint, "select", lambda run_dir, step_, log: step)
-    monkeypatch.setattr(checkpoint, "check_base_model", lambda cfg, run_dir: None)
-    monkeypatch.setattr(checkpoint, "write_export", rotated)
+    monkeypatch.setattr(exporting, "select", lambda run_dir, step_, log: step)
+    monkeypatch.setattr(exporting, "check_base_model", lambda cfg, run_dir: None)
+    monkeypatch.setattr(exporting, "write_export", rotated)
     with pytest.raises(FileNotFoundError, match=r"step_3 was deleted while it was exported: a run training in "):
-        checkpoint.export(tmp_path, tmp_path / "out")
+        exporting.export(tmp_path, tmp_path / "out")
     assert not (tmp_path / "out").exists()

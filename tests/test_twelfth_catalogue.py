@@ -229,14 +229,14 @@ def test_a_sigterm_during_an_export_says_so_and_leaves_no_half_written_folder(tm
     import signal
 
     from rlpost import cli
-    from rlpost.controller import checkpoint
+    from rlpost.controller import export as exporting
 
     def killed_while_writing(cfg, folder, out_dir, dtype, log):
         (out_dir / "model.safetensors").write_bytes(b"half")
         os.kill(os.getpid(), signal.SIGTERM)  # the handler raises at once, in this thread
 
-    monkeypatch.setattr(checkpoint, "write_export", killed_while_writing)
-    monkeypatch.setattr(checkpoint, "select", lambda run_dir, step, log: run_dir / "checkpoints" / "step_2")
+    monkeypatch.setattr(exporting, "write_export", killed_while_writing)
+    monkeypatch.setattr(exporting, "select", lambda run_dir, step, log: run_dir / "checkpoints" / "step_2")
     earlier_run(tmp_path / "run")
     before = signal.getsignal(signal.SIGTERM)
     assert cli.main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 143
@@ -324,3 +324,38 @@ def test_a_full_temporary_folder_is_refused_before_ray_starts(tmp_path, monkeypa
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 0, (64 << 20) + 1))
     monkeypatch.setenv("TMPDIR", "/tmp")  # (tmp_path is too long for Ray's sockets: a refusal of its own)
     check_ray_can_start()
+
+
+def test_resume_auto_passes_over_a_checkpoint_whose_files_the_actors_cannot_read(tmp_path):
+    """The recheck of t87: `.distcp` bytes damaged at the same size were named, but `trainer.resume=auto`
+    did not go on from the step before, as the docs say it does."""
+    import ray
+
+    from rlpost.controller import checkpoint
+
+    older = checkpoint.save(tmp_path, 2, {"step": 2}, [], keep=0)
+    newest = checkpoint.save(tmp_path, 3, {"step": 3}, [], keep=0)
+    unreadable = "its trainer state could not be read (CheckpointException: ...): a file of it may be damaged"
+
+    class Trainer:  # the actors: the files of the checkpoints in `damaged` cannot be read
+        role = "trainer"
+
+        def __init__(self, *damaged):
+            self.damaged, self.loaded = [str(d) for d in damaged], []
+
+        def call(self, method, folder):
+            self.loaded.append(folder)
+            if folder in self.damaged:
+                raise ray.exceptions.RayTaskError("load", "tb", ValueError(unreadable))
+
+    said, trainer = [], Trainer(newest)
+    assert checkpoint.load_intact(newest, [trainer], auto=True, log=said.append) == (older, {"step": 2})
+    assert trainer.loaded == [str(newest), str(older)]
+    assert said == [
+        f"trainer could not load checkpoint {newest}: {unreadable}\n"
+        f"trainer.resume=auto: going on from the checkpoint before it, {older}"
+    ]
+    with pytest.raises(checkpoint.CheckpointError, match="could not be read"):  # one named by its path: refused
+        checkpoint.load_intact(newest, [Trainer(newest)], auto=False)
+    with pytest.raises(checkpoint.CheckpointError, match=f"checkpoint {older}: its trainer state could not be read"):
+        checkpoint.load_intact(newest, [Trainer(newest, older)], auto=True, log=lambda *_: None)  # none left

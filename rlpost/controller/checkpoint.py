@@ -11,7 +11,7 @@ incomplete and never resumed from. With LoRA the sharded model is the adapter on
 file went missing or was cut short (a full disk, a preempted copy), and `resume=auto` falls back
 to the newest intact one.
 
-`export` turns a checkpoint into a Hugging Face model folder (`rlpost export`).
+`rlpost.controller.export` turns a checkpoint into a Hugging Face model folder (`rlpost export`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from rlpost.controller.files import os_error_in, take_claim
+from rlpost.controller.files import os_error_in
 
 _COMPLETE = re.compile(r"^step_(\d+)$")
 
@@ -151,12 +151,32 @@ def load(folder: Path, groups: list) -> dict:
     try:
         return torch.load(folder / "controller.pt", weights_only=False)
     except (RuntimeError, EOFError, OSError, ValueError) as e:  # damaged at the same size: the manifest cannot tell
-        done = [p.resolve() for p in complete_checkpoints(folder.parent.parent)]
-        older = done[: done.index(folder.resolve())] if folder.resolve() in done else []
+        older = older_than(folder)
         raise CheckpointError(
             f"checkpoint {folder}: controller.pt cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}); "
             f"resume from an older one (trainer.resume={older[-1] if older else 'none: none is left'})"
         ) from None
+
+
+def load_intact(folder: Path, groups: list, auto: bool, log=print) -> tuple[Path, dict]:
+    """(the folder loaded, `load`'s state). With `trainer.resume=auto` a checkpoint whose files the
+    actors cannot read (damaged at the same size, which only reading finds) is passed over for the
+    one before it, said (it was refused: the twelfth catalogue's recheck of t87)."""
+    while True:
+        try:
+            return folder, load(folder, groups)
+        except CheckpointError as e:
+            older = older_than(folder)
+            if not (auto and older and "could not be read" in str(e)):
+                raise
+            log(f"{e}\ntrainer.resume=auto: going on from the checkpoint before it, {older[-1]}")
+            folder = older[-1]
+
+
+def older_than(folder: Path) -> list[Path]:
+    """The complete checkpoints of `folder`'s run before it, oldest first."""
+    done = [p.resolve() for p in complete_checkpoints(folder.parent.parent)]
+    return done[: done.index(folder.resolve())] if folder.resolve() in done else []
 
 
 SHARED = ("model.path", "model.lora.rank", "model.lora.target_modules")  # what a checkpoint's tensors are of
@@ -285,100 +305,3 @@ def select(run_dir: Path, step: int | None = None, log=print) -> Path:
         intact = [s for s, p in zip(steps, done) if damage(p) is None]
         raise FileNotFoundError(f"{folder} is damaged: {problem}; intact ones: steps {intact or 'none'}")
     return folder
-
-
-def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, log=print) -> Path:
-    """Write the policy of a run's checkpoint as a plain Hugging Face model folder (weights +
-    config + tokenizer) that `AutoModelForCausalLM.from_pretrained` loads. With LoRA the
-    checkpoint's `adapter/` is merged into the base model (`model.path` of the run, the tiny
-    model resolved as the trainer does); without, the full weights come from the sharded
-    checkpoint (`trainer/`). `dtype`: the run's `model.dtype` unless given. A failed export
-    leaves no folder it made (nor files in an empty one it was given)."""
-    run_dir, out_dir = Path(run_dir).expanduser(), Path(out_dir).expanduser()
-    cfg = run_config(run_dir)
-    folder = select(run_dir, step, log=log)
-    check_base_model(cfg, run_dir)
-    claim = out_dir / ".rlpost-export"  # two exports into one new --out both wrote it (the ninth catalogue's n62)
-    if out_dir.exists() and (not out_dir.is_dir() or any(p != claim for p in out_dir.iterdir())):
-        raise FileExistsError(f"--out {out_dir} exists and is not an empty folder")
-    made = not out_dir.exists()
-    try:  # before the weights are loaded: a file where a folder of the path should be, no permission
-        out_dir.mkdir(parents=True, exist_ok=True)
-        take_claim(claim)
-    except FileExistsError:
-        raise FileExistsError(
-            f"--out {out_dir}: another export is writing into it ({claim}); give another --out"
-        ) from None
-    except OSError as e:
-        raise FileExistsError(f"--out {out_dir}: cannot make the folder ({e.strerror})") from None
-    if [p.name for p in out_dir.iterdir()] != [claim.name]:  # another export finished into it meanwhile
-        claim.unlink()
-        raise FileExistsError(f"--out {out_dir} exists and is not an empty folder")
-    try:
-        write_export(cfg, folder, out_dir, dtype or cfg.model.dtype, log)
-        claim.unlink()
-    except BaseException:  # no half-written model left behind, nor the empty folder this made
-        if made:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        else:
-            for path in out_dir.iterdir():
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
-        if not folder.exists():  # a run training in the folder rotated it away (trainer.keep_checkpoints)
-            raise FileNotFoundError(
-                f"{folder} was deleted while it was exported: a run training in {run_dir} keeps only its newest "
-                "checkpoints (trainer.keep_checkpoints); export a newer one, or after that run ends"
-            ) from None
-        raise
-    log(f"exported {folder} to {out_dir}")
-    return out_dir
-
-
-def check_base_model(cfg, run_dir: Path) -> None:
-    """The run's `model.path` must still be where the run found it: the export reads the base
-    model's config and tokenizer (and with LoRA its weights) from there."""
-    from rlpost.config.model_folder import missing_folder
-
-    path = cfg.model.path
-    problem = missing_folder("model.path", path)
-    if problem is None:
-        return
-    yaml = run_dir / "config.yaml"
-    if not Path(path).expanduser().exists():
-        raise FileNotFoundError(
-            f"model.path={path!r} (the run's, in {yaml}): no such folder any more; the export reads the base model's "
-            f"config and tokenizer from it: move the model back there, or set model.path in {yaml} to its new place"
-        )
-    raise FileNotFoundError(f"{problem} (the run's model.path, in {yaml})")
-
-
-def write_export(cfg, folder: Path, out_dir: Path, dtype: str, log=print) -> None:
-    """The checkpoint `folder` of the run of `cfg`, as a Hugging Face model folder in `out_dir`."""
-    from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer
-    from rlpost.models.lora import export_merged
-    from rlpost.tiny.build import resolve_model_path
-
-    base = resolve_model_path(cfg.model, cfg.data, log=log)
-    trust = cfg.model.trust_remote_code
-    if cfg.model.lora.rank > 0:
-        adapter = folder / "adapter"
-        if not (adapter / "adapter_model.safetensors").is_file():
-            raise FileNotFoundError(
-                f"{adapter / 'adapter_model.safetensors'} not found: a LoRA run's checkpoint keeps its adapter there"
-            )
-        log(f"merging {adapter} into {base}")
-        export_merged(base, adapter, out_dir, dtype, trust)
-    else:
-        import torch.distributed.checkpoint as dcp
-
-        sharded = folder / "trainer"
-        if not (sharded / ".metadata").is_file():
-            raise FileNotFoundError(f"{sharded / '.metadata'} not found: not a complete trainer checkpoint")
-        log(f"loading {sharded} into {base}")
-        model = load_causal_lm(base, "float32", trust_remote_code=trust)
-        state = {"model": model.state_dict()}
-        dcp.load(state, checkpoint_id=str(sharded))  # in place, into the model's own tensors
-        model.to(DTYPES[dtype]).save_pretrained(out_dir)
-        load_tokenizer(base, trust).save_pretrained(out_dir)

@@ -198,7 +198,8 @@ class Controller:
             return self.log(
                 f"trainer.resume={self.cfg.trainer.resume}: no complete checkpoint in {self.run_dir}, starting fresh"
             )
-        state = checkpoint.load(folder, self.workers.trained())
+        auto = self.cfg.trainer.resume == "auto"  # (a damaged newest one is passed over)
+        folder, state = checkpoint.load_intact(folder, self.workers.trained(), auto, self.log)
         self.step, self.version = state["step"], state["version"]
         self.kl.coef = state.get("kl_coef", self.kl.coef)
         self.batches.load_state_dict(state)

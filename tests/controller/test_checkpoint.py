@@ -14,6 +14,7 @@ import torch
 
 from rlpost.config import ConfigError, load_config, to_yaml
 from rlpost.controller import checkpoint
+from rlpost.controller import export as exporting
 from tests.helpers import controller_bytes
 
 
@@ -200,7 +201,7 @@ def test_export_of_full_weights_into_an_empty_existing_folder(tmp_path, loaders)
     out = tmp_path / "hf"
     out.mkdir()  # empty: fine
     said = []
-    assert checkpoint.export(run, out, log=said.append) == out
+    assert exporting.export(run, out, log=said.append) == out
     model_cfg, data_cfg, log = loaders["resolve"]
     assert (model_cfg.path, data_cfg.task, log) == (cfg.model.path, cfg.data.task, said.append)
     assert loaders["lm"] == (("/base", "float32"), {"trust_remote_code": True})
@@ -209,21 +210,21 @@ def test_export_of_full_weights_into_an_empty_existing_folder(tmp_path, loaders)
     assert said == [f"loading {folder / 'trainer'} into /base", f"exported {folder} to {out}"]
     (out / "file").write_text("x")
     with pytest.raises(FileExistsError, match="exists and is not an empty folder"):
-        checkpoint.export(run, out)
+        exporting.export(run, out)
 
 
 def test_export_of_a_lora_run_merges_its_adapter_into_a_new_nested_folder(tmp_path, loaders):
     _, run, folder = exported_run(tmp_path, "model.lora.rank=1")
     out = tmp_path / "a" / "b" / "hf"
     with pytest.raises(FileNotFoundError) as info:
-        checkpoint.export(run, out, dtype="float32")
+        exporting.export(run, out, dtype="float32")
     assert str(info.value) == (
         f"{folder / 'adapter' / 'adapter_model.safetensors'} not found: a LoRA run's checkpoint keeps its adapter there"
     )
     (folder / "adapter").mkdir()
     (folder / "adapter" / "adapter_model.safetensors").write_bytes(b"")
     said = []
-    checkpoint.export(run, out, dtype="float32", log=said.append)
+    exporting.export(run, out, dtype="float32", log=said.append)
     assert loaders["merged"] == ("/base", folder / "adapter", out, "float32", True)
     assert said == [f"merging {folder / 'adapter'} into /base", f"exported {folder} to {out}"]
 
@@ -232,7 +233,7 @@ def test_export_without_the_sharded_weights_names_the_file(tmp_path, loaders):
     _, run, folder = exported_run(tmp_path)
     (folder / "trainer" / ".metadata").unlink()
     with pytest.raises(FileNotFoundError) as info:
-        checkpoint.export(run, tmp_path / "hf")
+        exporting.export(run, tmp_path / "hf")
     assert str(info.value) == f"{folder / 'trainer' / '.metadata'} not found: not a complete trainer checkpoint"
 
 
@@ -253,7 +254,7 @@ def test_export_says_on_its_log_which_damaged_checkpoint_it_passed_over(tmp_path
     (out / "file").write_text("x")  # refused after the checkpoint is chosen: nothing is loaded
     said = []
     with pytest.raises(FileExistsError):
-        checkpoint.export(run, out, log=said.append)
+        exporting.export(run, out, log=said.append)
     assert said == [
         f"checkpoint {newest} is damaged (controller.pt has 3 bytes, the manifest says 10); trying the one before it"
     ]
