@@ -78,13 +78,17 @@ def reward_model_keys_need_a_model(cfg):
 
 @rule("data.task")
 def task_keys_need_their_task(cfg):
+    """(Rows from files read none of these: a recipe's task keys are not refused when its task is
+    replaced by data.train_files.)"""
     from rlpost.data.tasks import TASKS
 
+    if not cfg.data.task:
+        return None
     readers = {key: [n for n, t in TASKS.items() if key in t.reads] for _, t in TASKS.items() for key in t.reads}
-    reads = TASKS.get(cfg.data.task).reads if cfg.data.task else ()
+    reads = TASKS.get(cfg.data.task).reads
     keys = changed(cfg.data, only=lambda f: f.name in readers and f.name not in reads)
     if keys:  # (the twelfth catalogue's t196: data.train_size with a task that trains on every problem)
-        by = "; ".join(f"data.{k} by {', '.join(readers[k.split('=')[0].split('.')[0]])}" for k in keys)
-        task = f"data.task={cfg.data.task}" if cfg.data.task else "data.task is not set (rows from data.train_files)"
+        names = [k.split("=")[0].split(".")[0] for k in keys]
+        by = "; ".join(f"data.{name} by {', '.join(readers[name])}" for name in dict.fromkeys(names))
         listed = ", ".join("data." + k for k in keys)
-        return f"{listed}: read only by some offline tasks ({by}), and {task}: leave them out"
+        return f"{listed}: read only by other offline tasks ({by}), and data.task={cfg.data.task}: leave them out"

@@ -194,7 +194,6 @@ VIOLATIONS = {
         ["data.train_size=5"],
         ["data.operands=4", "data.max_operands=6"],
         ["+data.gym.config.max_terms=3"],
-        ["data.task=", "data.train_files=[t.jsonl]", "data.val_files=[v.jsonl]", "data.val_size=64"],
     ],
     "lora_targets": [
         ["model.lora.rank=4", "model.lora.target_modules=[]"],

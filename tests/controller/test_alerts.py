@@ -201,3 +201,22 @@ def test_a_policy_pushed_toward_random_tokens_names_the_learning_rate():
         for step, (entropy, reward) in enumerate((first, now), 1):
             quiet.check(step, {**LEARNS, "actor/entropy": entropy, "reward/mean": reward})
     assert len(said) == 1
+
+
+@pytest.mark.parametrize(
+    "e0, e1, said",
+    [
+        (2.0, 3.0, True),  # exactly half again: said
+        (2.0, 2.9, False),  # (1.5 / e0 = 0.75 would say it)
+        (0.2, 0.5, False),  # up by more than half, but 0.5 nats a token is not a spread policy
+        (0.2, 0.51, True),  # just above it (a limit of 1.5 nats would not say it)
+    ],
+)
+def test_a_spread_is_said_from_half_again_the_first_entropy_and_above_half_a_nat(e0, e1, said):
+    """`spread`'s limits, at the values where each comparison decides (the mutation run's survivors)."""
+    from rlpost.controller.alerts import spread
+
+    cfg = load_config(["+recipe=quickstart"])
+    first, now = {"actor/entropy": e0, "reward/mean": 0.8}, {"actor/entropy": e1, "reward/mean": 0.4}
+    assert bool(spread(cfg, 5, first, now)) == said
+    assert list(spread(cfg, 5, first, now)) == ["spread"] * said

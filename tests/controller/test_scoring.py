@@ -100,7 +100,7 @@ def test_the_training_reward_weighs_rule_and_model_and_adds_the_environments():
     pool = Pool(([1.0, 0.0, 1.0, 0.0], 1))
     models = RewardModels(k=2)
     said = []
-    cfg = config("reward.rule_weight=0.5", "reward.model.weight=2")
+    cfg = config("reward.rule_weight=0.5", "reward.model.path=tiny", "reward.model.weight=2")
     scorer = Scorer(cfg, Tokenizer(), pool, models, log=said.append)
     batch = batch_of([[1, 2], [3, 0], [4, 0], [5, 6]], [[True, True], [True, False], [True, False], [True, True]])
     batch["env_reward"] = torch.tensor([0.0, 1.0, 0.0, -1.0])
@@ -141,3 +141,39 @@ def test_the_run_stops_when_too_many_samples_fail_for_max_error_steps_batches_in
         RewardFailure, match=r"^3 of 4 samples failed to score, more than reward.max_error_fraction=0.5 "
     ):
         scorer.score(ROWS, batch, n=2)
+
+
+def test_the_pool_gets_the_stop_check_and_integer_scores_become_float32():
+    """The mutation run's survivors (mutation_catalogue12.json): the check that gives the scoring up
+    on a signal must reach the pool, and a reward function's integer scores train as float32."""
+
+    class Checked(Pool):
+        def score(self, samples, interrupted=None):
+            self.seen.append(interrupted)
+            return Scores([1, 0], {"errors": 0}, None, [])
+
+    pool, stop = Checked(), (lambda: False)
+    batch = batch_of([[1], [2]], [[True]] * 2)
+    reward, _, _ = Scorer(config(), Tokenizer(), pool).score(ROWS[:1], batch, n=2, interrupted=stop)
+    assert pool.seen == [stop] and reward.dtype == torch.float32
+
+
+def test_a_worker_started_during_the_run_that_lacks_memory_names_reward_memory_mb():
+    from rlpost.controller.scoring import not_loaded
+    from rlpost.rewards.executor import WorkerStartError
+
+    failure = "Traceback (most recent call last):\n  ...\nMemoryError: cannot import numpy"
+
+    class Starting(Pool):
+        def score(self, samples, interrupted=None):
+            raise WorkerStartError(failure)
+
+    with pytest.raises(Exception) as info:
+        Scorer(config("reward.memory_mb=64"), Tokenizer(), Starting()).score(ROWS[:1], batch_of([[1]], [[True]]), n=1)
+    assert str(info.value) == str(not_loaded(config().reward.fn, WorkerStartError(failure), 64, started=True))
+    assert "MemoryError: cannot import numpy (under reward.memory_mb=64, each reward worker's memory cap" in str(
+        info.value
+    )
+    said = str(not_loaded("f.py:score", RuntimeError("x\nOSError: one\nsecond line\n"), 0))
+    assert said == "reward.fn='f.py:score' could not be loaded: OSError: one second line"  # from the named line on
+    assert str(not_loaded("f.py:score", RuntimeError("no named line\nlast"))).endswith("loaded: last")
