@@ -156,6 +156,8 @@ def test_the_pool_gets_the_stop_check_and_integer_scores_become_float32():
     batch = batch_of([[1], [2]], [[True]] * 2)
     reward, _, _ = Scorer(config(), Tokenizer(), pool).score(ROWS[:1], batch, n=2, interrupted=stop)
     assert pool.seen == [stop] and reward.dtype == torch.float32
+    rule, _, _ = Scorer(config(), Tokenizer(), pool).score(ROWS[:1], batch, n=2, rule_only=True)  # validation's
+    assert rule.dtype == torch.float32 and rule.tolist() == [1.0, 0.0]
 
 
 def test_a_worker_started_during_the_run_that_lacks_memory_names_reward_memory_mb():
@@ -176,4 +178,7 @@ def test_a_worker_started_during_the_run_that_lacks_memory_names_reward_memory_m
     )
     said = str(not_loaded("f.py:score", RuntimeError("x\nOSError: one\nsecond line\n"), 0))
     assert said == "reward.fn='f.py:score' could not be loaded: OSError: one second line"  # from the named line on
-    assert str(not_loaded("f.py:score", RuntimeError("no named line\nlast"))).endswith("loaded: last")
+    assert str(not_loaded("f.py:score", RuntimeError("no named line\nnor here\nlast"))).endswith("loaded: last")
+    assert "memory_mb" not in str(not_loaded("f.py:score", RuntimeError("MemoryError: x")))  # no cap: no hint
+    long = str(not_loaded("f.py:score", RuntimeError("OSError: " + "x" * 2000)))
+    assert long.endswith("loaded: OSError: " + "x" * (1000 - len("OSError: ")))  # the first 1000 characters
