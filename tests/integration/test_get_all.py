@@ -104,3 +104,31 @@ def test_a_wait_looks_each_second_at_what_may_stop_it(ray_session):
     said = []
     assert get_all([waits.remote(1.5)], deadlines=Deadlines(warn_s=100.0, poll=lambda: None, log=said.append)) == [1.5]
     assert said == []  # a look is not a warning
+
+
+def test_the_errors_of_peers_that_fail_with_the_first_are_fetched_not_left_unhandled(ray_session, monkeypatch):
+    """The twelfth catalogue's recheck of t73: both trainer ranks failed on a full disk; the first
+    rank's error was said in one line, and Ray then printed the second's, never fetched, as a
+    67-line "Unhandled error" traceback."""
+    import gc
+
+    import ray
+    from ray._private import worker
+
+    from rlpost.controller.cluster import get_all
+
+    unhandled = []
+    monkeypatch.setattr(worker, "_unhandled_error_handler", unhandled.append)  # what Ray prints them with
+
+    @ray.remote(num_cpus=0)
+    def fails(message, after_s=0.0):
+        time.sleep(after_s)
+        raise OSError(message)
+
+    refs = [fails.remote("No space left on device (rank 0)"), fails.remote("No space left on device (rank 1)", 0.3)]
+    with pytest.raises(ray.exceptions.RayTaskError, match=r"\(rank 0\)"):
+        get_all(refs, grace_s=1.0)
+    del refs
+    gc.collect()
+    time.sleep(3.0)  # (Ray says an unfetched error some time after its reference goes)
+    assert unhandled == []
