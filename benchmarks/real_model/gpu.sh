@@ -41,7 +41,9 @@
 #                                            # 2026-11-28 on 8fd6f33 (async_h200x4.json) and 4878c4b (async_h200x4b.json)
 #   bash benchmarks/real_model/gpu.sh x2a    # a 2-GPU machine, three calls: GPU tests; one_7b across the calls (detached.sh);
 #                                            # issue 36's gap seeds 1, 3, 8 beside it (jobs_x2a.txt): as run on 047843f
-#   bash benchmarks/real_model/gpu.sh x2b    # not yet run: the same with jobs_x2b.txt (one_7b at 6144 tokens a micro-batch)
+#   bash benchmarks/real_model/gpu.sh x2b    # the same with jobs_x2b.txt (one_7b at 6144 tokens a micro-batch): as run on e3669c4
+#   bash benchmarks/real_model/gpu.sh x2c    # not yet run: one call, seed 3's gap pair to step 33 on the code that logs the
+#                                            # token at the largest gap (jobs_x2c.txt; issue 36 item 4)
 #   bash benchmarks/real_model/gpu.sh async_c  # not yet run: issue 41 on a 2-GPU machine, 2-6 numbers, 30 steps (jobs_async_c.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
@@ -202,7 +204,7 @@ rollout.max_response_length=1024 trainer.total_steps=3"
       for t in "$W"/one_7b/profile/*.json.gz; do [ -f "$t" ] && timeout 60 python3 benchmarks/real_model/memcpy.py "$t" > "${t%.json.gz}.memcpy.json"; done
     fi
     ;;
-  x2a|x2b)  # a 2-GPU machine, the same command in three calls on one warm machine (jobs_$STAGE.txt): x2a the GPU tests,
+  x2a|x2b|x2c)  # a 2-GPU machine, the same command in three calls on one warm machine (jobs_$STAGE.txt): x2a the GPU tests,
             # then the 7B shape on GPU 0 in a session of its own across the calls (detached.sh, one_7b.sh), issue 36's gap
             # runs on GPU 1; x2b the 7B shape at 6144 tokens a micro-batch, step 2 profiled, beside gap runs
     scale_setup -; seven_b_env; export COMMON  # (x2a built the 0.5B-3B shapes too: 90 s of its first call)
