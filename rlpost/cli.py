@@ -252,6 +252,7 @@ def cmd_plan(argv: list[str]) -> int:
         format_plan,
         gpu_plan,
         largest_token_budget,
+        lora_rank_refusal,
         micro_batch_tokens,
         shape_of,
     )
@@ -261,6 +262,8 @@ def cmd_plan(argv: list[str]) -> int:
         cfg = load_config(argv, this_machine=False)
         path = cfg.model.path if cfg.model.path == "tiny" else resolve_path(cfg.model.path, cfg.model.cache_dir)
         shape = shape_of(cfg, path)  # a GGUF model: the folder it converts into (once), as a run would
+        if problem := lora_rank_refusal(cfg.model.lora.rank, path, shape.hidden):  # as train (cat13's n27)
+            raise ConfigError(problem)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"rlpost plan: {e}", file=sys.stderr)
         return 2

@@ -127,6 +127,17 @@ def shape_of(cfg: TrainConfig, path: str | None = None) -> ModelShape:
     return model_shape(path)
 
 
+def lora_rank_refusal(rank: int, where: str, hidden: int | None) -> str | None:
+    """A LoRA rank above the model's hidden size, said (`train` and `plan` refuse it: the twelfth
+    catalogue's t14 ran out of memory in Ray after 144 s; the thirteenth's n27 planned it)."""
+    if not (hidden and rank > hidden):
+        return None
+    return (
+        f"model.lora.rank={rank} is above {where}'s hidden size ({hidden}): the adapters would be larger than the "
+        "layers they adapt; give a rank below it (8-64 are usual)"
+    )
+
+
 def micro_batch_tokens(cfg: TrainConfig) -> int:
     """The most tokens one micro-batch can hold: the token budget, or full-length rows."""
     t = cfg.trainer

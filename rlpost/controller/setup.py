@@ -11,6 +11,7 @@ from pathlib import Path
 from rlpost.config import ConfigError, TrainConfig
 from rlpost.controller.alerts import setting_warnings
 from rlpost.controller.checkpoint import check_data_place
+from rlpost.controller.plan import lora_rank_refusal
 from rlpost.controller.scoring import not_loaded
 from rlpost.data.dataset import (
     DataError,
@@ -230,12 +231,8 @@ def check_lora_targets(cfg: TrainConfig, model_path: str) -> None:
     if rank <= 0 or not (Path(model_path) / "config.json").is_file():
         return
     model = meta_model(model_path, trust)
-    hidden = getattr(model.config, "hidden_size", None)
-    if hidden and rank > hidden:  # (the twelfth catalogue's t14: 1e5 ran out of memory in Ray after 144 s)
-        raise ConfigError(
-            f"model.lora.rank={rank} is above {model_path}'s hidden size ({hidden}): the adapters would be larger "
-            "than the layers they adapt; give a rank below it (8-64 are usual)"
-        )
+    if problem := lora_rank_refusal(rank, model_path, getattr(model.config, "hidden_size", None)):
+        raise ConfigError(problem)
     if targets == ["all-linear"]:
         return
     layers = [n for n, m in model.named_modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
