@@ -41,7 +41,7 @@ def train_sweep(overrides: list[str], show_config: bool) -> int:
         print("\n".join(f"# job {i}: {' '.join(job)}\n{to_yaml(c)}" for i, (job, c) in enumerate(zip(jobs, configs))))
         return 0
     folder.mkdir(parents=True, exist_ok=True)
-    go_on = "to go on with the sweep: rlpost train -m " + " ".join([o for o in overrides if o != "trainer.resume=auto"])
+    go_on = "to go on with the sweep: rlpost train -m " + " ".join(without_resume(overrides))
     return run_jobs(jobs, folder, done, go_on + " trainer.resume=auto")
 
 
@@ -65,8 +65,8 @@ def jobs_done(folder, jobs: list[list[str]], resume: bool) -> set[int]:
 
 def run_jobs(jobs: list[list[str]], folder, done: set[int], go_on: str) -> int:
     """Each job not `done`, one after another, recorded in `multirun.yaml` as it ends; the sweep's exit code."""
+    write_record(folder / "multirun.yaml", jobs, done)  # (before the first job: a stopped sweep is one too)
     for i, job in enumerate(jobs):
-        write_record(folder / "multirun.yaml", jobs, done)
         if i in done:
             print(f"rlpost: sweep job {i + 1} of {len(jobs)}: done before, in {folder / str(i)}", flush=True)
             continue

@@ -99,10 +99,11 @@ def _unknown_keys(node, prefix: str = "") -> list[str]:
     return out
 
 
-def _leaves(node: dict, prefix: str) -> list[tuple[str, object]]:
+def leaves(node: dict, prefix: str = "") -> list[tuple[str, object]]:
+    """`(dotted key, value)` of every leaf of a nested dict (an empty dict is a leaf)."""
     out = []
     for k, v in node.items():
-        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+        out += leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [(f"{prefix}{k}", v)]
     return out
 
 
@@ -124,7 +125,7 @@ def _check_group_choices(composed: DictConfig, overrides: list[str]) -> None:
         group = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / chosen[1] / f"{chosen[2]}.yaml"), resolve=False)
         back = [
             (key, want, OmegaConf.select(composed, key))
-            for key, want in _leaves({k: v for k, v in group.items() if k != "defaults"}, f"{chosen[1]}.")
+            for key, want in leaves({k: v for k, v in group.items() if k != "defaults"}, f"{chosen[1]}.")
             if key not in given and OmegaConf.select(composed, key) != want
         ]
         if back:

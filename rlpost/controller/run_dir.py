@@ -182,6 +182,7 @@ def say_edited_config(cfg: TrainConfig, run_dir: Path, log) -> None:
     (an edit of the file was taken for a setting, and rewritten without a word: the twelfth
     catalogue's t101). A run reads the command line and its recipe; the file only records them."""
     from rlpost.config import config_dict
+    from rlpost.config.compose import leaves
     from rlpost.controller.checkpoint import run_config
 
     if cfg.trainer.resume == "none" or not (run_dir / "config.yaml").is_file():
@@ -190,7 +191,7 @@ def say_edited_config(cfg: TrainConfig, run_dir: Path, log) -> None:
         saved = run_config(run_dir)
     except (ConfigError, FileNotFoundError):  # (a file that does not parse is refused where it is read)
         return
-    flat = [dict(_leaves(config_dict(c))) for c in (saved, cfg)]
+    flat = [dict(leaves(config_dict(c))) for c in (saved, cfg)]
     differ = [f"{k}={flat[0][k]!r} there, {v!r} here" for k, v in flat[1].items() if flat[0].get(k, v) != v]
     differ = [d for d in differ if not d.startswith(("trainer.resume=", "run.overwrite=", "run.dir="))]
     if differ:
@@ -200,14 +201,6 @@ def say_edited_config(cfg: TrainConfig, run_dir: Path, log) -> None:
             "command line and its recipe, never from config.yaml, which now records this run's: to change a "
             "setting, give it on the command line"
         )
-
-
-def _leaves(node: dict, prefix: str = "") -> list[tuple[str, object]]:
-    """`(dotted key, value)` of every leaf of a nested dict."""
-    out = []
-    for k, v in node.items():
-        out += _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [(f"{prefix}{k}", v)]
-    return out
 
 
 def holds_a_run(run_dir: Path) -> bool:
