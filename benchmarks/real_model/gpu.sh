@@ -30,6 +30,7 @@
 #                                            # before and after the reshape), then what jobs_scale.txt has left
 #   bash benchmarks/real_model/gpu.sh x4g    # jobs_x4g.txt: a 7B shape on 4 GPUs colocated (issue 42), with its plan
 #   bash benchmarks/real_model/gpu.sh x4h    # several calls: jobs_x4h.txt, the split runs left of issue 37, then 7B at TP 2
+#   bash benchmarks/real_model/gpu.sh x4l    # several calls: jobs_x4l.txt, issue 42's 7B at TP 2 and split 2 + 2 (run_7b.sh)
 #   bash benchmarks/real_model/gpu.sh one_7b # one H200: the 7B shape, full parameters, offloaded (issue 42 item 2)
 #   bash benchmarks/real_model/gpu.sh x4i    # one_7b on one GPU of four beside issue 36's gap runs (jobs_x4i.txt)
 #   bash benchmarks/real_model/gpu.sh x4j    # the same, 2 steps, beside the GPU tests and one gap run (jobs_x4j.txt)
@@ -49,7 +50,7 @@
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x2a, x2b, algos, async, async_b, async_c, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x4l, x2a, x2b, algos, async, async_b, async_c, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -178,6 +179,14 @@ case "$STAGE" in
 rollout.max_response_length=1024 trainer.total_steps=3"
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4h.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
+    ;;
+  x4l)  # issue 42 item 1's 7B runs left (jobs_x4l.txt: TP 2 colocated, split 2 + 2 one-step-off and synchronous), each
+        # in a session of its own across the calls, then issue 37's 3B one-step-off split run
+    scale_setup -
+    export COMMON B7="$SCALE trainer.world_size=4 rollout.num_workers=4 data.train_batch_size=128 \
+rollout.max_response_length=1024 trainer.total_steps=3 model.path=/tmp/qwen2-7b"
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4l.txt --dir "$W" --grace 50 --common "$COMMON" \
+      --min-start 60 --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   x4g)  # a Qwen2.5-7B shape (random weights, built on a GPU by jobs_x4f.txt's build_7b) on 4 GPUs, colocated:
         # 128 prompts x 8 samples x 1024 tokens a step; `rlpost plan`'s prediction beside it
