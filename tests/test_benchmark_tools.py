@@ -139,6 +139,20 @@ def test_a_run_is_recorded_with_its_last_attempts_overrides_less_the_queues_resu
     assert collect.train_command("0", ["x=1", "w=1"]) == "CUDA_VISIBLE_DEVICES=0 rlpost train x=1 w=1"
 
 
+def test_a_run_started_through_run_7b_is_recorded_with_the_overrides_the_script_wrote(tmp_path):
+    """A 7B job runs `rlpost train` through run_7b.sh inside detached.sh: its start line holds the
+    script's words, and its overrides are in NAME.overrides; a job without that file keeps its line."""
+    collect = load_benchmark("benchmarks/real_model/collect.py")
+    script = "bash benchmarks/real_model/detached.sh {0} bash benchmarks/real_model/run_7b.sh {0}"
+    (tmp_path / "commands.txt").write_text(
+        f"01:00:00 start c on GPU 0,1: {script.format('c')} t=2\n01:00:01 start d on GPU 2: {script.format('d')}\n"
+    )
+    (tmp_path / "c.overrides").write_text("model.path=/m t=4 t=2\n")
+    got = collect.started(tmp_path)
+    assert got["c"] == ("0,1", ["model.path=/m", "t=4", "t=2"])
+    assert got["d"][1][-1] == "d" and "run_7b.sh" in " ".join(got["d"][1])
+
+
 def test_bitwise_compares_every_value_but_time_and_memory(tmp_path):
     """benchmarks/real_model/bitwise.py (issue 38's check): a changed reward or a missing step is a
     difference; a changed timing, tokens/s or GB figure is not."""

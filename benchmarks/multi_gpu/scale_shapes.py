@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 37's scale figures from one unpacked `gpu.sh scale` stage (and `scale_sync`, when given):
 per run of benchmarks/multi_gpu/jobs_scale.txt the step time by phase (median over the steps after
-the first; a run that a deadline stopped counts from two such steps, `finished` false), tokens per
+the first; a run that a deadline stopped counts from two such steps (`--min-steps`), `finished` false), tokens per
 second per GPU, the rollout's generated tokens per second per rollout GPU (synchronous runs:
 ahead of the trainer, the gen phase is a wait), the update's model FLOPs utilisation, the verified
 sync's time and GB/s, and the update's memory peak beside `rlpost plan`'s (scale.py's `plan_of`);
@@ -120,6 +120,7 @@ def main() -> None:
     p.add_argument("--command", required=True)
     p.add_argument("--note", default="")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--min-steps", type=int, default=2, help="steps after the first that a stopped run needs to count")
     a = p.parse_args()
     runs = {}
     scale_jobs = {  # a profiled run's figures are the profiler's too: its tables stand apart (profile/)
@@ -136,7 +137,7 @@ def main() -> None:
             if (a.stage / name / "metrics.jsonl").exists()
             else {}
         )
-        if len(figures.get("steps", [])) >= 2:  # a run stopped early counts with two steps after the first
+        if len(figures.get("steps", [])) >= a.min_steps:  # a stopped run counts with --min-steps after the first
             runs[name] |= figures
             memory = plan_of(a.stage / name, runs[name]["command"], a.gpu_gib, [])
             runs[name]["memory"] = memory | {"nvidia_smi_peak_gib": gpu_peaks(a.stage, name)}

@@ -114,12 +114,16 @@ def wall_steps(steps: list[dict], resumed: set[int] = frozenset()) -> list[float
 def started(stage: Path) -> dict[str, tuple[str, list[str]]]:
     """Each run's GPUs and overrides from the start lines of commands.txt: its last attempt's, less
     the `trainer.resume=auto` that gpu_queue.py adds to a run going on in a later call (a first
-    attempt may have been refused and its job line fixed before the run went on)."""
+    attempt may have been refused and its job line fixed before the run went on). A job that ran
+    `rlpost train` through run_7b.sh has its overrides in NAME.overrides, which that script writes."""
     out = {}
     for line in (stage / "commands.txt").read_text().splitlines():
         m = re.match(r"^\S+ start (\S+) on GPU ([\d,]+): (.*)$", line)
         if m:
-            out[m.group(1)] = (m.group(2), [w for w in m.group(3).split() if w != "trainer.resume=auto"])
+            name, words = m.group(1), m.group(3).split()
+            if "benchmarks/real_model/run_7b.sh" in words and (stage / f"{name}.overrides").is_file():
+                words = (stage / f"{name}.overrides").read_text().split()
+            out[name] = (m.group(2), [w for w in words if w != "trainer.resume=auto"])
     return out
 
 
