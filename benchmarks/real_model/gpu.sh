@@ -30,6 +30,7 @@
 #                                            # before and after the reshape), then what jobs_scale.txt has left
 #   bash benchmarks/real_model/gpu.sh x4g    # jobs_x4g.txt: a 7B shape on 4 GPUs colocated (issue 42), with its plan
 #   bash benchmarks/real_model/gpu.sh x4h    # several calls: jobs_x4h.txt, the split runs left of issue 37, then 7B at TP 2
+#   bash benchmarks/real_model/gpu.sh x4m    # not yet run: jobs_x4m.txt, split 3B with and without expandable segments, then x4h's split runs left
 #   bash benchmarks/real_model/gpu.sh x4l    # several calls: jobs_x4l.txt, issue 42's 7B at TP 2 and split 2 + 2 (run_7b.sh)
 #   bash benchmarks/real_model/gpu.sh one_7b # one H200: the 7B shape, full parameters, offloaded (issue 42 item 2)
 #   bash benchmarks/real_model/gpu.sh x4i    # one_7b on one GPU of four beside issue 36's gap runs (jobs_x4i.txt)
@@ -50,7 +51,7 @@
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x4l, x2a, x2b, algos, async, async_b, async_c, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x4l, x4m, x2a, x2b, algos, async, async_b, async_c, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -173,11 +174,12 @@ case "$STAGE" in
       benchmarks/multi_gpu/jobs_scale.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
-  x4h)  # the split runs left of issue 37 (jobs_x4h.txt), then issue 42's 7B shape at TP 2, over several calls
+  x4h|x4m)  # the split runs left of issue 37 (jobs_x4h.txt; x4m: jobs_x4m.txt, expandable segments first), several calls
     scale_setup
     export B7="model.path=/tmp/qwen2-7b $SCALE trainer.world_size=4 rollout.num_workers=4 data.train_batch_size=128 \
 rollout.max_response_length=1024 trainer.total_steps=3"
-    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4h.txt --dir "$W" --grace 50 --common "$COMMON" \
+    export COMMON  # a `sh:` job's line names it
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   x4l)  # issue 42 item 1's 7B runs left (jobs_x4l.txt: TP 2 colocated, split 2 + 2 one-step-off and synchronous), each

@@ -140,8 +140,9 @@ class ActorWorker:
             cuda, profile_step = self.device.type == "cuda", self.cfg.trainer.profile_step
             with maybe_profiled(self.cfg.run.dir, profile_step, step, self.rank, cuda):
                 self.engine.train(minis, a.ppo_epochs, a.loss_agg_mode, micro_step, stats)
-            if self.device.type == "cuda":  # what the memory plan (controller/plan.py) predicts
-                stats.max("perf/update_peak_gb", self.engine.phase_peak())
+            if self.device.type == "cuda":  # what the memory plan (controller/plan.py) predicts, and
+                stats.max("perf/update_peak_gb", self.engine.phase_peak())  # the allocator's reserve over it
+                stats.max("perf/update_reserved_gb", torch.cuda.max_memory_reserved(self.device) / 2**30)
             metrics = stats.reduce()
             logprobs = Batch({k: torch.cat(v).cpu() for k, v in out.items() if v})
         metrics["timing_s/update_worker"] = time.perf_counter() - start  # the rest of update's time is Ray's

@@ -193,3 +193,46 @@ def test_lora_and_offload_formulas_written_out():
     assert rank1["resident"] == rank1["weights"]  # the moments live on the host
     offloaded = trainer_plan(cfg_of("trainer.param_offload=true", "trainer.optim.offload=layerwise"), SHAPE)
     assert offloaded["resident"] == 0.0
+
+
+def test_the_printed_plan_with_adams_slots_apart_gives_the_peak_at_once():
+    plan = plan_of(0, {"colocated": 12}, weights=3, adam=6, gradients=1.5, gathered=0.5, activations=2, resident=3)
+    plan["trainer"].update(peak=12 * GIB, slots_apart=1.0)  # layerwise: the slots after the passes
+    assert format_plan(plan).splitlines()[1] == (
+        "  trainer rank at its peak (the update): weights 3.00, adam 6.00, gradients 1.50, activations 2.00, "
+        "gathered 0.50; at once 12.00 (Adam's layerwise slots in the optimizer step, after the passes); "
+        "between phases 3.00"
+    )
+
+
+@pytest.mark.parametrize("placement, gib", [("split", 1), ("colocate", 2)])
+def test_a_gpu_whose_room_is_exactly_its_contexts_is_refused_before_any_advice(placement, gib):
+    plan = plan_of(0, {"colocated": 0}, resident=0)
+    plan["gpu_bytes"] = gib * GIB
+    with pytest.raises(ConfigError, match=rf"a GPU of {gib} GiB .* does not hold even the CUDA contexts \({gib} GiB\)"):
+        check_plan(cfg_of(f"cluster.placement={placement}", "rollout.backend=hf"), plan)
+
+
+def test_a_refusal_names_the_largest_part_when_the_engine_is_not_what_overflows():
+    """An engine is awake beside the trainer (colocated) or on its own GPU (split), but the update's
+    fixed parts alone (11 GiB) overflow the room: Adam is what to change, not the engine, also when the
+    memory between phases equals the fixed parts on a split trainer's GPU (no engine there)."""
+    colocated = plan_of(2, {"colocated": 12}, weights=3, adam=6, gradients=1.5, gathered=0.5, resident=4)
+    split = plan_of(5, {"trainer": 12, "rollout": 5}, weights=3, adam=6, gradients=1.5, gathered=0.5, resident=11)
+    for cfg, plan in (
+        (cfg_of("rollout.gpu_memory_utilization=0.2"), colocated),
+        (cfg_of("cluster.placement=split"), split),
+    ):
+        with pytest.raises(ConfigError, match=r"change trainer.optim.offload=layerwise \(the largest part: adam"):
+            check_plan(cfg, plan)
+
+
+def test_the_trainers_peak_adds_adams_slots_only_when_they_live_apart():
+    """Exact bytes: without offload the moments are kept with the weights and the passes come on top;
+    layerwise, the larger of the passes and the slots comes on top of the rest."""
+    for offload in ("none", "layerwise"):
+        t = trainer_plan(cfg_of("trainer.max_tokens_per_microbatch=1", f"trainer.optim.offload={offload}"), SHAPE)
+        kept = t["weights"] + t["reference"] + t["gradients"] + (t["adam"] if offload == "none" else 0)
+        passes = t["gathered"] + t["activations"] + t["logits"]
+        assert t["adam"] > passes  # (one token a micro-batch: the slots are the larger)
+        assert t["peak"] == kept + (max(passes, t["adam"]) if offload == "layerwise" else passes)
