@@ -84,7 +84,7 @@ def train_once(overrides: list[str], show_config: bool = False, repeated: list[s
     torch.set_num_threads(cfg.cluster.num_threads)
     from rlpost.config import ConfigError
     from rlpost.controller.checkpoint import CheckpointError
-    from rlpost.controller.cluster import Stall
+    from rlpost.controller.cluster import RayDidNotStart, Stall
     from rlpost.controller.run import WorkersDied, train
     from rlpost.controller.scoring import RewardFailure
     from rlpost.controller.signals import Stopped
@@ -107,8 +107,8 @@ def train_once(overrides: list[str], show_config: bool = False, repeated: list[s
             sys.stderr.flush()
             os._exit(e.exit_code)
         return e.exit_code
-    except (CheckpointError, Stall, TrackerError, WorkersDied) as e:  # a full disk; a call that never returned;
-        # W&B; actors or a node that died with no restart left
+    except (CheckpointError, Stall, TrackerError, WorkersDied, RayDidNotStart) as e:  # a full disk; a call that
+        # never returned; W&B; actors or a node that died with no restart left; a local Ray that did not come up
         print(f"rlpost: {e}", file=sys.stderr)
         return 1
     except RewardFailure as e:  # the reward function fails on most samples, step after step

@@ -342,3 +342,37 @@ def test_a_reward_file_that_fails_after_the_start_is_said_as_such(tmp_path):
         "when the run started, so the file (or what it imports) has changed since: fix it, then go on with "
         "trainer.resume=auto"
     )
+
+
+def test_a_local_ray_whose_raylet_died_as_it_started_is_said_with_its_logs(monkeypatch, tmp_path, capsys):
+    """t102 (TRACEBACK): the raylet killed while `ray.init` started the local Ray ended the run with
+    Ray's raw `Exception: The current node timed out during startup`. Now one line says so, names
+    the session logs, and what Ray started is shut down; joining a cluster (`cluster.address`) keeps
+    its own handling (`start_ray`'s ConnectionError)."""
+    import ray
+
+    from rlpost.cli import main
+    from rlpost.controller import cluster
+
+    def raylet_gone(**kwargs):
+        raise Exception(
+            "The current node timed out during startup. This could happen because some of the raylet failed to "
+            "startup or the GCS has become overloaded."
+        )
+
+    shut = []
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setattr(ray, "init", raylet_gone)
+    monkeypatch.setattr(ray, "shutdown", lambda: shut.append(True))
+    with pytest.raises(cluster.RayDidNotStart) as info:
+        cluster.init_ray(address="local")
+    assert str(info.value).startswith("Ray's local instance did not start (The current node timed out during startup.")
+    assert f"are in {tmp_path}/ray/session_latest/logs." in str(info.value) and shut == [True]
+    with pytest.raises(Exception, match="^The current node timed out"):  # a cluster's address: not this one's to say
+        cluster.init_ray(address="10.0.0.1:6379")
+    run = tmp_path / "run"
+    monkeypatch.setenv("RAY_TMPDIR", "/tmp")  # (tmp_path is too long for Ray's socket paths: refused before)
+    code = main(["train", "+recipe=quickstart", "trainer.total_steps=1", f"run.dir={run}", "trainer.val_every=0"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("rlpost: Ray's local instance did not start (The current node")

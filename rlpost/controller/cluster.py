@@ -117,6 +117,27 @@ def init_ray(**kwargs) -> None:
         ray.shutdown()
         print("\nrlpost: SIGTERM while Ray was starting: stopping now, before any actor started", file=sys.stderr)
         raise Stopped(signal.SIGTERM) from None
+    except Exception as e:  # a local Ray whose processes did not come up (its raylet killed: cat11's t102)
+        if kwargs.get("address") != "local":
+            raise
+        ray.shutdown()
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise RayDidNotStart(
+            f"Ray's local instance did not start ({why}). Its processes' logs (raylet.out, gcs_server.out) are in "
+            f"{ray_temp_root()}/ray/session_latest/logs. A process of it ended as it started (killed from outside, "
+            "or by the out-of-memory killer) or the machine was too busy to start it in time: start the run again"
+        ) from None
+
+
+class RayDidNotStart(RuntimeError):
+    """The local Ray that a run starts did not come up: what Ray said, and where its logs are."""
+
+
+def ray_temp_root() -> str:
+    """The folder under which Ray keeps its sessions (`ray/session_*`)."""
+    import tempfile
+
+    return os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or tempfile.gettempdir()
 
 
 def check_ray_can_start() -> None:
@@ -135,9 +156,7 @@ def check_ray_can_start() -> None:
             "processes, which then cannot start: unset it, or make errors of your modules' warnings only "
             "(error::Category:module)"
         )
-    import tempfile
-
-    root = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or tempfile.gettempdir()  # Ray's sessions
+    root = ray_temp_root()
     if not os.access(root, os.W_OK | os.X_OK):  # Ray's raw PermissionError (the eleventh catalogue's t76)
         raise ConfigError(
             f"the temporary folder {root!r} (TMPDIR, or RAY_TMPDIR) cannot be written: Ray keeps its sessions "
