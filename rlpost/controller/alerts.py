@@ -93,6 +93,20 @@ def spread(cfg: TrainConfig, step: int, first: dict[str, float], now: dict[str, 
     }
 
 
+def off_scale(metrics: dict[str, float]) -> dict[str, str]:
+    """`off_scale`: validation scores above 1, where `val/accuracy` counts a sample right when its
+    score is at least 1 (the fourteenth catalogue's t01: a reward of 10 for a right answer and 3 for a
+    wrong one read as accuracy 1.0 for a model right 58% of the time)."""
+    high = metrics.get("val/score_max", 1.0)
+    if high <= 1.0:
+        return {}
+    return {
+        "off_scale": f"warning: validation scores reach {high:g} (val/score_max), above 1: val/accuracy counts a "
+        "sample right when its score is at least 1, so here it is not the share answered right; read "
+        "val/reward_mean, or make reward.fn score a right answer 1 and a wrong one less"
+    }
+
+
 def setting_warnings(cfg: TrainConfig) -> list[str]:
     """Settings that train, but not as their values say: said once before the first step."""
     from rlpost.trainer.engine import total_optimizer_steps
@@ -141,7 +155,7 @@ class Alerts:
     """`no_signal` of each step, logged when a kind starts (not again while it lasts)."""
 
     def __init__(self, cfg: TrainConfig, log=print):
-        self.cfg, self.log, self.active, self.first = cfg, log, set(), None
+        self.cfg, self.log, self.active, self.first, self.said = cfg, log, set(), None, set()
 
     def check(self, step: int, metrics: dict[str, float]) -> None:
         self.first = self.first or metrics  # (a resumed run's first step here is its own first)
@@ -151,3 +165,12 @@ class Alerts:
             if kind not in self.active:
                 self.log(message)
         self.active = set(found)
+        self.check_once(metrics)
+
+    def check_once(self, metrics: dict[str, float]) -> None:
+        """What holds for the whole run (the reward's scale): said the first time only, also of the
+        metrics before the first step (the start's validation)."""
+        for kind, message in off_scale(metrics).items():
+            if kind not in self.said:
+                self.said.add(kind)
+                self.log(message)

@@ -66,6 +66,7 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
         first = start_metrics(c)
         if first and c.step == 0:
             trackers.log(first, 0)
+            alerts.check_once(first)  # the start's validation
         # resumed: the engines' memory goes with the first new step (a row at the step resumed from
         # would stand for that step's own row, written by the run that saved it)
         pending = first if c.step > 0 else {}

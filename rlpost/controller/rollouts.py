@@ -233,6 +233,7 @@ class Rollouts:
             **episodes,
             "val/accuracy": (scores >= 1.0).float().mean().item(),
             "val/reward_mean": scores.mean().item(),
+            "val/score_max": scores.max().item() if len(scores) else 0.0,  # (accuracy counts a score >= 1 right)
             "val/reward_errors": float(errors["errors"]),
             "val/size": float(len(scores)),
             "timing_s/val": time.perf_counter() - start,

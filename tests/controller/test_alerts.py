@@ -220,3 +220,21 @@ def test_a_spread_is_said_from_half_again_the_first_entropy_and_above_half_a_nat
     first, now = {"actor/entropy": e0, "reward/mean": 0.8}, {"actor/entropy": e1, "reward/mean": 0.4}
     assert bool(spread(cfg, 5, first, now)) == said
     assert list(spread(cfg, 5, first, now)) == ["spread"] * said
+
+
+def test_validation_scores_above_1_are_said_once_as_not_an_accuracy():
+    """The fourteenth catalogue's t01: a reward of 10 for a right answer read as val/accuracy 1.0. A
+    top score of exactly 1 is the scale accuracy assumes; above it, said once (start or later)."""
+    said = []
+    alerts = Alerts(load_config(["+recipe=quickstart"]), said.append)
+    alerts.check_once({"val/accuracy": 1.0, "val/score_max": 1.0})
+    alerts.check(1, {"val/score_max": 0.5})
+    assert said == []
+    alerts.check_once({"val/accuracy": 1.0, "val/score_max": 10.0})  # the start's validation
+    alerts.check(2, {"val/score_max": 7.5})
+    alerts.check(4, {"val/score_max": 10.0})
+    assert said == [
+        "warning: validation scores reach 10 (val/score_max), above 1: val/accuracy counts a sample right when its "
+        "score is at least 1, so here it is not the share answered right; read val/reward_mean, or make reward.fn "
+        "score a right answer 1 and a wrong one less"
+    ]

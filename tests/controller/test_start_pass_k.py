@@ -1,5 +1,6 @@
 """`trainer.start_pass_k`: the start model's pass@k from k samples of each validation row."""
 
+import pytest
 import torch
 
 from rlpost.controller.rollouts import BusyClock, Rollouts
@@ -39,3 +40,15 @@ def test_a_validations_samples_are_asked_ahead_of_queued_ones():
     rollouts.score = lambda rows, batch, n, rule_only: (torch.tensor([1.0, 0.0]), {"errors": 0}, None)
     out = rollouts.validate(["a", "b"], SamplingParams(n=1, greedy=True, seed=3))
     assert asked == [SamplingParams(n=1, greedy=True, seed=3, ahead=True)] and out["val/accuracy"] == 0.5
+
+
+def test_a_validation_gives_its_top_score_beside_the_accuracy_it_counts_from_a_score_of_1():
+    """The fourteenth catalogue's t01: scores of 10 and 3 counted every sample right; the top score
+    (`val/score_max`) lets the run say that accuracy does not mean right on that scale."""
+    rollouts = object.__new__(Rollouts)
+    rollouts.busy, rollouts.cfg = BusyClock(), None
+    rollouts.generate = lambda rows, params: {}
+    rollouts.score = lambda rows, batch, n, rule_only: (torch.tensor([10.0, 3.0, 0.5]), {"errors": 0}, None)
+    out = rollouts.validate(["a", "b", "c"], SamplingParams(n=1, greedy=True, seed=3))
+    assert out["val/score_max"] == 10.0 and out["val/accuracy"] == pytest.approx(2 / 3)
+    assert out["val/reward_mean"] == pytest.approx(13.5 / 3)
