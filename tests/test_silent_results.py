@@ -130,6 +130,17 @@ def test_a_tensor_score_is_not_mistaken_for_a_list():
         checked(np.array([1.0, 2.0]))
 
 
+def test_a_score_too_large_for_float32_losses_is_a_bad_value():
+    """The fourteenth catalogue's t02: 1e39 (finite in Python, inf in float32) skipped every optimizer
+    step and the run exited 0; the first try of the reward refuses it now, as it does a nan."""
+    from rlpost.rewards.executor import BadValue, checked
+
+    assert checked(-1e19) == -1e19 and checked(np.float64(1e19)) == 1e19
+    for big in (1e39, -2e19, np.float64(1.5e19)):
+        with pytest.raises(BadValue, match=r"^returned [-0-9.e+]+, beyond \+-1e\+19: rewards are computed in float32"):
+            checked(big)
+
+
 def test_metrics_jsonl_is_written_whatever_the_backends_say(tmp_path):
     """Without `jsonl` in logger.backends a run's summary said "0 steps": it reads metrics.jsonl."""
     from rlpost.metrics.summary import read_metrics

@@ -162,14 +162,23 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
             return
 
 
+LARGEST_SCORE = 1e19  # above it a float32 loss overflows (advantages' squares): the run trains no step
+
+
 def checked(raw) -> float:
     """A reward function's value as a float: an int or float, a numpy scalar (`np.float32(1.0)`) or
-    a one-element array or tensor; `BadValue` if it is not a finite number (a bool is not one)."""
+    a one-element array or tensor; `BadValue` if it is not a finite number (a bool is not one) or
+    one too large for the float32 losses (the fourteenth catalogue's t02: 1e39 trained no step)."""
     number = finite_number(raw)
     if number is None:
         raw = unwrap_scalar(raw)
         hint = f" (return float({raw!r}) for a score)" if isinstance(raw, bool) else ""
         raise BadValue(f"returned {raw!r} ({type(raw).__name__}), not a finite number{hint}")
+    if abs(number) > LARGEST_SCORE:
+        raise BadValue(
+            f"returned {number:g}, beyond +-{LARGEST_SCORE:g}: rewards are computed in float32, whose losses "
+            "overflow there and train nothing; scale the reward down"
+        )
     return number
 
 
