@@ -34,6 +34,8 @@ def train_sweep(overrides: list[str], show_config: bool) -> int:
     except ConfigError as e:
         print(f"rlpost: config error: {e}", file=sys.stderr)
         return 2
+    if len(jobs) > 20:  # each config is checked first: seconds each (the fourteenth catalogue's t05)
+        print(f"rlpost: a sweep of {len(jobs)} jobs: checking each config before the first starts", file=sys.stderr)
     configs = [checked_config(job) for job in jobs]
     if any(c is None for c in configs):
         return 2
@@ -52,9 +54,18 @@ def jobs_done(folder, jobs: list[list[str]], resume: bool) -> set[int]:
 
     from rlpost.config import ConfigError
 
-    if not (folder / "multirun.yaml").exists():
+    record = folder / "multirun.yaml"
+    if not record.exists():
         return set()
-    saved = yaml.safe_load((folder / "multirun.yaml").read_text()) or []
+    try:
+        saved, why = yaml.safe_load(record.read_text()) or [], "not a list of its jobs"
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        saved, why = None, str(e).splitlines()[0]
+    if not (isinstance(saved, list) and all(isinstance(s, dict) and "job" in s for s in saved)):
+        raise ConfigError(  # (the fourteenth catalogue's t03: a raw traceback)
+            f"{record} is not a sweep's record ({why}): "
+            "it was cut short or written by hand; for a new sweep give another run.dir, or move the file away"
+        )
     if not resume or [s.get("overrides") for s in saved] != [without_resume(j) for j in jobs]:
         raise ConfigError(
             f"a sweep already ran in {folder} (multirun.yaml)" + (", with other jobs than these" if resume else "")

@@ -6,6 +6,7 @@ numbered folders under one sweep folder). Pure functions; the CLI runs what they
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from rlpost.config.schema import ConfigError, TrainConfig
 
 FLAGS = ("-h", "--help", "--cfg", "-c", "-m", "--multirun")
+MAX_SWEEP_JOBS = 1000  # a sweep runs its jobs one after another, each checked before the first starts
 
 
 @dataclass
@@ -80,10 +82,18 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     choices = []
     for o in parsed:
         key = o.get_key_element()
-        if o.is_sweep_override():
-            choices.append([f"{key}={v}" for v in o.sweep_string_iterator()])
+        if o.is_sweep_override():  # (no more values than a whole sweep may have: range(0,10**8) is lazy)
+            values = itertools.islice(o.sweep_string_iterator(), MAX_SWEEP_JOBS + 1)
+            choices.append([f"{key}={v}" for v in values])
         else:
             choices.append([o.input_line])
+    if math.prod(len(c) for c in choices) > MAX_SWEEP_JOBS:  # (the fourteenth catalogue's t04: a MemoryError)
+        swept = [f"{c[0].split('=', 1)[0]} ({len(c) if len(c) <= MAX_SWEEP_JOBS else 'more than 1000'})"
+                 for c in choices if len(c) > 1]  # fmt: skip
+        raise ConfigError(
+            f"a sweep of more than {MAX_SWEEP_JOBS} jobs (values of {', '.join(swept)}): its runs go one after "
+            "another; sweep fewer values, or split it into several sweeps with their own run.dir"
+        )
     return [list(job) for job in itertools.product(*choices)]
 
 

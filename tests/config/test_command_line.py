@@ -161,3 +161,46 @@ def test_hydras_own_settings_and_a_swept_run_dir_are_refused_by_name(tmp_path, c
     err = capsys.readouterr().err
     assert f"run.dir is swept ({tmp_path}/a, {tmp_path}/b): a sweep's runs go into numbered folders" in err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("- job: 0\n  overrides: [run.seed=0\n", "while parsing a flow sequence"),
+        ("just a note\n", "not a list of its jobs"),
+    ],
+)
+def test_a_damaged_sweep_record_is_named_with_what_to_do(tmp_path, capsys, text, said):
+    """The fourteenth catalogue's t03: a multirun.yaml cut short, or not a list, ended in a raw
+    YAML ParserError or AttributeError, with and without trainer.resume=auto."""
+    (tmp_path / "multirun.yaml").write_text(text)
+    for resume in ([], ["trainer.resume=auto"]):
+        assert cli.main(["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path}", "run.seed=0,1", *resume]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.startswith(f"rlpost: config error: {tmp_path / 'multirun.yaml'} is not a sweep's record (")
+            and said in err
+        )
+        assert "for a new sweep give another run.dir, or move the file away" in err and "Traceback" not in err
+
+
+def test_a_sweep_of_more_jobs_than_a_sweep_may_have_is_refused_before_they_are_listed(capsys):
+    """The fourteenth catalogue's t04: range(0,100000000) listed its values until a MemoryError.
+    Exactly 1000 jobs are a sweep; 1001 are refused naming the swept keys and their counts."""
+    assert len(sweep_jobs(["run.seed=range(0,500)", "trainer.total_steps=1,2"])) == 1000
+    with pytest.raises(ConfigError) as info:
+        sweep_jobs(["run.seed=range(0,100000000)", "trainer.total_steps=1,2", "rollout.n=4"])
+    assert str(info.value).startswith(
+        "a sweep of more than 1000 jobs (values of run.seed (more than 1000), trainer.total_steps (2)): its runs go"
+    )
+    with pytest.raises(ConfigError, match=r"values of run.seed \(more than 1000\)\)"):
+        sweep_jobs(["run.seed=range(0,1001)"])
+
+
+def test_a_large_sweep_says_it_checks_its_jobs_before_they_start(tmp_path, monkeypatch, capsys):
+    """The fourteenth catalogue's t05: 3000 jobs said nothing for minutes while each config was checked."""
+    monkeypatch.setattr(cli, "checked_config", lambda job: None)  # the first job's config is refused: nothing runs
+    assert cli.main(["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path}", "run.seed=range(0,21)"]) == 2
+    assert "rlpost: a sweep of 21 jobs: checking each config before the first starts" in capsys.readouterr().err
+    assert cli.main(["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path}", "run.seed=range(0,20)"]) == 2
+    assert "checking each config" not in capsys.readouterr().err
