@@ -18,7 +18,8 @@ from rlpost.cli import main
 from rlpost.config import ConfigError, load_config, to_yaml
 from rlpost.controller import checkpoint
 from rlpost.controller.setup import check_vocab, check_weights
-from rlpost.data.dataset import DataError, PromptRow, conflict_warning, read_rows
+from rlpost.data.dataset import DataError, PromptRow, read_rows
+from rlpost.data.row_warnings import conflict_warning
 from tests.helpers import save_tiny_model
 
 QUICK = ["+recipe=quickstart"]
@@ -201,7 +202,7 @@ def test_a_bool_score_says_how_to_return_a_number():  # r05
 
 
 def test_a_response_cap_that_cannot_hold_the_answer_is_said_before_the_first_step():  # a17
-    from rlpost.data.dataset import short_cap_warning
+    from rlpost.data.row_warnings import short_cap_warning
     from rlpost.tiny.model import build_char_tokenizer
 
     tok = build_char_tokenizer()

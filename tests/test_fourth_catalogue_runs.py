@@ -69,7 +69,8 @@ def test_data_files_beside_a_task_that_makes_the_rows_are_refused():
 
 def test_validation_rows_that_are_training_rows_are_said_not_held_out(tmp_path):
     """The same file, or a copy of it under another name (the re-check's n01): counted by prompt."""
-    from rlpost.data.dataset import load_prompts, overlap_warning
+    from rlpost.data.dataset import load_prompts
+    from rlpost.data.row_warnings import overlap_warning
     from rlpost.tiny.model import build_char_tokenizer
 
     rows = ['{"prompt": "%d+1=", "ground_truth": "%d"}' % (i, i + 1) for i in range(4)]
@@ -84,7 +85,8 @@ def test_validation_rows_that_are_training_rows_are_said_not_held_out(tmp_path):
 
 def test_prompts_the_tokenizer_cannot_read_are_said(tmp_path):
     """'10→10=' for the tiny model: the arrow became its unknown token, and nothing was said."""
-    from rlpost.data.dataset import load_prompts, unknown_token_warning
+    from rlpost.data.dataset import load_prompts
+    from rlpost.data.row_warnings import unknown_token_warning
     from rlpost.tiny.model import build_char_tokenizer
 
     tok = build_char_tokenizer()

@@ -13,16 +13,8 @@ from rlpost.controller.alerts import setting_warnings
 from rlpost.controller.checkpoint import check_data_place
 from rlpost.controller.plan import lora_rank_refusal
 from rlpost.controller.scoring import not_loaded
-from rlpost.data.dataset import (
-    DataError,
-    PromptLoader,
-    PromptRow,
-    conflict_warning,
-    load_prompts,
-    overlap_warning,
-    short_cap_warning,
-    unknown_token_warning,
-)
+from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
+from rlpost.data.row_warnings import conflict_warning, overlap_warning, short_cap_warning, unknown_token_warning
 from rlpost.data.tasks import cached_task, task_cache_name, task_rows
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.envs.base import env_factory

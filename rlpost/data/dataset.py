@@ -145,11 +145,20 @@ def columns_layout(text: str) -> bool:
 
 def read_csv(path: Path, text: str) -> list[dict]:
     """A CSV file's rows by its header; one saved with semicolons (a spreadsheet's export in many
-    locales) is named, not read as one field."""
-    rows = list(csv.DictReader(io.StringIO(text)))
+    locales) is named, not read as one field; a row with more or fewer fields than the header (an
+    unquoted comma in a prompt: the fourteenth catalogue's t09, read with shifted columns) is refused."""
+    reader = csv.DictReader(io.StringIO(text))
+    rows = list(reader)
     header = text.splitlines()[0] if text.strip() else ""
     if "," not in header and ";" in header:
         raise DataError(f"{path}: its header {header!r} is separated by ';', not ','; save the file with commas")
+    for i, row in enumerate(rows):
+        if None in row or None in row.values():  # (DictReader: the extra fields under None, the missing as None)
+            fields = len(reader.fieldnames) + len(row.get(None, [])) - sum(v is None for v in row.values())
+            raise DataError(
+                f"{path}: row {i}: {fields} fields, where its header {header!r} has {len(reader.fieldnames)}; a field "
+                'that holds a comma must be quoted ("5,9+63=")'
+            )
     return rows
 
 
@@ -286,60 +295,6 @@ def load_prompts(
                 f"(the shortest has {shortest_dropped}); raise data.max_prompt_length"
             )
     return LoadResult(rows, dropped, defaulted)
-
-
-def overlap_warning(train: list[PromptRow], val: list[PromptRow]) -> str | None:
-    """Validation prompts that are training prompts too (the same file, a copy of it, or rows in
-    both), counted: their accuracy is not a held-out one."""
-    seen = {row.prompt_text for row in train}
-    if shared := sum(row.prompt_text in seen for row in val):
-        return (
-            f"warning: {shared} of the {len(val)} validation prompts are training prompts too: the validation "
-            "accuracy is not held out"
-        )
-    return None
-
-
-def conflict_warning(rows: list[PromptRow]) -> str | None:
-    """Prompts that appear more than once with different ground truths (a merge of two files, an
-    answer column shifted): each copy is trained against its own answer, so at most one is right."""
-    answers: dict[str, set[str]] = {}
-    for row in rows:
-        answers.setdefault(row.prompt_text, set()).add(row.ground_truth)
-    conflicts = [(prompt, sorted(found)) for prompt, found in answers.items() if len(found) > 1]
-    if conflicts:
-        prompt, found = conflicts[0]
-        return (
-            f"warning: {len(conflicts)} training prompts appear with different ground truths, so the reward "
-            f"contradicts itself on them (the first: {prompt[:80]!r} with {', '.join(map(repr, found[:3]))})"
-        )
-    return None
-
-
-def short_cap_warning(rows: list[PromptRow], tokenizer, max_response_length: int) -> str | None:
-    """A response cap shorter than the longest ground truth's tokens and an eos: a response that
-    holds the answer cannot fit, so those rows score nothing (said before the first step)."""
-    longest = max(rows, key=lambda row: len(row.ground_truth), default=None)
-    need = len(tokenizer(longest.ground_truth, add_special_tokens=False)["input_ids"]) + 1 if longest else 0
-    if need > max_response_length:
-        return (
-            f"warning: rollout.max_response_length={max_response_length} tokens cannot hold the longest ground truth "
-            f"({longest.ground_truth[:40]!r}: {need} tokens with the eos); raise it, or those rows score nothing"
-        )
-    return None
-
-
-def unknown_token_warning(rows: list[PromptRow], tokenizer) -> str | None:
-    """Prompts the tokenizer could only partly read (text it maps to its unknown token: a
-    character-level tokenizer given characters it lacks), said with the first of them."""
-    unk = getattr(tokenizer, "unk_token_id", None)
-    found = [row for row in rows if unk is not None and unk in row.prompt_ids]
-    if found:
-        return (
-            f"warning: {len(found)} prompts hold text that the tokenizer maps to its unknown token "
-            f"{tokenizer.unk_token!r}, which the model cannot read (the first: {found[0].prompt_text[:80]!r})"
-        )
-    return None
 
 
 class PromptLoader:

@@ -207,3 +207,21 @@ def test_each_epoch_is_a_new_shuffle_of_every_row_and_shuffle_false_keeps_the_or
     assert sum((next(other) for _ in range(3)), []) != epochs[0]
     plain = PromptLoader(rows, batch_size=4, seed=7, shuffle=False)
     assert [sum((next(plain) for _ in range(3)), []) for _ in range(2)] == [rows, rows]
+
+
+def test_a_csv_row_with_more_or_fewer_fields_than_its_header_is_refused_by_row(tmp_path):
+    """The fourteenth catalogue's t09: `5,9+63=,122` under `prompt,ground_truth` (a prompt's comma
+    unquoted) trained the prompt "5" against the answer "9+63="; a quoted comma is one field."""
+    path = tmp_path / "d.csv"
+    path.write_text('prompt,ground_truth\n"5,9+63=",122\n1+1=,2\n5,9+63=,122\n')
+    with pytest.raises(DataError) as info:
+        read_rows(str(path))
+    assert str(info.value) == (
+        f"{path}: row 2: 3 fields, where its header 'prompt,ground_truth' has 2; a field that holds a comma must "
+        'be quoted ("5,9+63=")'
+    )
+    path.write_text("prompt,ground_truth\n1+1=,2\n2+2=\n")
+    with pytest.raises(DataError, match=r"d.csv: row 1: 1 fields, where its header 'prompt,ground_truth' has 2"):
+        read_rows(str(path))
+    path.write_text('prompt,ground_truth\n"5,9+63=",122\n')
+    assert read_rows(str(path)) == [{"prompt": "5,9+63=", "ground_truth": "122"}]
