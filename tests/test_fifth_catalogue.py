@@ -73,8 +73,8 @@ def test_a_controller_state_that_cannot_be_read_at_load_names_the_one_before(tmp
     with pytest.raises(checkpoint.CheckpointError) as info:
         checkpoint.load(run / "checkpoints" / "step_2", [])
     assert str(info.value) == (
-        f"checkpoint {run / 'checkpoints' / 'step_2'}: controller.pt cannot be read (RuntimeError: invalid header); "
-        f"resume from an older one (trainer.resume={(run / 'checkpoints' / 'step_1').resolve()})"
+        f"checkpoint {run / 'checkpoints' / 'step_2'}: controller.pt could not be read (RuntimeError: invalid header); "
+        f"trainer.resume=auto passes over it, to {(run / 'checkpoints' / 'step_1').resolve()}"
     )
 
 

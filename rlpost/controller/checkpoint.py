@@ -153,8 +153,8 @@ def load(folder: Path, groups: list) -> dict:
     except (RuntimeError, EOFError, OSError, ValueError) as e:  # damaged at the same size: the manifest cannot tell
         older = older_than(folder)
         raise CheckpointError(
-            f"checkpoint {folder}: controller.pt cannot be read ({type(e).__name__}: {str(e).splitlines()[0]}); "
-            f"resume from an older one (trainer.resume={older[-1] if older else 'none: none is left'})"
+            f"checkpoint {folder}: controller.pt could not be read ({type(e).__name__}: {str(e).splitlines()[0]}); "
+            + (f"trainer.resume=auto passes over it, to {older[-1]}" if older else "no older one is left")
         ) from None
 
 
@@ -202,6 +202,7 @@ def check_resume(cfg, run_dir: Path) -> None:
             f"trainer.resume={cfg.trainer.resume} goes on from {folder} (step {step}), at or past trainer.total_steps="
             f"{cfg.trainer.total_steps}: nothing is left to train; set trainer.total_steps above {step}"
         )
+    check_branch(cfg, run_dir, folder, step)
     if not (folder.parent.parent / "config.yaml").is_file():
         return
     saved = run_config(folder.parent.parent)
@@ -230,6 +231,25 @@ def check_resume(cfg, run_dir: Path) -> None:
         raise ConfigError(
             f"trainer.resume={cfg.trainer.resume}: {folder} was saved by a run with other settings: "
             f"{'; '.join(differ)}. Resume with that run's settings, or start a new run.dir"
+        )
+
+
+def check_branch(cfg, run_dir: Path, folder: Path, step: int) -> None:
+    """A resume from a checkpoint of this run folder that newer ones follow would train a second
+    history on top of the first: the newer checkpoints kept as this run's newest, the one it went
+    on from rotated away, and `auto` later going on from the other history (the fourteenth
+    catalogue's t10). Refused, with the ways on."""
+    from rlpost.config import ConfigError
+
+    if cfg.trainer.resume == "auto" or Path(run_dir).expanduser().resolve() != folder.parent.parent.resolve():
+        return  # (auto goes on from the newest it can read: newer ones are damaged)
+    newer = [p.name for p in complete_checkpoints(folder.parent.parent) if int(p.name.split("_")[1]) > step]
+    if newer:
+        raise ConfigError(
+            f"trainer.resume={cfg.trainer.resume} goes back to step {step} in its own run folder, where newer "
+            f"checkpoints follow ({', '.join(newer)}): training on there would mix two histories. Resume into a new "
+            f"folder (run.dir=NEW with this trainer.resume), go on from the newest (trainer.resume=auto), or move "
+            f"{', '.join(newer)} out of {folder.parent} first"
         )
 
 

@@ -88,9 +88,10 @@ def unreadable(name: str, error: str, kind: str) -> str:
         )
     last = lines[-1][:300] if lines else kind
     return (
-        f"its {name} state could not be read ({kind}: {last}): a file of it may be damaged; resume from an "
-        "earlier checkpoint (trainer.resume=PATH of its step_N folder), or, if the checkpoint is another run's, with "
-        "the model.path and model.lora settings of the run that saved it"
+        f"its {name} state could not be read ({kind}: {last}): a file of it may be damaged; trainer.resume=auto "
+        "passes over it to the run's checkpoint before it (or give that one's step_N folder with a new run.dir), "
+        "or, if the checkpoint is another run's, resume with the model.path and model.lora settings of the run that "
+        "saved it"
     )
 
 

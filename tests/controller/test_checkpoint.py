@@ -299,3 +299,57 @@ def test_a_resume_under_other_lora_settings_names_every_key_that_differs(tmp_pat
         "model.lora.rank=8 there, 4 here; model.lora.target_modules=['q_proj'] there, ['v_proj'] here. Resume "
         "with that run's settings, or start a new run.dir"
     )
+
+
+def test_going_back_to_an_older_checkpoint_of_its_own_folder_is_refused_while_newer_ones_follow(tmp_path):
+    """The fourteenth catalogue's t10: trainer.resume=.../step_4 in its own run, where step_6
+    followed, trained a second history there: keep_checkpoints rotated step_4 away and kept step_6 as
+    the newest, and resume=auto later went on from the other history. Into another run.dir, or from
+    the newest checkpoint, it goes on."""
+    run = tmp_path / "run"
+    for step in (4, 6):
+        checkpoint.save(run, step, {"step": step}, [], keep=0)
+    back = run / "checkpoints" / "step_4"
+    cfg = load_config(["+recipe=quickstart", f"trainer.resume={back}", "trainer.total_steps=8"])
+    with pytest.raises(ConfigError) as info:
+        checkpoint.check_resume(cfg, run)
+    assert str(info.value) == (
+        f"trainer.resume={back} goes back to step 4 in its own run folder, where newer checkpoints follow (step_6): "
+        "training on there would mix two histories. Resume into a new folder (run.dir=NEW with this trainer.resume), "
+        f"go on from the newest (trainer.resume=auto), or move step_6 out of {run / 'checkpoints'} first"
+    )
+    checkpoint.check_resume(cfg, tmp_path / "new")  # another folder: a branch of its own
+    newest = load_config(
+        ["+recipe=quickstart", f"trainer.resume={run / 'checkpoints' / 'step_6'}", "trainer.total_steps=8"]
+    )
+    checkpoint.check_resume(newest, run)
+    checkpoint.check_resume(load_config(["+recipe=quickstart", "trainer.resume=auto", "trainer.total_steps=8"]), run)
+
+
+def test_auto_passes_over_a_controller_state_it_cannot_read_as_its_message_says(tmp_path, monkeypatch):
+    """Going back by hand past a checkpoint is refused in its own folder (above), so `auto` must be
+    the way past one whose controller.pt cannot be read (damaged at the same size, which only reading
+    finds), as the refusal of an explicit resume of it says."""
+    run = tmp_path / "run"
+    for step in (4, 6):
+        checkpoint.save(run, step, {"step": step}, [], keep=0)
+    real = torch.load
+
+    def load(path, **kwargs):
+        if "step_6" in str(path):
+            raise RuntimeError("PytorchStreamReader failed reading zip archive")
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(torch, "load", load)
+    newest, said = run / "checkpoints" / "step_6", []
+    assert checkpoint.load_intact(newest, [], auto=True, log=said.append) == (
+        (run / "checkpoints" / "step_4").resolve(),
+        {"step": 4},
+    )
+    assert said[0].endswith(
+        f"trainer.resume=auto: going on from the checkpoint before it, {(run / 'checkpoints' / 'step_4').resolve()}"
+    )
+    with pytest.raises(
+        checkpoint.CheckpointError, match=r"could not be read \(RuntimeError: .*\); trainer.resume=auto passes over it"
+    ):
+        checkpoint.load_intact(newest, [], auto=False)

@@ -281,4 +281,4 @@ def test_a_damaged_checkpoint_is_said_as_one_not_as_another_model(tmp_path):
     part.write_bytes(bytes(data))
     said = refusal_loading(folder, 32, tmp_path)
     assert said.startswith("its trainer state could not be read (") and "does not fit" not in said
-    assert "a file of it may be damaged; resume from an earlier checkpoint (trainer.resume=PATH" in said
+    assert "a file of it may be damaged; trainer.resume=auto passes over it to the run's checkpoint before it" in said
