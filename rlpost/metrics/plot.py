@@ -115,9 +115,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> tupl
             odd += [step for step, v in points if not math.isfinite(v)]
             if points:
                 ax.plot(*zip(*points), color=f"C{i}", label=name, marker="o" if len(points) < 30 else None, ms=3)
-        if odd:
-            shown = ", ".join(map(str, sorted(set(odd))[:5])) + ("..." if len(set(odd)) > 5 else "")
-            ax.text(0.02, 0.97, f"not finite at step {shown}", transform=ax.transAxes, va="top", color="C3", fontsize=7)
+        _not_finite(ax, odd)
         _dress(ax, title, "step", legend=len(runs) > 1, empty="not logged" if not odd else "")
     ax = axes[-1]
     phases = [p for p in PHASES if any(r.get(f"timing_s/{p}") for rows in runs for r in rows)]
@@ -152,6 +150,13 @@ def check_plottable(path: Path, rows: list[dict]) -> None:
         odd = [k for k in keys if r.get(k) is not None and (type(r[k]) is bool or not isinstance(r[k], (int, float)))]
         if odd:
             raise ValueError(f"{path}: step {r.get('step')}'s {odd[0]} is {r[odd[0]]!r}, not a number: not plotted")
+
+
+def _not_finite(ax, steps: list) -> None:
+    """Say on the panel the steps whose value is NaN or infinite (no line can draw them)."""
+    if steps:
+        shown = ", ".join(map(str, sorted(set(steps))[:5])) + ("..." if len(set(steps)) > 5 else "")
+        ax.text(0.02, 0.97, f"not finite at step {shown}", transform=ax.transAxes, va="top", color="C3", fontsize=7)
 
 
 def _dress(ax, title: str, xlabel: str, legend: bool, empty: str = "not logged") -> None:
@@ -248,9 +253,13 @@ def plot_json(path: str | Path, out: str | Path | None = None) -> tuple[Path, li
     (default: next to it, `.png` for `.json`)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
+    except UnicodeDecodeError as e:  # (the fourteenth catalogue's t08: the codec's words alone)
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8") from None
+    except RecursionError:  # valid JSON nested deeper than Python's stack (t07: a raw traceback)
+        raise ValueError(f"{path}: JSON nested too deep to read; not a benchmark JSON rlpost can plot") from None
     curves, tables = collect(data)
     panels = [("curve", name, lines) for name, lines in curves.items()]
     panels += [("table", title, rows) for title, rows in tables.items()]
@@ -271,9 +280,11 @@ def plot_json(path: str | Path, out: str | Path | None = None) -> tuple[Path, li
             groups = list(dict.fromkeys(group for _, group, _, _ in content))
             seen = set()
             for label, group, xs, ys in content:
-                color = f"C{groups.index(group) % 10}"
-                ax.plot(xs, ys, color=color, alpha=0.85, label=None if group in seen else (group or None))
+                color, marker = f"C{groups.index(group) % 10}", "o" if len(xs) < 30 else None  # (a lone point shows)
+                name = None if group in seen else (group or None)
+                ax.plot(xs, ys, color=color, alpha=0.85, label=name, marker=marker, ms=3)
                 seen.add(group)
+            _not_finite(ax, [x for _, _, xs, ys in content for x, y in zip(xs, ys) if not math.isfinite(y)])
             _dress(ax, title, "step", legend=len(groups) > 1 and len(groups) <= 12)
         else:
             _bars(ax, content)

@@ -162,3 +162,52 @@ def test_a_full_disk_names_the_picture_and_leaves_no_part_of_it(tmp_path, monkey
         plot_runs([run], tmp_path / "out" / "full.png")
     assert e.value.filename == str(tmp_path / "out" / "full.png")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_an_infinite_metric_is_written_as_it_is_and_said_where_it_is_drawn(tmp_path, monkeypatch, capsys):
+    """The fourteenth catalogue's t06: a reward of inf went into metrics.jsonl as null and its panel
+    read "not logged"; a benchmark JSON's Infinity, and the point before it, were left out unsaid."""
+    import matplotlib.axes
+
+    from rlpost.metrics.summary import read_metrics
+    from rlpost.metrics.trackers import JsonlTracker
+
+    run = tmp_path / "run"
+    run.mkdir()
+    tracker = JsonlTracker(run)
+    tracker.log({"reward/mean": float("inf"), "actor/entropy": float("nan"), "timing_s/step": 1.0}, 1)
+    tracker.close()
+    row = read_metrics(run)[0]
+    assert row["reward/mean"] == float("inf") and row["actor/entropy"] != row["actor/entropy"]  # (NaN)
+    said = []
+    real = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda ax, *a, **k: said.append(a[2]) or real(ax, *a, **k))
+    plot_runs([run])
+    assert said.count("not finite at step 1") == 2  # the reward's panel and the entropy's
+    lines = []
+    drawn = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: lines.append((a, k)) or drawn(ax, *a, **k))
+    path = tmp_path / "inf.json"
+    path.write_text('{"loss": [1.5, Infinity, 2.0, 3.0, 2.5]}')
+    said.clear()
+    plot_json(path)
+    assert said == ["not finite at step 1"] and lines[0][1]["marker"] == "o"  # 1.5 alone between gaps: a point
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("[" * 100_000 + "]" * 100_000, "JSON nested too deep to read; not a benchmark JSON rlpost can plot"),
+        (
+            '{"d\xe9bit": [1.5, 2.0, 3.0]}'.encode("latin-1"),
+            "not UTF-8 text (invalid continuation byte at byte 3); save the file as UTF-8",
+        ),
+    ],
+    ids=["nested", "latin-1"],
+)
+def test_a_json_file_plot_cannot_read_is_named_with_what_is_wrong(tmp_path, capsys, content, says):
+    """The fourteenth catalogue's t07 (RecursionError's traceback) and t08 (the codec's words alone)."""
+    path = tmp_path / "x.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert main(["plot", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == f"rlpost plot: {path}: {says}"
