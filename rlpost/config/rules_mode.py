@@ -92,3 +92,75 @@ def task_keys_need_their_task(cfg):
         by = "; ".join(f"data.{name} by {', '.join(readers[name])}" for name in dict.fromkeys(names))
         listed = ", ".join("data." + k for k in keys)
         return f"{listed}: read only by other offline tasks ({by}), and data.task={cfg.data.task}: leave them out"
+
+
+def given(section, *names: str) -> list[str]:
+    """`name=value` of the fields `names` of `section` set away from their defaults."""
+    return changed(section, only=lambda f: f.name in names)
+
+
+def unread(keys: list[str], prefix: str, why: str) -> str | None:
+    """The refusal of `keys` (of `prefix`'s section) that the run does not read: `why`, and to leave them out."""
+    if keys:
+        return f"{', '.join(prefix + k for k in keys)}: {why}, or leave {'them' if len(keys) > 1 else 'it'} out"
+    return None
+
+
+# The fourteenth catalogue's t13-t16: keys read only under a switch the run has off were taken and ignored.
+@rule("algo.async_rollouts")
+def stale_groups_read_when_async(cfg):
+    return unread(given(cfg.algo, "stale_groups"), "algo.", "read only with algo.async_rollouts=true: set it")
+
+
+@rule("algo.name")
+def filter_rounds_need_a_filter(cfg):
+    from rlpost.algos.algorithms import ALGORITHMS
+
+    if ALGORITHMS.get(cfg.algo.name).batch_filter == "none":
+        filtered = ", ".join(n for n, a in ALGORITHMS.items() if a.batch_filter != "none")
+        why = f"read only by algorithms with a batch filter ({filtered}), and algo.name={cfg.algo.name} has none"
+        return unread(given(cfg.algo, "max_filter_rounds"), "algo.", f"{why}: choose one of those")
+
+
+@rule("algo.rollout_is")
+def is_threshold_needs_a_correction(cfg):
+    if cfg.algo.rollout_is == "none":
+        why = "the importance correction's cap, and algo.rollout_is=none: set algo.rollout_is"
+        return unread(given(cfg.algo, "rollout_is_threshold"), "algo.", why)
+
+
+@rule("algo.kl_target")
+def kl_horizon_needs_a_target(cfg):
+    """(Not `kl_estimator` under `kl_coef=0`: recipes set an estimator, and `kl_coef=0` is how a user
+    turns their KL off.)"""
+    if cfg.algo.kl_target == 0:
+        why = "read only by the adaptive KL coefficient, and algo.kl_target=0: set algo.kl_target"
+        return unread(given(cfg.algo, "kl_horizon"), "algo.", why)
+
+
+@rule("algo.overlong_buffer")
+def overlong_penalty_needs_a_buffer(cfg):
+    if cfg.algo.overlong_buffer == 0:
+        why = "read only with the soft overlong punishment, and algo.overlong_buffer=0: set algo.overlong_buffer"
+        return unread(given(cfg.algo, "overlong_penalty"), "algo.", why)
+
+
+@rule("trainer.optim.lr_schedule")
+def min_lr_needs_a_decay(cfg):
+    optims = {role: getattr(cfg, role).optim for role in ("trainer", "critic")}
+    keys = [
+        f"{r}.optim.min_lr_ratio={o.min_lr_ratio!r}"
+        for r, o in optims.items()
+        if o.lr_schedule == "constant" and o.min_lr_ratio
+    ]
+    why = "read only by the cosine schedule, and its optim.lr_schedule=constant (trainer.optim.lr_schedule, "
+    return unread(keys, "", why + "critic.optim.lr_schedule): set it to cosine")
+
+
+@rule("reward.fn")
+def pool_keys_need_a_users_function(cfg):
+    from rlpost.rewards.base import TRUSTED
+
+    if cfg.reward.fn in TRUSTED:  # (rlpost's own scorers run in the controller, not the reward pool's workers)
+        why = f"read only by the reward pool, which runs your own functions, and reward.fn={cfg.reward.fn} is rlpost's"
+        return unread(given(cfg.reward, "timeout_s", "num_workers", "memory_mb"), "reward.", why)

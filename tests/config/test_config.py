@@ -190,6 +190,16 @@ VIOLATIONS = {
     "vllm_keys_need_vllm": [["rollout.enforce_eager=true", "rollout.max_num_seqs=1"], ["rollout.kv_cache_gb=2"]],
     "critic_keys_need_a_critic": [["critic.optim.lr=0.5"], ["critic.value_clip=0.2"]],  # (quickstart: grpo)
     "reward_model_keys_need_a_model": [["reward.model.weight=2"], ["reward.model.sigmoid=true"]],
+    "stale_groups_read_when_async": [["algo.stale_groups=drop"]],  # (the fourteenth catalogue's t13-t16)
+    "filter_rounds_need_a_filter": [["algo.max_filter_rounds=9"]],
+    "is_threshold_needs_a_correction": [["algo.rollout_is=none", "algo.rollout_is_threshold=5"]],
+    "kl_horizon_needs_a_target": [["algo.kl_coef=0.1", "algo.kl_horizon=500"]],
+    "overlong_penalty_needs_a_buffer": [["algo.overlong_penalty=0.5"]],
+    "min_lr_needs_a_decay": [
+        ["trainer.optim.lr_schedule=constant", "trainer.optim.min_lr_ratio=0.1"],
+        ["critic.optim.lr_schedule=constant", "critic.optim.min_lr_ratio=0.1", "algo.name=ppo"],
+    ],
+    "pool_keys_need_a_users_function": [["reward.fn=arithmetic", "reward.timeout_s=0.001", "reward.num_workers=64"]],
     "task_keys_need_their_task": [  # (quickstart: data.task=arithmetic, which reads the digits and val_size)
         ["data.train_size=5"],
         ["data.operands=4", "data.max_operands=6"],
@@ -263,6 +273,8 @@ def test_every_range_refuses_the_values_just_outside_it(key, bounds, kind):
     mode = ["env.name=retry"] if key.startswith("env.") else ["rollout.backend=vllm"] if vllm_only else []
     mode += ["reward.model.path=tiny"] * key.startswith("reward.model.")
     mode += ["data.task=sums_steps"] * (key in ("data.train_size", "data.operands", "data.max_operands"))
+    if key in ("algo.max_filter_rounds", "algo.overlong_penalty", "algo.kl_horizon"):  # read under their switch
+        recipe, mode = ("ppo", ["algo.kl_target=0.05"]) if key == "algo.kl_horizon" else ("dapo", [])
     for op, limit in bounds.items():
         outside = {"ge": limit - step, "gt": limit, "le": limit + step, "lt": limit}[op]
         with pytest.raises(ConfigError, match=f"^{key}="):
