@@ -164,3 +164,31 @@ def pool_keys_need_a_users_function(cfg):
     if cfg.reward.fn in TRUSTED:  # (rlpost's own scorers run in the controller, not the reward pool's workers)
         why = f"read only by the reward pool, which runs your own functions, and reward.fn={cfg.reward.fn} is rlpost's"
         return unread(given(cfg.reward, "timeout_s", "num_workers", "memory_mb"), "reward.", why)
+
+
+@rule("model.lora.rank")
+def lora_mode_needs_a_rank(cfg):
+    """(Not `alpha`: a recipe may set it for a rank given on the command line, as gpu_quickstart does.)"""
+    if cfg.model.lora.rank == 0:  # (the fourteenth catalogue's t24: a full fine-tune without a word)
+        return unread(
+            given(cfg.model.lora, "mode"), "model.lora.", "read only with LoRA, and model.lora.rank=0: set it"
+        )
+
+
+@rule("reward.model.kind")
+def classifier_keys_need_a_classifier(cfg):
+    m = cfg.reward.model
+    if m.path and m.kind == "causal_lm":  # (t25: the user's score_fn reads the model; these are the classifier's)
+        why = "read only by a classifier reward model, and reward.model.kind=causal_lm scores with score_fn"
+        return unread(given(m, "sigmoid", "max_length", "batch_size"), "reward.model.", why)
+
+
+@rule("cluster.stall_warn_s")
+def stall_warning_before_the_stop(cfg):
+    c = cfg.cluster
+    if given(c, "stall_warn_s") and c.stall_warn_s >= c.stall_timeout_s:  # (t26: the warning could never come;
+        # a timeout below the default warning alone is a short run's choice, not refused)
+        return (
+            f"cluster.stall_warn_s={c.stall_warn_s:g} is not below cluster.stall_timeout_s={c.stall_timeout_s:g}: a "
+            "stalled call would stop the run before it is ever said; set stall_warn_s below the timeout"
+        )

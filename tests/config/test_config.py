@@ -199,6 +199,19 @@ VIOLATIONS = {
         ["trainer.optim.lr_schedule=constant", "trainer.optim.min_lr_ratio=0.1"],
         ["critic.optim.lr_schedule=constant", "critic.optim.min_lr_ratio=0.1", "algo.name=ppo"],
     ],
+    "lora_mode_needs_a_rank": [["model.lora.mode=adapter"]],
+    "classifier_keys_need_a_classifier": [
+        [
+            "reward.model.path=tiny",
+            "reward.model.kind=causal_lm",
+            "reward.model.score_fn=j.py:score",
+            "reward.model.sigmoid=true",
+        ]
+    ],
+    "stall_warning_before_the_stop": [
+        ["cluster.stall_warn_s=7200", "cluster.stall_timeout_s=600"],
+        ["cluster.stall_warn_s=600", "cluster.stall_timeout_s=600"],
+    ],
     "pool_keys_need_a_users_function": [["reward.fn=arithmetic", "reward.timeout_s=0.001", "reward.num_workers=64"]],
     "task_keys_need_their_task": [  # (quickstart: data.task=arithmetic, which reads the digits and val_size)
         ["data.train_size=5"],
