@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,9 +46,11 @@ class RowFile:
     no half row behind, and stops the run naming the file (each row is one unbuffered write)."""
 
     def __init__(self, path: Path):
-        self.path, self.fd = path, os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.path, self.fd = path, os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
 
     def append(self, line: str, step: int) -> None:
+        if os.fstat(self.fd).st_nlink == 0 and self.path.parent.is_dir():
+            self.restore()
         data, end = line.encode(), os.fstat(self.fd).st_size
         try:
             while data:
@@ -63,6 +66,17 @@ class RowFile:
                 f"cannot write step {step}'s row to {self.path} ({e.strerror}): {fix} (or choose another "
                 "run.dir) and go on from the newest checkpoint with trainer.resume=auto"
             ) from None
+
+    def restore(self) -> None:
+        """The file was deleted while the run wrote it (its rows went on into the unlinked file: the
+        fourteenth catalogue's t27): written again at its path from what this process still holds."""
+        rows = os.pread(self.fd, os.fstat(self.fd).st_size, 0)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, rows)
+        os.close(self.fd)
+        self.fd = fd
+        rows_n = len(rows.splitlines())
+        print(f"rlpost: {self.path} was deleted during the run: written again ({rows_n} rows)", file=sys.stderr)
 
     def close(self) -> None:
         if self.fd is not None:
