@@ -72,7 +72,7 @@ def run_steps(c, stop: StopSignals | None = None) -> Path:
         pending = first if c.step > 0 else {}
         val_acc = first.get("val/accuracy")  # the bar shows the newest
         while c.step < cfg.trainer.total_steps and stop.signal is None:
-            check_run_folder(c.run_dir, c.step)
+            check_run_folder(c.run_dir, c.step, tqdm.write)
             try:
                 metrics, pending = {**pending, **timed_step(c)}, {}
             except Interrupted:  # the signal came while the step's samples were scored: the step is given up
@@ -107,16 +107,19 @@ def postfix(metrics: dict[str, float], val_acc: float | None) -> dict[str, str]:
     return {"reward": f"{metrics['reward/mean']:.3f}", **acc, "step_s": f"{metrics['timing_s/step']:.2f}"}
 
 
-def check_run_folder(run_dir: Path, step: int) -> None:
+def check_run_folder(run_dir: Path, step: int, log=print) -> None:
     """The run's folder (its config.yaml) must still be there: one deleted under a run made it write
-    its later checkpoints into a new folder no command could read, and end with exit 0."""
+    its later checkpoints into a new folder no command could read, and end with exit 0. Its lock
+    must still be this run's (`run_dir.keep_lock`)."""
     from rlpost.controller.checkpoint import CheckpointError
+    from rlpost.controller.run_dir import keep_lock
 
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(
             f"the run folder {run_dir} (its config.yaml) is gone, deleted after step {step} while the run trained: "
             "stopped, as nothing it keeps there could be read again; start the run again in a folder that stays"
         )
+    keep_lock(run_dir, step, log)
 
 
 def run_time_at(run_dir: Path, step: int) -> float:

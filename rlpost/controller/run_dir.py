@@ -339,6 +339,27 @@ def _alive(pid) -> bool:
     return True
 
 
+def keep_lock(run_dir: Path, step: int, log=print) -> None:
+    """Each step: `run.lock` must still be this run's. Deleted by hand (its own message says to when
+    a run is gone), it is taken again and said; taken by another run meanwhile, this one stops before
+    it writes into a folder the other claims (the fourteenth catalogue's t29: a second run's
+    run.overwrite=true deleted a live run's files, and both went on writing there)."""
+    path = run_dir / LOCK
+    holder = _read_lock(path)
+    if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+        return
+    if path.exists():
+        from rlpost.controller.checkpoint import CheckpointError
+
+        raise CheckpointError(
+            f"{path} was taken by another run (pid {holder.get('pid')} on host {holder.get('host')}) while this one "
+            f"trained, after step {step} (its lock had been deleted): stopped here so that the two do not write "
+            "into one folder; the other may have deleted this run's files (run.overwrite); go on in another run.dir"
+        )
+    log(f"{path} was deleted while the run trained (after step {step}): taken again; delete it only when no run is on")
+    _lock(run_dir, log)
+
+
 def release_run_dir(run_dir: Path) -> None:
     """Delete `run.lock` if this process holds it."""
     path = run_dir / LOCK

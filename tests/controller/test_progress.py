@@ -4,7 +4,10 @@ step resumed from would stand for that step's own row (summaries keep one row a 
 a resumed run's memory row replaced the saved step's metrics)."""
 
 import io
+import json
+import os
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -38,6 +41,8 @@ class FakeController:
         self.started = time.monotonic()
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "config.yaml").write_text("run: {}\n")  # (the run's, as claim_run_dir writes it)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        (Path(run_dir) / "run.lock").write_text(json.dumps(me))  # and its lock
         self.algorithm = SimpleNamespace(name="grpo")
         memory = [{"rollout/gpu_used_gb": 5.0}]
         self.workers = SimpleNamespace(rollouts=SimpleNamespace(call=lambda method: memory))
@@ -321,3 +326,24 @@ def test_a_signal_during_the_runs_report_lets_it_finish_and_shut_down(tmp_path, 
         stop.restore()
         signal.signal(signal.SIGTERM, before)
     assert "SIGTERM as the run ends: finishing its summary and shutdown" in capsys.readouterr().err
+
+
+def test_a_lock_deleted_under_the_run_is_taken_again_and_one_another_run_took_stops_it(tmp_path):
+    """The fourteenth catalogue's t29: run.lock deleted by hand, a second run with
+    run.overwrite=true deleted the live run's files and both wrote into one folder, neither said."""
+    from rlpost.controller.checkpoint import CheckpointError
+    from rlpost.controller.progress import check_run_folder
+
+    c, said = FakeController(tmp_path, 0), []
+    lock = tmp_path / "run.lock"
+    lock.unlink()
+    check_run_folder(tmp_path, 2, said.append)
+    assert json.loads(lock.read_text())["pid"] == os.getpid()  # this run's again
+    assert said == [
+        f"{lock} was deleted while the run trained (after step 2): taken again; delete it only when no run is on"
+    ]
+    check_run_folder(tmp_path, 3, said.append)  # held: nothing said
+    assert len(said) == 1 and c.step == 0
+    lock.write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "since": 0}))  # another run took it
+    with pytest.raises(CheckpointError, match=r"run.lock was taken by another run \(pid 1 on host .*\) while this one"):
+        check_run_folder(tmp_path, 4, said.append)
