@@ -102,6 +102,11 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> tupl
     panel titles."""
     plt = _pyplot()
     dirs = [Path(d) for d in run_dirs]
+    seen: dict[Path, Path] = {}
+    for d in dirs:  # (the fourteenth catalogue's t30: one run drawn twice as a comparison)
+        if d.resolve() in seen:
+            raise ValueError(f"{d} is given twice (as {seen[d.resolve()]} before): give each run once")
+        seen[d.resolve()] = d
     runs = [read_metrics(d) for d in dirs]
     for d, rows in zip(dirs, runs):
         check_plottable(d / "metrics.jsonl", rows)

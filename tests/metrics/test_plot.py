@@ -211,3 +211,14 @@ def test_a_json_file_plot_cannot_read_is_named_with_what_is_wrong(tmp_path, caps
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     assert main(["plot", str(path)]) == 2
     assert capsys.readouterr().err.strip() == f"rlpost plot: {path}: {says}"
+
+
+def test_a_run_given_twice_is_refused_under_either_spelling(tmp_path, capsys):
+    """The fourteenth catalogue's t30: `rlpost plot runs/a runs/a` drew one run twice as a comparison."""
+    run = fake_run(tmp_path / "a")
+    again = tmp_path / "x" / ".." / "a"
+    (tmp_path / "x").mkdir()
+    assert main(["plot", str(run), str(again)]) == 2
+    assert (
+        capsys.readouterr().err.strip() == f"rlpost plot: {again} is given twice (as {run} before): give each run once"
+    )
