@@ -111,6 +111,8 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
             f"{path}: one JSON object of columns (pandas' DataFrame.to_json() default), not rows; write "
             "records: df.to_json(path, orient='records', lines=True) as .jsonl"
         )
+    if suffix == ".json" and len([line for line in text.splitlines() if line.strip()]) > 1:
+        whole_object(path, text)
     rows = []
     for i, line in enumerate(text.splitlines()):
         if not line.strip():
@@ -122,6 +124,22 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
         except KeyError as e:
             raise DataError(f"{path}: row {i}: the key {e.args[0]!r} is given twice; give each key once") from None
     return rows
+
+
+def whole_object(path: Path, text: str) -> None:
+    """A .json of several lines that is one JSON object as a whole (the rows under a key, pretty-printed)
+    is named, not read line by line into "row 0: not valid JSON" (the fourteenth catalogue's t19)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return  # JSON lines, or a JSON error the line reader names by row
+    if isinstance(data, dict):
+        lists = [k for k, v in data.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+        hint = f"; the rows look to be under {lists[0]!r}: write that list as the file" if lists else ""
+        raise DataError(
+            f"{path}: one JSON object (keys {', '.join(map(repr, list(data)[:5]))}), not rows: a .json file holds one "
+            f"array of row objects, or one object a line{hint}"
+        )
 
 
 def _one_value_a_key(pairs: list) -> dict:

@@ -225,3 +225,20 @@ def test_a_csv_row_with_more_or_fewer_fields_than_its_header_is_refused_by_row(t
         read_rows(str(path))
     path.write_text('prompt,ground_truth\n"5,9+63=",122\n')
     assert read_rows(str(path)) == [{"prompt": "5,9+63=", "ground_truth": "122"}]
+
+
+def test_a_json_file_holding_its_rows_under_a_key_is_named_not_called_invalid(tmp_path):
+    """The fourteenth catalogue's t19: `{"rows": [...]}` pretty-printed was "row 0: not valid JSON"."""
+    rows = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1)} for i in range(3)]
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps({"rows": rows, "note": "mine"}, indent=2))
+    with pytest.raises(DataError) as info:
+        read_rows(str(path))
+    assert str(info.value) == (
+        f"{path}: one JSON object (keys 'rows', 'note'), not rows: a .json file holds one array of row objects, or "
+        "one object a line; the rows look to be under 'rows': write that list as the file"
+    )
+    path.write_text("\n".join(json.dumps(r) for r in rows))  # JSON lines in a .json: read as before
+    assert read_rows(str(path)) == rows
+    path.write_text(json.dumps(rows, indent=2))
+    assert read_rows(str(path)) == rows
