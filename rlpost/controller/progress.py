@@ -20,17 +20,21 @@ from rlpost.tiny.build import start_eval
 def start_metrics(c) -> dict[str, float]:
     """The engines' memory; at step 0 the start model's held-out greedy accuracy and pass@k (a
     built tiny model's from its own evaluation, a real model's measured here)."""
-    cfg = c.cfg
+    cfg, k = c.cfg, c.cfg.trainer.start_pass_k
     out = engines_memory(c)
-    if c.step == 0:
+    if c.step == 0:  # (`start_pass_k` set: measured with the run's sampler, not the built model's own: cat14's t18)
         start = start_eval(c.model_path).items()
-        out.update({f"start/{k}": float(v) for k, v in start if k == "greedy_accuracy" or k.startswith("pass@")})
+        out.update({f"start/{n}": float(v) for n, v in start if n == "greedy_accuracy" or (n[:5] == "pass@" and not k)})
         if cfg.trainer.val_every:
             out.update(c.validate())
-        k = cfg.trainer.start_pass_k
-        if k and "start/pass@1" not in out:
+        if k:
             params = sampling_params(cfg, cfg.run.seed, n=k, greedy=False)
-            out.update(c.workers.batches.pass_at_k(c.val_rows, params))
+            measured = c.workers.batches.pass_at_k(c.val_rows, params)
+            out.update(measured)
+            c.log(
+                f"start model, {len(c.val_rows)} validation prompts, {k} samples each with the run's sampler: "
+                + ", ".join(f"{name[6:]} {v:.3f}" for name, v in measured.items())
+            )
     return out
 
 

@@ -241,14 +241,14 @@ class Rollouts:
         }
 
     def pass_at_k(self, rows: list[PromptRow], params: SamplingParams) -> dict[str, float]:
-        """`start/pass@k` for k = 1, 2, 4, ... up to `params.n` samples of each row."""
+        """`start/pass@k` for k = 1, 2, 4, ... up to `params.n` samples of each row, and n itself."""
         from rlpost.metrics.passk import pass_at_ks
 
         n = params.n
         scores, _, _ = self.score(rows, self.generate(rows, params), n, rule_only=True)
         self.busy.take()  # before the first step: not its generation
         right = (scores >= 1.0).view(len(rows), n).tolist()
-        ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n]
+        ks = sorted({k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n} | {n})
         return {f"start/{k}": v for k, v in pass_at_ks(right, ks).items()}
 
     # ------------------------------------------------------------------------------ checkpoints

@@ -102,7 +102,12 @@ class Scripted(FakeController):
         self.validated, self.saved, self.stopped, self.signal_after = [], [], [], signal_after
         self.stop = SimpleNamespace(signal=None, restore=lambda: None)
         self.val_rows, self.passes = ["row"], []
-        self.workers.batches = SimpleNamespace(pass_at_k=lambda rows, params: self.passes.append((rows, params)) or {})
+        measured = {"start/pass@1": 0.3, "start/pass@4": 0.7}
+        self.workers.batches = SimpleNamespace(
+            pass_at_k=lambda rows, params: self.passes.append((rows, params)) or measured
+        )
+        self.said = []
+        self.log = self.said.append
         self.workers.rollouts = SimpleNamespace(
             call=lambda method: [{"rollout/gpu_used_gb": 5.0}] * (method == "memory")
         )
@@ -214,7 +219,7 @@ def test_a_new_runs_start_metrics_and_a_resumed_runs(tmp_path, seen):
     c = Scripted(tmp_path, 0, "trainer.start_pass_k=4", "run.seed=7", "rollout.temperature=0.8")
     run_steps(c, c.stop)
     assert seen["rows"][0] == {"step": 0, "rollout/gpu_used_gb": 5.0, "start/greedy_accuracy": 0.57,
-                               "start/pass@8": 0.9}  # fmt: skip
+                               "start/pass@1": 0.3, "start/pass@4": 0.7}  # fmt: skip
     assert "rollout/gpu_used_gb" not in seen["rows"][1]
     ((rows, params),) = c.passes  # k samples of each validation row, sampled (not greedy), the run's seed
     assert rows == ["row"] and (params.n, params.greedy, params.seed, params.temperature) == (4, False, 7, 0.8)
@@ -225,11 +230,24 @@ def test_a_new_runs_start_metrics_and_a_resumed_runs(tmp_path, seen):
     assert not any(k.startswith("start/") for r in seen["rows"] for k in r)
 
 
-def test_a_start_pass_at_1_already_measured_is_not_sampled_again(tmp_path, seen, monkeypatch):
-    monkeypatch.setattr(progress, "start_eval", lambda path: {"pass@1": 0.6, "greedy_accuracy": 0.5})
+def test_start_pass_k_set_is_measured_with_the_runs_sampler_also_where_the_built_model_reports_its_own(
+    tmp_path, seen, monkeypatch
+):
+    """The fourteenth catalogue's t18: with the tiny model, trainer.start_pass_k=3 sampled nothing and
+    logged the built model's own pass@1..16 without a word. Unset, the built figures stay."""
+    monkeypatch.setattr(progress, "start_eval", lambda path: {"pass@1": 0.6, "pass@16": 0.9, "greedy_accuracy": 0.5})
     c = Scripted(tmp_path, 0, "trainer.start_pass_k=4")
     run_steps(c, c.stop)
-    assert c.passes == [] and seen["rows"][0]["start/pass@1"] == 0.6
+    assert len(c.passes) == 1 and c.passes[0][1].n == 4
+    assert {k: v for k, v in seen["rows"][0].items() if k.startswith("start/")} == {
+        "start/greedy_accuracy": 0.5, "start/pass@1": 0.3, "start/pass@4": 0.7}  # fmt: skip
+    assert c.said == [
+        "start model, 1 validation prompts, 4 samples each with the run's sampler: pass@1 0.300, pass@4 0.700"
+    ]
+    seen["rows"].clear()
+    c = Scripted(tmp_path / "b", 0)
+    run_steps(c, c.stop)
+    assert c.passes == [] and seen["rows"][0]["start/pass@16"] == 0.9
 
 
 def test_a_signal_stops_after_the_step_under_way_and_not_after_the_last(tmp_path, seen):

@@ -30,6 +30,16 @@ def test_pass_at_k_reads_each_rows_samples_together():
     }
 
 
+def test_pass_at_k_includes_k_itself():
+    """The fourteenth catalogue's t18: k=3 gave pass@1 and pass@2 only (powers of two)."""
+    rollouts = object.__new__(Rollouts)
+    rollouts.busy = BusyClock()
+    rollouts.generate = lambda rows, params: "batch"
+    rollouts.score = lambda rows, batch, n, rule_only: (torch.tensor([1.0, 0.0, 0.0]), {}, None)
+    out = rollouts.pass_at_k(["a"], SamplingParams(n=3, temperature=0.7, max_tokens=8))
+    assert out == {"start/pass@1": pytest.approx(1 / 3), "start/pass@2": pytest.approx(2 / 3), "start/pass@3": 1.0}
+
+
 def test_a_validations_samples_are_asked_ahead_of_queued_ones():
     """Async rollouts: the validation's generation goes before the stream's samples waiting on the
     engines (`SamplingParams.ahead`); a validation step cost async runs 18-34 s against 10-15 s
