@@ -372,6 +372,7 @@ def test_a_local_ray_whose_raylet_died_as_it_started_is_said_with_its_logs(monke
         cluster.init_ray(address="10.0.0.1:6379")
     run = tmp_path / "run"
     monkeypatch.setenv("RAY_TMPDIR", "/tmp")  # (tmp_path is too long for Ray's socket paths: refused before)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # (another test's Ray in this process: not this run's)
     code = main(["train", "+recipe=quickstart", "trainer.total_steps=1", f"run.dir={run}", "trainer.val_every=0"])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err

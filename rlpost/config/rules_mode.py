@@ -157,15 +157,6 @@ def min_lr_needs_a_decay(cfg):
     return unread(keys, "", why + "critic.optim.lr_schedule): set it to cosine")
 
 
-@rule("reward.fn")
-def pool_keys_need_a_users_function(cfg):
-    from rlpost.rewards.base import TRUSTED
-
-    if cfg.reward.fn in TRUSTED:  # (rlpost's own scorers run in the controller, not the reward pool's workers)
-        why = f"read only by the reward pool, which runs your own functions, and reward.fn={cfg.reward.fn} is rlpost's"
-        return unread(given(cfg.reward, "timeout_s", "num_workers", "memory_mb"), "reward.", why)
-
-
 @rule("model.lora.rank")
 def lora_mode_needs_a_rank(cfg):
     """(Not `alpha`: a recipe may set it for a rank given on the command line, as gpu_quickstart does.)"""

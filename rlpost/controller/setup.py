@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig
+from rlpost.config.rules_mode import given
 from rlpost.controller.alerts import setting_warnings
 from rlpost.controller.checkpoint import check_data_place
 from rlpost.controller.plan import lora_rank_refusal
@@ -21,7 +22,7 @@ from rlpost.envs.base import env_factory
 from rlpost.models.checks import cut_short, meta_model, weight_mismatch
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS, RewardInput
-from rlpost.rewards.base import check_call, is_trusted
+from rlpost.rewards.base import TRUSTED, check_call, is_trusted
 from rlpost.rewards.pool import RewardPool
 
 
@@ -334,6 +335,12 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool
     scores with it from then on), else in a pool of one worker for the try."""
     r = cfg.reward
     check_builtin_kwargs(r.fn, dict(r.kwargs))
+    pool_keys = given(r, "timeout_s", "num_workers", "memory_mb")  # (config may not import rewards: checked here)
+    if r.fn in TRUSTED and pool_keys:  # (the fourteenth catalogue's t16: taken and ignored)
+        raise ConfigError(
+            f"{', '.join('reward.' + k for k in pool_keys)}: read only by the reward pool, which runs your own "
+            f"functions, and reward.fn={r.fn} is rlpost's own scorer (run in the controller): leave them out"
+        )
     untrusted = [row for row in rows if not is_trusted(r.fn, row.data_source)]
     if not untrusted or cfg.env.name:
         return

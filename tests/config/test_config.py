@@ -212,7 +212,6 @@ VIOLATIONS = {
         ["cluster.stall_warn_s=7200", "cluster.stall_timeout_s=600"],
         ["cluster.stall_warn_s=600", "cluster.stall_timeout_s=600"],
     ],
-    "pool_keys_need_a_users_function": [["reward.fn=arithmetic", "reward.timeout_s=0.001", "reward.num_workers=64"]],
     "task_keys_need_their_task": [  # (quickstart: data.task=arithmetic, which reads the digits and val_size)
         ["data.train_size=5"],
         ["data.operands=4", "data.max_operands=6"],

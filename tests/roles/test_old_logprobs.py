@@ -141,7 +141,8 @@ def test_two_mini_batches_first_ratio_lr_and_timing(tmp_path, multi_turn):
     from rlpost.roles.actor import ActorWorker
 
     model, _ = save_tiny_model(tmp_path / "model")
-    cfg = load_config(COMMON + ["algo.kl_coef=0", "algo.ppo_mini_batch_size=2", "algo.rollout_is=none"])
+    common = [o for o in COMMON if not o.startswith("algo.rollout_is_threshold=")]  # (no correction: no cap)
+    cfg = load_config(common + ["algo.kl_coef=0", "algo.ppo_mini_batch_size=2", "algo.rollout_is=none"])
     batch = generation(model, multi_turn=multi_turn)
     assert multi_turn == bool((batch["response_mask"] & ~batch["loss_mask"]).any())
     shard = shard_batch(batch, step_plan(batch, cfg)[1])[0]
