@@ -145,6 +145,17 @@ def overlong_penalty_needs_a_buffer(cfg):
         return unread(given(cfg.algo, "overlong_penalty"), "algo.", why)
 
 
+@rule("trainer.optim.offload")
+def prefetch_needs_layerwise(cfg):
+    optims = {role: getattr(cfg, role).optim for role in ("trainer", "critic")}
+    keys = [
+        f"{r}.optim.{k}" for r, o in optims.items() if o.offload != "layerwise" for k in given(o, "prefetch_layers")
+    ]
+    why = "read only by the layerwise optimizer, and its optim.offload (trainer.optim.offload, critic.optim.offload) "
+    why += "is not layerwise: set it to layerwise"
+    return unread(keys, "", why)
+
+
 @rule("trainer.optim.lr_schedule")
 def min_lr_needs_a_decay(cfg):
     optims = {role: getattr(cfg, role).optim for role in ("trainer", "critic")}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import shutil
 import socket
@@ -204,13 +205,25 @@ def say_edited_config(cfg: TrainConfig, run_dir: Path, log) -> None:
 
 
 def holds_a_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a run's steps: a checkpoint, or a metrics row past step 0 (every
-    line already a run's row: `check_run_files`)."""
+    """Whether `run_dir` holds a run's steps: a checkpoint, or a metrics or samples row past step 0
+    (samples alone: the metrics deleted, a new run would have trimmed them all away: the fourteenth
+    catalogue's t33). Every metrics line is already a run's row (`check_run_files`); a samples line
+    that is not a row counts as a run's."""
     if any((run_dir / "checkpoints").glob("step_*")):
         return True
-    metrics = run_dir / "metrics.jsonl"
-    lines = metrics.read_text(errors="replace").splitlines() if metrics.is_file() else []
-    return any(json.loads(line)["step"] > 0 for line in lines if line.strip())
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = run_dir / name
+        lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+        if any(_step(line) > 0 for line in lines if line.strip()):
+            return True
+    return False
+
+
+def _step(line: str) -> float:
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 def _delete_run(run_dir: Path, log) -> None:

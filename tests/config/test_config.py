@@ -199,6 +199,10 @@ VIOLATIONS = {
         ["trainer.optim.lr_schedule=constant", "trainer.optim.min_lr_ratio=0.1"],
         ["critic.optim.lr_schedule=constant", "critic.optim.min_lr_ratio=0.1", "algo.name=ppo"],
     ],
+    "prefetch_needs_layerwise": [
+        ["trainer.optim.prefetch_layers=3"],
+        ["critic.optim.prefetch_layers=0", "algo.name=ppo"],
+    ],
     "lora_mode_needs_a_rank": [["model.lora.mode=adapter"]],
     "classifier_keys_need_a_classifier": [
         [
@@ -287,6 +291,7 @@ def test_every_range_refuses_the_values_just_outside_it(key, bounds, kind):
     mode += ["data.task=sums_steps"] * (key in ("data.train_size", "data.operands", "data.max_operands"))
     if key in ("algo.max_filter_rounds", "algo.overlong_penalty", "algo.kl_horizon"):  # read under their switch
         recipe, mode = ("ppo", ["algo.kl_target=0.05"]) if key == "algo.kl_horizon" else ("dapo", [])
+    mode += [f"{key.rsplit('.', 1)[0]}.offload=layerwise"] * key.endswith(".prefetch_layers")
     for op, limit in bounds.items():
         outside = {"ge": limit - step, "gt": limit, "le": limit + step, "lt": limit}[op]
         with pytest.raises(ConfigError, match=f"^{key}="):

@@ -353,3 +353,17 @@ def test_a_dead_lock_that_keeps_coming_back_is_not_a_claim_without_a_lock(tmp_pa
     with pytest.raises(ConfigError, match=r"run.lock came back each time it was taken over"):
         claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
     assert not (tmp_path / "config.yaml").exists()  # refused before anything was written
+
+
+def test_a_folder_holding_only_an_earlier_runs_samples_is_refused_not_trimmed(tmp_path):
+    """The fourteenth catalogue's t33 (read from the code): with its metrics.jsonl gone and no
+    checkpoint, a folder's samples.jsonl rows past step 0 were trimmed away by a new run."""
+    run_config(tmp_path)
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text('{"step": 1, "prompt": "1+1=", "response": "2", "reward": 1.0}\n')
+    with pytest.raises(ConfigError, match=r"holds another run's steps"):
+        claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
+    assert samples.read_text().startswith('{"step": 1')
+    samples.write_text("not a row\n")  # a line no run wrote: kept and refused too
+    with pytest.raises(ConfigError):
+        claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
