@@ -151,12 +151,11 @@ def cmd_data(argv: list[str]) -> int:
             raise ConfigError(f"data.{key} given twice, as {given[f'data.{key}']} and by its option ({value}): one")
         if any(not o.lstrip("+").startswith("data.") for o in overrides):
             raise ConfigError(f"rlpost data takes data.KEY=VALUE settings only, got {overrides[1:]}")
-        unread = [
-            o for o in overrides[1:] if o.lstrip("+").split("=")[0].split(".")[1] not in TASKS.get(args.task).reads
-        ]
-        if unread:  # (a run's batch, length or order: not the rows; the fourteenth catalogue's t20)
-            reads = ", ".join(f"data.{k}" for k in TASKS.get(args.task).reads) or "none"
-            raise ConfigError(f"{', '.join(unread)}: {args.task}'s rows do not read it (they read {reads})")
+        reads = TASKS.get(args.task).reads  # (not a run's batch, length or order: the fourteenth catalogue's t20)
+        unread = [o for o in overrides[1:] if o.lstrip("+").split("=")[0].split(".")[1] not in reads]
+        if unread:
+            listed = ", ".join(f"data.{k}" for k in reads)
+            raise ConfigError(f"{', '.join(unread)}: {args.task}'s rows do not read it (they read {listed})")
         cfg = compose(overrides)
         check_values(cfg, "data.")
         out = Path(args.out)  # a file as --out, or files of the user's in it: not replaced

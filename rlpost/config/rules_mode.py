@@ -145,26 +145,27 @@ def overlong_penalty_needs_a_buffer(cfg):
         return unread(given(cfg.algo, "overlong_penalty"), "algo.", why)
 
 
+def optim_keys(cfg, name: str, off) -> list[str]:
+    """`trainer.optim.NAME=...` / `critic.optim.NAME=...` set where `off(that optim section)` holds."""
+    return [
+        f"{role}.optim.{k}"
+        for role in ("trainer", "critic")
+        if off(o := getattr(cfg, role).optim)
+        for k in given(o, name)
+    ]
+
+
 @rule("trainer.optim.offload")
 def prefetch_needs_layerwise(cfg):
-    optims = {role: getattr(cfg, role).optim for role in ("trainer", "critic")}
-    keys = [
-        f"{r}.optim.{k}" for r, o in optims.items() if o.offload != "layerwise" for k in given(o, "prefetch_layers")
-    ]
     why = "read only by the layerwise optimizer, and its optim.offload (trainer.optim.offload, critic.optim.offload) "
-    why += "is not layerwise: set it to layerwise"
-    return unread(keys, "", why)
+    keys = optim_keys(cfg, "prefetch_layers", lambda o: o.offload != "layerwise")
+    return unread(keys, "", why + "is not layerwise: set it to layerwise")
 
 
 @rule("trainer.optim.lr_schedule")
 def min_lr_needs_a_decay(cfg):
-    optims = {role: getattr(cfg, role).optim for role in ("trainer", "critic")}
-    keys = [
-        f"{r}.optim.min_lr_ratio={o.min_lr_ratio!r}"
-        for r, o in optims.items()
-        if o.lr_schedule == "constant" and o.min_lr_ratio
-    ]
     why = "read only by the cosine schedule, and its optim.lr_schedule=constant (trainer.optim.lr_schedule, "
+    keys = optim_keys(cfg, "min_lr_ratio", lambda o: o.lr_schedule == "constant")
     return unread(keys, "", why + "critic.optim.lr_schedule): set it to cosine")
 
 

@@ -243,7 +243,7 @@ def check_branch(cfg, run_dir: Path, folder: Path, step: int) -> None:
 
     if cfg.trainer.resume == "auto" or Path(run_dir).expanduser().resolve() != folder.parent.parent.resolve():
         return  # (auto goes on from the newest it can read: newer ones are damaged)
-    newer = [p.name for p in complete_checkpoints(folder.parent.parent) if int(p.name.split("_")[1]) > step]
+    newer = [p.name for p in complete_checkpoints(folder.parent.parent) if int(_COMPLETE.match(p.name).group(1)) > step]
     if newer:
         raise ConfigError(
             f"trainer.resume={cfg.trainer.resume} goes back to step {step} in its own run folder, where newer "
