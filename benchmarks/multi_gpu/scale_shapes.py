@@ -88,7 +88,7 @@ def run_figures(folder: Path, lay: dict, peak_flops: float) -> dict:
         out["sync_bytes"] = sync[0][0]
         out["sync_gb_per_s"] = statistics.median(b / s / 1e9 for b, s in sync)
     out["verified"] = all(r.get("weight_sync/verified", 1.0) == 1.0 for r in rows)
-    for key in ("update_peak_gb", "update_reserved_gb"):  # the allocator's peak, and what it held reserved
+    for key in ("update_peak_gb", "update_reserved_gb", "device_used_gb"):  # allocator peak, its reserve, the GPU
         out[key] = max((r[f"perf/{key}"] for r in rows if f"perf/{key}" in r), default=None)
     out["staleness_mean"] = median_of(rows, "rollout/staleness")
     out["reward_std"] = median_of(rows, "reward/std")  # rewards that vary: the run trains

@@ -47,11 +47,13 @@
 #   bash benchmarks/real_model/gpu.sh x2c    # not yet run: one call, seed 3's gap pair to step 33 on the code that logs the
 #                                            # token at the largest gap (jobs_x2c.txt; issue 36 item 4)
 #   bash benchmarks/real_model/gpu.sh async_c  # not yet run: issue 41 on a 2-GPU machine, 2-6 numbers, 30 steps (jobs_async_c.txt)
+#   bash benchmarks/real_model/gpu.sh x4n    # several calls: the GPU tests, the 0.5B split 1 + 1 run with and without expandable
+#                                            # segments, then issue 41's async_c runs two at a time (jobs_x4n.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x4l, x4m, x2a, x2b, algos, async, async_b, async_c, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x4l, x4m, x4n, x2a, x2b, algos, async, async_b, async_c, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -107,6 +109,13 @@ seven_b_env() {  # issue 42's 7B runs on one GPU: $O7 full parameters offloaded,
 trainer.optim.offload=layerwise trainer.max_tokens_per_microbatch=2048 trainer.profile_step=3"
   export L7="model.path=/tmp/qwen2-7b $SCALE rollout.max_response_length=1024 trainer.total_steps=3 model.lora.rank=64 \
 model.lora.alpha=128 model.lora.target_modules=[all-linear] trainer.optim.lr=1e-5"  # issue 42 item 3 (x4k)
+}
+
+async_c_env() {  # issue 41's task and run length ($ASYNC_C): 2 to 6 one-digit numbers with worked steps, 30 steps
+  export ASYNC_C="+recipe=smollm2_steps data.operands=2 data.max_operands=6 data.arithmetic_digits=1 \
+data.max_prompt_length=128 rollout.max_response_length=1024 cluster.placement=split trainer.total_steps=30 trainer.val_every=5 \
+trainer.save_every=5 trainer.start_pass_k=0 model.attn_implementation=rlpost_varlen trainer.micro_batch_size=512 \
+trainer.max_tokens_per_microbatch=16384"
 }
 
 case "$STAGE" in
@@ -222,6 +231,12 @@ rollout.max_response_length=1024 trainer.total_steps=3"
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" \
       --min-start 60 --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
+  x4n)  # a 4-GPU machine over several calls (jobs_x4n.txt): the GPU tests and the 0.5B split pair with and without
+        # expandable segments (issue 37 item 4), then issue 41's runs two at a time
+    scale_setup 0.5b; async_c_env; export COMMON
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4n.txt --dir "$W" --grace 50 --common "$COMMON" --min-start 240 \
+      --deadline $((LIMIT - (SECONDS - START) - 50))
+    ;;
   async)  # issue 41: time to accuracy, synchronous / one-step-off / async (jobs_async.txt), over several calls
     export ASYNC="+recipe=smollm2_steps data.operands=2 data.max_operands=24 data.arithmetic_digits=2 \
 data.max_prompt_length=192 rollout.max_response_length=1024 cluster.placement=split trainer.total_steps=30 trainer.val_every=10 \
@@ -241,10 +256,7 @@ trainer.max_tokens_per_microbatch=16384"
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   async_c)  # issue 41 on a 2-GPU machine (jobs_async_c.txt): 2 to 6 one-digit numbers, 30 steps, one 1 + 1 run at a time
-    export ASYNC_C="+recipe=smollm2_steps data.operands=2 data.max_operands=6 data.arithmetic_digits=1 \
-data.max_prompt_length=128 rollout.max_response_length=1024 cluster.placement=split trainer.total_steps=30 trainer.val_every=5 \
-trainer.save_every=5 trainer.start_pass_k=0 model.attn_implementation=rlpost_varlen trainer.micro_batch_size=512 \
-trainer.max_tokens_per_microbatch=16384"
+    async_c_env
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_async_c.txt --dir "$W" --grace 50 --common "$COMMON" \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;

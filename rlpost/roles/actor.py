@@ -143,6 +143,8 @@ class ActorWorker:
             if self.device.type == "cuda":  # what the memory plan (controller/plan.py) predicts, and
                 stats.max("perf/update_peak_gb", self.engine.phase_peak())  # the allocator's reserve over it
                 stats.max("perf/update_reserved_gb", torch.cuda.max_memory_reserved(self.device) / 2**30)
+                free, total = torch.cuda.mem_get_info(self.device)  # the whole GPU: context, NCCL, others
+                stats.max("perf/device_used_gb", (total - free) / 2**30)
             metrics = stats.reduce()
             logprobs = Batch({k: torch.cat(v).cpu() for k, v in out.items() if v})
         metrics["timing_s/update_worker"] = time.perf_counter() - start  # the rest of update's time is Ray's
