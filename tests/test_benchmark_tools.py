@@ -153,6 +153,21 @@ def test_a_run_started_through_run_7b_is_recorded_with_the_overrides_the_script_
     assert got["d"][1][-1] == "d" and "run_7b.sh" in " ".join(got["d"][1])
 
 
+def test_a_shell_jobs_run_is_recorded_with_its_overrides_and_the_variables_set_before_it(tmp_path):
+    """A `sh:` job that sets a variable (PyTorch's allocator) before `python3 -m rlpost.cli train`:
+    its overrides are the words after `train`, its variables come apart into the recorded command."""
+    collect = load_benchmark("benchmarks/real_model/collect.py")
+    (tmp_path / "commands.txt").write_text(
+        "01:00:00 start e on GPU 0,1: A=1 B=x:y python3 -m rlpost.cli train m=1 trainer.resume=auto n=2\n"
+        "01:00:01 start f on GPU 2: python3 -m rlpost.cli train m=3\n"
+        "01:00:02 start g on GPU 3: m=4\n"
+    )
+    got, env = collect.started(tmp_path), collect.shell_env(tmp_path)
+    assert got == {"e": ("0,1", ["m=1", "n=2"]), "f": ("2", ["m=3"]), "g": ("3", ["m=4"])}
+    assert env == {"e": "A=1 B=x:y"}
+    assert collect.train_command(*got["e"], env["e"]) == "CUDA_VISIBLE_DEVICES=0,1 A=1 B=x:y rlpost train m=1 n=2"
+
+
 def test_bitwise_compares_every_value_but_time_and_memory(tmp_path):
     """benchmarks/real_model/bitwise.py (issue 38's check): a changed reward or a missing step is a
     difference; a changed timing, tokens/s or GB figure is not."""
@@ -250,3 +265,15 @@ def test_the_async_summary_means_the_steps_without_validation_and_all_steps_by_h
     assert got["mean_wall_step_all_s"] == round(70 / 7, 3) and got["intervals"] == 7
     assert got["median_wall_step_s"] == 4.0 and got["is_weight_max"] == 2.0
     assert got["regenerated_groups"] == 3 and got["dropped_groups"] == 1 and got["mean_staleness"] == 2.0
+
+
+def test_time_to_accuracy_counts_the_run_clock_to_the_first_evaluation_that_reaches_it():
+    """Minutes to a target: the step walls summed to the first evaluation at or above it, a step's
+    own timer where its wall is None (the first step, a resume); None when no evaluation reached it."""
+    summary = load_benchmark("benchmarks/real_model/async_summary.py")
+    per_step = {"step": [1, 2, 3, 4], "wall_step_s": [None, 30.0, None, 60.0], "step_s": [12.0, 1.0, 18.0, 1.0]}
+    run = {"per_step": per_step, "val_accuracy": [[0, 0.1], [2, 0.3], [4, 0.5]]}
+    assert summary.step_seconds(run) == [12.0, 30.0, 18.0, 60.0]
+    assert summary.minutes_to(run, 0.3) == round(42 / 60, 2)
+    assert summary.minutes_to(run, 0.31) == 2.0 and summary.minutes_to(run, 0.05) == 0.0
+    assert summary.minutes_to(run, 0.6) is None

@@ -29,7 +29,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "real_model"))
 sys.path.insert(0, str(REPO / "benchmarks" / "multi_gpu"))
 sys.path.insert(0, str(REPO))
 
-from collect import machine, started, train_command  # noqa: E402
+from collect import machine, shell_env, started, train_command  # noqa: E402
 from scale import gpu_peaks, plan_of  # noqa: E402
 
 PHASES = ("gen", "reward", "logprob", "update", "weight_sync", "step")
@@ -132,7 +132,8 @@ def main() -> None:
     for name, (gpus, overrides) in scale_jobs.items():
         lay = layout(overrides)
         done = (a.stage / f"{name}.done").exists()
-        runs[name] = lay | {"finished": done, "command": train_command(gpus, overrides)}
+        env = shell_env(a.stage).get(name, "")
+        runs[name] = lay | {"finished": done, "command": train_command(gpus, overrides, env), "env": env or None}
         figures = (
             run_figures(a.stage / name, lay, a.peak_tflops * 1e12)
             if (a.stage / name / "metrics.jsonl").exists()
@@ -140,7 +141,7 @@ def main() -> None:
         )
         if len(figures.get("steps", [])) >= a.min_steps:  # a stopped run counts with --min-steps after the first
             runs[name] |= figures
-            memory = plan_of(a.stage / name, runs[name]["command"], a.gpu_gib, [])
+            memory = plan_of(a.stage / name, train_command(gpus, overrides), a.gpu_gib, [])
             runs[name]["memory"] = memory | {"nvidia_smi_peak_gib": gpu_peaks(a.stage, name)}
     out = {**machine(a.stage), "command": a.command, "note": a.note, "peak_tflops": a.peak_tflops}
     out |= {"raw_broadcast": raw_broadcasts(a.sync), "runs": runs}

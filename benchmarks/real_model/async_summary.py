@@ -12,6 +12,7 @@ importance weights and dropped or regenerated groups; the held-out accuracy curv
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 
@@ -48,6 +49,21 @@ def summarize(run: dict, every: int) -> dict:
     }
 
 
+def step_seconds(run: dict) -> list[float]:
+    """Each step's wall time (`wall_step_s`), or across a resume (None) the step's own timer."""
+    p = run["per_step"]
+    return [w if w is not None else s for w, s in zip(p["wall_step_s"], p["step_s"], strict=True)]
+
+
+def minutes_to(run: dict, target: float) -> float | None:
+    """Minutes of the run clock until the first held-out evaluation at `target` accuracy or more
+    (each step's `wall_step_s`, validation and checkpoints in it; across a resume, where it is None,
+    the step's own timer); None if no evaluation reached it."""
+    at = dict(zip(run["per_step"]["step"], itertools.accumulate(step_seconds(run))))
+    reached = [step for step, acc in run["val_accuracy"] if acc >= target]
+    return round(at.get(reached[0], 0.0) / 60, 2) if reached else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file")
@@ -60,8 +76,12 @@ def main() -> None:
     for figures in runs.values():
         for key in ("mean_wall_step_s", "mean_wall_step_all_s"):
             figures[f"speedup_{key}"] = round(base[key] / figures[key], 3) if figures[key] else None
-    what = summarize.__doc__ + " " + __doc__.split("\n\n")[0]
-    data["summary"] = {"what": what, "baseline": args.baseline, "runs": runs}
+    target = data["runs"][args.baseline]["val_accuracy"][-1][1]  # the baseline's final accuracy
+    for name, figures in runs.items():
+        figures["minutes_to_baseline_final"] = minutes_to(data["runs"][name], target)
+        figures["minutes_total"] = round(sum(step_seconds(data["runs"][name])) / 60, 2)
+    what = summarize.__doc__ + " " + minutes_to.__doc__ + " " + __doc__.split("\n\n")[0]
+    data["summary"] = {"what": what, "baseline": args.baseline, "baseline_final_accuracy": target, "runs": runs}
     with open(args.file, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")

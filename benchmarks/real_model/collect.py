@@ -115,7 +115,9 @@ def started(stage: Path) -> dict[str, tuple[str, list[str]]]:
     """Each run's GPUs and overrides from the start lines of commands.txt: its last attempt's, less
     the `trainer.resume=auto` that gpu_queue.py adds to a run going on in a later call (a first
     attempt may have been refused and its job line fixed before the run went on). A job that ran
-    `rlpost train` through run_7b.sh has its overrides in NAME.overrides, which that script writes."""
+    `rlpost train` through run_7b.sh has its overrides in NAME.overrides, which that script writes;
+    one that ran it as a shell job (`VAR=value python3 -m rlpost.cli train ...`), those after `train`
+    (its variables: `shell_env`)."""
     out = {}
     for line in (stage / "commands.txt").read_text().splitlines():
         m = re.match(r"^\S+ start (\S+) on GPU ([\d,]+): (.*)$", line)
@@ -123,12 +125,24 @@ def started(stage: Path) -> dict[str, tuple[str, list[str]]]:
             name, words = m.group(1), m.group(3).split()
             if "benchmarks/real_model/run_7b.sh" in words and (stage / f"{name}.overrides").is_file():
                 words = (stage / f"{name}.overrides").read_text().split()
+            if "rlpost.cli" in words and "train" in words:
+                words = words[words.index("train") + 1 :]
             out[name] = (m.group(2), [w for w in words if w != "trainer.resume=auto"])
     return out
 
 
-def train_command(gpus: str, overrides: list[str]) -> str:
-    return f"CUDA_VISIBLE_DEVICES={gpus} rlpost train {' '.join(overrides)}"
+def shell_env(stage: Path) -> dict[str, str]:
+    """Each shell job's variables set before its `python3 -m rlpost.cli train` (e.g. PyTorch's allocator)."""
+    out = {}
+    for line in (stage / "commands.txt").read_text().splitlines():
+        m = re.match(r"^\S+ start (\S+) on GPU [\d,]+: (.*?)python3 -m rlpost\.cli train ", line)
+        if m and m.group(2).strip():
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def train_command(gpus: str, overrides: list[str], env: str = "") -> str:
+    return f"CUDA_VISIBLE_DEVICES={gpus} {env + ' ' if env else ''}rlpost train {' '.join(overrides)}"
 
 
 def main() -> None:
@@ -140,7 +154,10 @@ def main() -> None:
     p.add_argument("--runs", nargs="*", help="only these runs (default: every run of the stage)")
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args()
-    commands = {n: train_command(*job) for n, job in started(a.stage).items() if a.runs is None or n in a.runs}
+    env = shell_env(a.stage)
+    commands = {
+        n: train_command(*job, env.get(n, "")) for n, job in started(a.stage).items() if a.runs is None or n in a.runs
+    }
     out = {
         **machine(a.stage),
         **({"commit": a.commit} if a.commit else {}),

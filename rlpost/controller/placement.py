@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +23,22 @@ from rlpost.controller.cluster import actor_env
 
 if TYPE_CHECKING:
     from rlpost.controller.cluster import WorkerGroup
+
+
+EXPANDABLE = "expandable_segments:True"
+
+
+def allocator_conf(cfg: TrainConfig, role: str, user: str | None) -> str | None:
+    """PYTORCH_CUDA_ALLOC_CONF for a role's actor, or None to leave the environment's. A split run's
+    trainer GPUs get PyTorch's expandable segments: without them the caching allocator held 45.1 GiB
+    over an update whose peak was 25.8 GiB (0.5B, split 1 + 1: 47.1 GiB of the GPU by nvidia-smi
+    against 29.4 with them; benchmarks/multi_gpu/alloc_h200x4.json). Added to the user's setting
+    (`user`) unless it names expandable_segments itself. Colocated runs are not yet measured with them."""
+    if role == "rollout" or cfg.trainer.device != "cuda" or Colocation.of(cfg).colocated:
+        return None
+    if user and "expandable_segments" in user:
+        return None
+    return f"{user},{EXPANDABLE}" if user else EXPANDABLE
 
 
 @ray.remote
@@ -155,8 +172,16 @@ class Placement:
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=self.pg, placement_group_bundle_index=bundle
             ),
-            "runtime_env": {"env_vars": actor_env(cfg)},
+            "runtime_env": {"env_vars": self.env(cfg, role)},
         }
+
+    @staticmethod
+    def env(cfg: TrainConfig, role: str) -> dict[str, str]:
+        env = actor_env(cfg)
+        conf = allocator_conf(cfg, role, os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        return env
 
     def engine_devices(self, cfg: TrainConfig, trainers: "WorkerGroup") -> list[str | None]:
         """Each rollout actor's CUDA_VISIBLE_DEVICES (`engine_devices`), None for Ray's own."""

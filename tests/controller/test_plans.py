@@ -183,3 +183,29 @@ def test_every_roles_share_of_its_bundle_on_the_cpu_and_a_colocated_engines_firs
     cfg.rollout.tensor_parallel_size = 2
     bundles, _, rollouts, _ = bundle_layout(cfg)
     assert bundles == [{"CPU": 1, "GPU": 1}] * 4 and rollouts == [0, 2]
+
+
+def test_a_split_runs_trainer_gpus_get_expandable_segments_and_the_users_setting_is_kept(monkeypatch):
+    """On a split run's trainer GPUs every role but the rollout gets PyTorch's expandable segments
+    (the caching allocator's reserve, benchmarks/multi_gpu/alloc_h200x4.json), added to the user's
+    PYTORCH_CUDA_ALLOC_CONF; a user's own expandable_segments, a colocated run, the CPU: left alone."""
+    from rlpost.controller.placement import Placement, allocator_conf
+
+    cfg = cfg_with("rollout.num_workers=1")
+    cfg.cluster.placement, cfg.trainer.device = "split", "cuda"
+    for role in ("trainer", "critic", "reward_model"):
+        assert allocator_conf(cfg, role, None) == "expandable_segments:True"
+        assert allocator_conf(cfg, role, "") == "expandable_segments:True"
+    assert allocator_conf(cfg, "rollout", None) is None
+    assert allocator_conf(cfg, "trainer", "max_split_size_mb:512") == "max_split_size_mb:512,expandable_segments:True"
+    assert allocator_conf(cfg, "trainer", "expandable_segments:False") is None
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert Placement.env(cfg, "trainer")["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in Placement.env(cfg, "rollout")
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8")
+    conf = Placement.env(cfg, "critic")["PYTORCH_CUDA_ALLOC_CONF"]
+    assert conf == "garbage_collection_threshold:0.8,expandable_segments:True"
+    cfg.cluster.placement = "colocate"
+    assert allocator_conf(cfg, "trainer", None) is None
+    cfg.cluster.placement, cfg.trainer.device = "split", "cpu"
+    assert allocator_conf(cfg, "trainer", None) is None
