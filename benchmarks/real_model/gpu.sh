@@ -49,11 +49,13 @@
 #   bash benchmarks/real_model/gpu.sh async_c  # not yet run: issue 41 on a 2-GPU machine, 2-6 numbers, 30 steps (jobs_async_c.txt)
 #   bash benchmarks/real_model/gpu.sh x4n    # several calls: the GPU tests, the 0.5B split 1 + 1 run with and without expandable
 #                                            # segments, then issue 41's async_c runs two at a time (jobs_x4n.txt)
+#   bash benchmarks/real_model/gpu.sh x4o    # not yet run: issue 41's seeds 1 and 2 (sync, one-step-off, async 2), then the 3B
+#                                            # split 2 + 2 run on the expandable-segments default (jobs_x4o.txt)
 #   bash benchmarks/real_model/gpu.sh scale_sync  # one call: rlpost's sync against raw NCCL, 0.5B-7B shapes
 # Every run's folder, log and the machine's description go into one archive, $OUT/STAGE.tar.gz
 # (benchmarks/real_model/collect.py turns it into the committed JSON).
 set -uo pipefail
-STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x4l, x4m, x4n, x2a, x2b, algos, async, async_b, async_c, one_7b, scale or scale_sync}
+STAGE=${1:?stage: steps, sums, survey, rest, rest_lora, pair, pair_steps, scale2, x4, x4b, x4c, x4d, x4e, x4f, x4g, x4h, x4i, x4j, x4k, x4l, x4m, x4n, x4o, x2a, x2b, algos, async, async_b, async_c, one_7b, scale or scale_sync}
 OUT=${OUT:-/tmp/out}; LIMIT=${LIMIT:-560}; START=$SECONDS
 mkdir -p "$OUT" /tmp/runs
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0
@@ -231,10 +233,11 @@ rollout.max_response_length=1024 trainer.total_steps=3"
     python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" \
       --min-start 60 --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
-  x4n)  # a 4-GPU machine over several calls (jobs_x4n.txt): the GPU tests and the 0.5B split pair with and without
-        # expandable segments (issue 37 item 4), then issue 41's runs two at a time
-    scale_setup 0.5b; async_c_env; export COMMON
-    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_x4n.txt --dir "$W" --grace 50 --common "$COMMON" --min-start 240 \
+  x4n|x4o)  # a 4-GPU machine over several calls (jobs_x4n.txt): the GPU tests and the 0.5B split pair with and without
+        # expandable segments (issue 37 item 4), then issue 41's runs two at a time; x4o (jobs_x4o.txt): issue 41's
+        # seeds 1 and 2, then the 3B split run with expandable segments by default
+    scale_setup "0.5b 3b"; async_c_env; export COMMON
+    python3 benchmarks/gpu_queue.py benchmarks/real_model/jobs_$STAGE.txt --dir "$W" --grace 50 --common "$COMMON" --min-start 240 \
       --deadline $((LIMIT - (SECONDS - START) - 50))
     ;;
   async)  # issue 41: time to accuracy, synchronous / one-step-off / async (jobs_async.txt), over several calls

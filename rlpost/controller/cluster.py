@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 import ray
 
 from rlpost.config import ConfigError, TrainConfig
+from rlpost.controller.reaper import start_watcher
 from rlpost.data.batch import Batch
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ def plain_text() -> bool:
 def start_ray(cfg: TrainConfig, log=print) -> None:
     if ray.is_initialized():
         return
+    start_watcher()  # if this process is killed, what it started is stopped (controller/reaper.py)
     if plain_text():  # the actors' lines without Ray's colour codes (the ninth catalogue's n38)
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     level = logging.INFO if cfg.logger.verbose else logging.WARNING  # "Started a local Ray instance"
