@@ -238,3 +238,21 @@ def test_validation_scores_above_1_are_said_once_as_not_an_accuracy():
         "score is at least 1, so here it is not the share answered right; read val/reward_mean, or make reward.fn "
         "score a right answer 1 and a wrong one less"
     ]
+
+
+def test_a_step_without_episode_counts_is_not_said_even_at_two_episodes():
+    """A step that logged no `env/timeouts` or `env/errors` (none ended early) says nothing, also where
+    half the step is a single episode (mutation_alerts_progress.json's survivors: a default of 1)."""
+    cfg = load_config(
+        ["+recipe=quickstart", "env.name=retry", "data.train_batch_size=1", "rollout.n=2"], this_machine=False
+    )
+    assert episodes_cut(cfg, 3, {}) == {}
+    assert list(episodes_cut(cfg, 3, {"env/timeouts": 1.0})) == ["env_timeouts"]
+
+
+def test_validation_scores_above_one_are_said_and_one_is_not():
+    from rlpost.controller.alerts import off_scale
+
+    assert off_scale({"val/score_max": 1.0}) == {} and off_scale({}) == {}
+    (said,) = off_scale({"val/score_max": 1.5}).items()
+    assert said[0] == "off_scale" and said[1].startswith("warning: validation scores reach 1.5 (val/score_max)")

@@ -365,3 +365,31 @@ def test_a_lock_deleted_under_the_run_is_taken_again_and_one_another_run_took_st
     lock.write_text(json.dumps({"pid": 1, "host": socket.gethostname(), "since": 0}))  # another run took it
     with pytest.raises(CheckpointError, match=r"run.lock was taken by another run \(pid 1 on host .*\) while this one"):
         check_run_folder(tmp_path, 4, said.append)
+
+
+def test_a_split_steps_idle_shares_and_the_wall_time_since_the_start(tmp_path):
+    """`timed_step` adds each side's idle share on a split run (from the step's own metrics) and the
+    run's wall time since its start, not a sum with the start's clock reading."""
+    c = FakeController(tmp_path, 1)
+    c.cfg.cluster.placement = "split"
+    c.started = time.monotonic() - 5.0  # the run started 5 s ago
+    metrics = progress.timed_step(c)
+    assert metrics["perf/rollout_idle_frac"] == 1.0 and 0.0 <= metrics["perf/trainer_idle_frac"] <= 1.0
+    assert 5.0 <= metrics["time/run_s"] < 60.0
+
+
+def test_a_lock_deleted_during_the_run_is_said_and_taken_again(tmp_path, capsys):
+    """`run.lock` deleted by hand after step 1: the run says so on its console line and goes on."""
+    c = FakeController(tmp_path, 0)
+    step = c.train_step
+
+    def deleting_the_lock():
+        if c.step == 1:
+            (tmp_path / "run.lock").unlink()
+        return step()
+
+    c.train_step = deleting_the_lock
+    run_steps(c)
+    out, err = capsys.readouterr()
+    assert c.step == 3 and f"{tmp_path / 'run.lock'} was deleted while the run trained (after step 2)" in out + err
+    assert json.loads((tmp_path / "run.lock").read_text())["pid"] == os.getpid()
