@@ -59,7 +59,7 @@ def checked_config(overrides: list[str]):
             e, hint = str(e).split(": extraneous")[0], ": write KEY=VALUE, with one ="
         if "Value '' of type 'str' could not be converted" in str(e):  # `key=` with nothing after it
             hint = " (the override gives the key no value: write KEY=VALUE, or KEY=null where null is allowed)"
-        if "LexerNoViableAlt" in str(e):  # Hydra's grammar: `~` starts a deletion, some characters end a value
+        if "LexerNoViableAlt" in str(e) and "quote a value" not in str(e):  # (said once: the fifteenth's t08)
             hint = """ (quote a value that holds characters such as ~ = , [ ] or spaces: "run.dir='~/runs/a'")"""
         if not any(o.startswith("+recipe=") for o in overrides):  # (the defaults alone: the twelfth catalogue's t88)
             hint += "; no recipe was given: start from one, e.g. +recipe=quickstart (rlpost train --help lists them)"
@@ -256,9 +256,11 @@ def cmd_plan(argv: list[str]) -> int:
         check_plan,
         format_plan,
         gpu_plan,
+        gpu_size,
         largest_token_budget,
         lora_rank_refusal,
         micro_batch_tokens,
+        plan_header,
         shape_of,
     )
     from rlpost.models.loading import resolve_path
@@ -272,12 +274,9 @@ def cmd_plan(argv: list[str]) -> int:
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"rlpost plan: {e}", file=sys.stderr)
         return 2
-    if gpu_gb is None:
-        import torch
-
-        gpu_gb = torch.cuda.mem_get_info()[1] / GIB if torch.cuda.is_available() else 80.0
+    gpu_gb, assumed = gpu_size(gpu_gb)
     plan = gpu_plan(cfg, shape, gpu_gb * GIB)
-    print(f"model: {shape.params / 1e9:.2f}B parameters, {shape.layers} layers, hidden {shape.hidden}")
+    print(plan_header(cfg, shape, gpu_gb, assumed))
     print(format_plan(plan))
     if cfg.trainer.device == "cuda":  # the update's fixed cost per micro-batch: fewer, larger ones pay
         budget, now = largest_token_budget(cfg, shape, gpu_gb * GIB), micro_batch_tokens(cfg)

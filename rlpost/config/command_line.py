@@ -82,9 +82,8 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
     choices = []
     for o in parsed:
         key = o.get_key_element()
-        if o.is_sweep_override():  # (no more values than a whole sweep may have: range(0,10**8) is lazy)
-            values = itertools.islice(o.sweep_string_iterator(), MAX_SWEEP_JOBS + 1)
-            choices.append([f"{key}={v}" for v in values])
+        if o.is_sweep_override():
+            choices.append([f"{key}={v}" for v in swept_values(o, key)])
         else:
             choices.append([o.input_line])
     if math.prod(len(c) for c in choices) > MAX_SWEEP_JOBS:  # (the fourteenth catalogue's t04: a MemoryError)
@@ -95,6 +94,28 @@ def sweep_jobs(overrides: list[str]) -> list[list[str]]:
             "another; sweep fewer values, or split it into several sweeps with their own run.dir"
         )
     return [list(job) for job in itertools.product(*choices)]
+
+
+def swept_values(o, key: str) -> list[str]:
+    """The values of one swept override (no more than a whole sweep may have: range(0,10**8) is lazy);
+    a sweep with no values, one of the optimizer sweepers' intervals, or a value listed twice is
+    refused by its key (the fifteenth catalogue's t10, t09, t09b)."""
+    text = o.input_line.partition("=")[2]
+    try:
+        values = list(itertools.islice(o.sweep_string_iterator(), MAX_SWEEP_JOBS + 1))
+    except Exception as e:  # Hydra's: "Can only enumerate CHOICE and RANGE sweeps" (interval(...))
+        raise ConfigError(
+            f"{key}={text}: {str(e).splitlines()[0]}; `rlpost train -m` runs listed values (a,b,c), range() or "
+            "choice(): an interval is for an optimizing sweeper (Optuna, Nevergrad), which rlpost does not run"
+        ) from None
+    if not values:
+        raise ConfigError(
+            f"{key}={text} has no values (a range counts up from its start: range(1,5), or range(5,1,-1))"
+        )
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise ConfigError(f"{key}={text} lists {', '.join(twice)} more than once: the jobs would repeat each other")
+    return values
 
 
 def sweep_folder(run_dir: str) -> Path:

@@ -53,10 +53,16 @@ def _explain(error: Exception) -> str:
     """Turn a Hydra/OmegaConf composition error into one line naming the key and what would fix it."""
     text = str(error)
     bad = getattr(error, "override", None)  # Hydra's parser: the override was not named (cat11's t57)
+    if isinstance(bad, str) and "[" in bad.partition("=")[0]:  # a list item in the key (the fifteenth's t08)
+        key = bad.partition("=")[0]
+        return (
+            f"{bad!r}: a list item is set as {key.replace('[', '.').replace(']', '')}=VALUE (its number after a dot), "
+            f"or the whole list as {key.split('[')[0]}=[a,b]"
+        )
     if isinstance(bad, str) and "extraneous input '='" not in text:  # (`==`: the command line names it)
         return (
-            f"{bad!r} cannot be read as KEY=VALUE ({text.splitlines()[0].rstrip(':')}); quote a value that holds "
-            "brackets, = or spaces: KEY='...'"
+            f"{bad!r} cannot be read as KEY=VALUE ({text.splitlines()[0].rstrip(':')}) (quote a value that holds "
+            """characters such as ~ = , [ ] or spaces: "run.dir='~/runs/a'")"""
         )
     if error.__cause__ is not None:
         text += "\n" + str(error.__cause__)

@@ -121,6 +121,20 @@ def tiny_heads_divide(cfg):
         )
 
 
+@rule("model.tiny.hidden_size")
+def tiny_head_size(cfg):
+    """Rotary embeddings turn pairs of a head's dimensions: a head size that is not a whole, even number
+    failed in the first forward (the fifteenth catalogue's t05)."""
+    t = cfg.model.tiny
+    head = t.hidden_size / t.num_heads
+    if "tiny" in (cfg.model.path, cfg.reward.model.path) and (head != int(head) or int(head) % 2):
+        fit = t.num_heads * max(2, 2 * round(head / 2))
+        return (
+            f"model.tiny.num_heads={t.num_heads} splits model.tiny.hidden_size={t.hidden_size} into heads of {head:g}: "
+            f"rotary embeddings need a whole, even head size; e.g. model.tiny.hidden_size={fit}"
+        )
+
+
 @rule("model.tiny.max_position")
 def tiny_positions(cfg):
     p, r, positions = cfg.data.max_prompt_length, cfg.rollout.max_response_length, cfg.model.tiny.max_position

@@ -290,6 +290,32 @@ def largest_token_budget(cfg: TrainConfig, shape: ModelShape, gpu_bytes: float, 
     return low * step
 
 
+def gpu_size(given: float | None) -> tuple[float, bool]:
+    """(GiB of the GPU the plan is for, whether it is assumed): `--gpu-gb`, else this machine's GPU,
+    else 80 GiB (an H100's), assumed."""
+    if given is not None:
+        return given, False
+    import torch
+
+    return (torch.cuda.mem_get_info()[1] / GIB, False) if torch.cuda.is_available() else (80.0, True)
+
+
+def plan_header(cfg: TrainConfig, shape: ModelShape, gpu_gb: float, assumed: bool) -> str:
+    """The model's size, and what the plan stands for where the run uses no GPU or none is here (the
+    fifteenth catalogue's t12: a CPU run's config planned for 80 GiB GPUs without a word)."""
+    n = shape.params
+    lines = [f"model: {f'{n / 1e9:.2f}B' if n >= 1e9 else f'{n / 1e6:.1f}M'} parameters, {shape.layers} layers, "
+             f"hidden {shape.hidden}"]  # fmt: skip
+    if cfg.trainer.device != "cuda":
+        lines.append(
+            f"trainer.device={cfg.trainer.device}: this run uses no GPU; below is what the same config would hold "
+            "on GPUs (trainer.device=cuda)"
+        )
+    if assumed:
+        lines.append(f"no GPU here: one of {gpu_gb:g} GiB is assumed (rlpost plan --gpu-gb N for another)")
+    return "\n".join(lines)
+
+
 def format_plan(plan: dict) -> str:
     t = plan["trainer"]
     lines = [f"memory plan per GPU ({plan['gpu_bytes'] / GIB:.0f} GiB), GiB:"]

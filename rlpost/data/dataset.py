@@ -84,6 +84,17 @@ def read_rows(source: str) -> list[dict]:
             f"{path}: rlpost does not read {path.suffix or 'extension-less'} files; give rows as .jsonl (one JSON "
             "object a line), .json (one array), .csv (a header line), .parquet or a datasets.save_to_disk folder"
         )
+    return read_hub(source, path)
+
+
+def read_hub(source: str, path: Path) -> list[dict]:
+    """Rows of a hub id (`org/name:split`, through datasets); a path that is not there is named as one."""
+    if path.is_absolute() or source.startswith(("./", "../", "~")):  # a path, not a hub id (cat15's t04)
+        near = sorted(str(p) for p in path.parent.glob(f"{glob.escape(path.stem)}.*") if p.suffix.lower() in FORMATS)
+        raise DataError(
+            f"{path}: no such file{f' (there is {near[0]})' if near else ''}; rlpost reads .jsonl, .json, .csv and "
+            ".parquet files, datasets.save_to_disk folders and hub ids (org/name:split)"
+        )
     import datasets
 
     name, _, split = source.partition(":")
@@ -94,6 +105,12 @@ def read_rows(source: str) -> list[dict]:
             f"{source}: not a local file, and the hub could not be reached ({e}); give a local .jsonl, .parquet, ... "
             "file, or run where the hub answers once (datasets caches it; HF_DATASETS_OFFLINE=1 then reads the cache)"
         ) from None
+    except Exception as e:  # datasets' own words for a hub id it could not load (no such data set or split)
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise DataError(
+            f"{source}: not a local file, and datasets could not load it as a hub id ({why}); give a local .jsonl, "
+            ".json, .csv or .parquet file, a datasets.save_to_disk folder or a hub id (org/name:split)"
+        ) from None
 
 
 def read_text_rows(path: Path, suffix: str) -> list[dict]:
@@ -103,18 +120,22 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
         return read_csv(path, text)
     if suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
         try:
-            return json.loads(text)
+            return json.loads(text, object_pairs_hook=_one_value_a_key)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        except KeyError as e:  # (the fifteenth catalogue's t01: the last value kept, as .jsonl refuses it)
+            raise DataError(f"{path}: an object gives the key {e.args[0]!r} twice; give each key once") from None
     if suffix == ".json" and columns_layout(text):
         raise DataError(
             f"{path}: one JSON object of columns (pandas' DataFrame.to_json() default), not rows; write "
             "records: df.to_json(path, orient='records', lines=True) as .jsonl"
         )
-    if suffix == ".json" and len([line for line in text.splitlines() if line.strip()]) > 1:
+    # JSON Lines ends a row at "\n" only: str.splitlines() also splits at U+2028, U+0085, ..., which a
+    # JSON string may hold unescaped (the fifteenth catalogue's t02: a valid row read as two halves)
+    if suffix == ".json" and len([line for line in text.split("\n") if line.strip()]) > 1:
         whole_object(path, text)
     rows = []
-    for i, line in enumerate(text.splitlines()):
+    for i, line in enumerate(text.split("\n")):
         if not line.strip():
             continue
         try:
@@ -170,6 +191,11 @@ def read_csv(path: Path, text: str) -> list[dict]:
     header = text.splitlines()[0] if text.strip() else ""
     if "," not in header and ";" in header:
         raise DataError(f"{path}: its header {header!r} is separated by ';', not ','; save the file with commas")
+    twice = sorted({n for n in reader.fieldnames or [] if reader.fieldnames.count(n) > 1})
+    if twice:  # DictReader keeps the last column of a name (the fifteenth catalogue's t03)
+        raise DataError(
+            f"{path}: its header {header!r} names {', '.join(map(repr, twice))} twice; name each column once"
+        )
     for i, row in enumerate(rows):
         if None in row or None in row.values():  # (DictReader: the extra fields under None, the missing as None)
             fields = len(reader.fieldnames) + len(row.get(None, [])) - sum(v is None for v in row.values())

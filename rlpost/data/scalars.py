@@ -3,6 +3,7 @@ numpy scalars, and reward functions often return numpy or torch scalars."""
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 
@@ -18,9 +19,12 @@ def unwrap_scalar(value):
 
 
 def finite_number(value) -> float | None:
-    """`value` (unwrapped: `unwrap_scalar`) as a float where it is a finite int or float; None for
-    anything else (a bool is not a number here: `True` as a score is a mistake, not 1.0)."""
+    """`value` (unwrapped: `unwrap_scalar`) as a float where it is a finite int, float, Fraction or
+    Decimal (the fifteenth catalogue's t13); None for anything else (a bool is not a number here:
+    `True` as a score is a mistake, not 1.0)."""
     value = unwrap_scalar(value)
+    if isinstance(value, decimal.Decimal):
+        value = float(value) if value.is_finite() else math.nan  # (1e400 becomes inf: refused below)
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         return None
     return float(value)

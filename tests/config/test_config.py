@@ -136,6 +136,10 @@ VIOLATIONS = {
     ],
     "tiny_model_task": [["data.task=sums_chat"], ["data.task=reasoning_gym"]],
     "tiny_heads_divide": [["model.tiny.num_heads=3"], ["model.tiny.num_kv_heads=3"]],
+    "tiny_head_size": [
+        ["model.tiny.hidden_size=100"],
+        ["model.tiny.hidden_size=30", "model.tiny.num_heads=6", "model.tiny.num_kv_heads=3"],
+    ],  # fmt: skip
     "tiny_positions": [["model.tiny.max_position=19"]],
     "resume_folder_exists": [["trainer.resume=/nonexistent/ckpt"]],
     "environment_exists": [

@@ -1,0 +1,127 @@
+"""Faults the fifteenth bad-input catalogue found (tried by someone who did not write the code, on
+a878c57): each test fails on the code before its fix."""
+
+import json
+from decimal import Decimal
+
+import pytest
+
+from rlpost.cli import main
+from rlpost.config import ConfigError, load_config
+from rlpost.config.command_line import sweep_jobs
+from rlpost.data.dataset import DataError, read_rows
+from rlpost.data.scalars import finite_number
+
+
+def test_a_jsonl_row_whose_string_holds_a_line_separator_is_read(tmp_path):
+    """t02: U+2028 (and U+0085, U+2029) may stand unescaped in a JSON string; the rows were split at it
+    and row 5 refused as "not valid JSON", with later rows numbered one off."""
+    rows = [{"prompt": f"what is {i}?\u2028\u0085\u2029", "ground_truth": str(i)} for i in range(6)]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n", encoding="utf-8")
+    assert read_rows(str(path)) == rows
+    path.write_text("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\r\n", encoding="utf-8")
+    assert read_rows(str(path)) == rows  # (a Windows line end too)
+
+
+def test_a_path_with_a_typo_in_its_extension_is_no_such_file_not_a_hub_id(tmp_path):
+    """t04: `train.jsnl` beside train.jsonl went to datasets.load_dataset as a hub id, refused in its words."""
+    (tmp_path / "train.jsonl").write_text('{"prompt": "a", "ground_truth": "1"}\n')
+    with pytest.raises(DataError) as info:
+        read_rows(str(tmp_path / "train.jsnl"))
+    assert str(info.value) == (
+        f"{tmp_path / 'train.jsnl'}: no such file (there is {tmp_path / 'train.jsonl'}); rlpost reads .jsonl, .json, "
+        ".csv and .parquet files, datasets.save_to_disk folders and hub ids (org/name:split)"
+    )
+    with pytest.raises(DataError, match=r"^nowhere/rows: no such file; rlpost reads"):
+        read_rows("./nowhere/rows")
+
+
+def test_a_tiny_model_whose_head_size_is_odd_or_not_whole_is_refused_by_its_keys():
+    """t05: model.tiny.hidden_size=100 with 4 heads (25 a head) failed in the rotary embedding's first forward."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["+recipe=quickstart", "model.tiny.hidden_size=100"], this_machine=False)
+    assert str(info.value) == (
+        "model.tiny.num_heads=4 splits model.tiny.hidden_size=100 into heads of 25: rotary embeddings need a whole, "
+        "even head size; e.g. model.tiny.hidden_size=96"
+    )
+    with pytest.raises(ConfigError, match=r"into heads of 8\.5:"):
+        load_config(["+recipe=quickstart", "model.tiny.hidden_size=34", "model.tiny.num_heads=4",
+                     "model.tiny.num_kv_heads=2"], this_machine=False)  # fmt: skip
+    load_config(["+recipe=quickstart", "model.tiny.hidden_size=120"], this_machine=False)  # 30 a head: taken
+
+
+def test_a_list_item_set_with_brackets_is_told_the_dotted_key_once(capsys):
+    """t08: `trainer.optim.betas[0]=0.5` was told twice to quote its value, which does not help."""
+    assert main(["train", "+recipe=quickstart", "trainer.optim.betas[0]=0.5", "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "rlpost: config error: 'trainer.optim.betas[0]=0.5': a list item is set as trainer.optim.betas.0=VALUE (its "
+        "number after a dot), or the whole list as trainer.optim.betas=[a,b]\n"
+    )
+    assert main(["train", "+recipe=quickstart", "run.dir=~/runs/a", "--cfg", "job"]) == 2
+    assert capsys.readouterr().err.count("quote a value") == 1
+
+
+@pytest.mark.parametrize(
+    ("sweep", "said"),
+    [
+        ("trainer.optim.lr=interval(1e-5,1e-3)", "trainer.optim.lr=interval(1e-5,1e-3): Can only enumerate"),  # t09
+        ("trainer.total_steps=range(5,1)", "trainer.total_steps=range(5,1) has no values (a range counts up"),  # t10
+        ("run.seed=0,0", "run.seed=0,0 lists 0 more than once: the jobs would repeat each other"),  # t09b
+        ("run.seed=choice(3,1,3)", "run.seed=choice(3,1,3) lists 3 more than once"),
+    ],
+)
+def test_a_sweep_without_values_of_its_own_is_refused_by_its_key(sweep, said):
+    """t09: an interval ended in a raw HydraException; t10: an empty range in an IndexError; t09b: a value
+    listed twice ran the same job twice without a word."""
+    with pytest.raises(ConfigError) as info:
+        sweep_jobs(["+recipe=quickstart", "run.seed=1,2", sweep])
+    assert str(info.value).startswith(said)
+
+
+def test_an_empty_range_through_the_command_line_is_a_config_error(capsys):
+    assert main(["train", "-m", "+recipe=quickstart", "run.seed=range(0,2)", "trainer.total_steps=range(5,1)"]) == 2
+    assert capsys.readouterr().err.startswith("rlpost: config error: trainer.total_steps=range(5,1) has no values")
+
+
+def test_a_decimal_score_is_a_number():
+    """t13: a reward returning Decimal('1') was refused as "not a finite number"."""
+    assert finite_number(Decimal("1")) == 1.0 and finite_number(Decimal("0.25")) == 0.25
+    assert finite_number(Decimal("NaN")) is None and finite_number(Decimal("-Infinity")) is None
+    assert finite_number(Decimal("1e400")) is None  # (inf as a float)
+
+
+def test_the_plan_of_a_cpu_run_says_what_it_stands_for(capsys):
+    """t12: `rlpost plan +recipe=quickstart` planned 80 GiB GPUs for a CPU run, and "0.00B parameters"."""
+    assert main(["plan", "+recipe=quickstart"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("model: 0.") and "M parameters, 4 layers, hidden 128" in lines[0]
+    assert lines[1] == (
+        "trainer.device=cpu: this run uses no GPU; below is what the same config would hold on GPUs "
+        "(trainer.device=cuda)"
+    )
+    assert lines[2] == "no GPU here: one of 80 GiB is assumed (rlpost plan --gpu-gb N for another)"
+    assert main(["plan", "+recipe=quickstart", "trainer.device=cuda", "--gpu-gb", "80"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "memory plan per GPU (80 GiB), GiB:"
+
+
+def test_a_json_array_whose_object_gives_a_key_twice_is_refused(tmp_path):
+    """t01: a .json array kept the last of a ground truth given twice, where the same rows as .jsonl are refused."""
+    path = tmp_path / "rows.json"
+    path.write_text('[{"prompt": "a", "ground_truth": "1", "ground_truth": "2"}]')
+    with pytest.raises(
+        DataError, match=r"rows\.json: an object gives the key 'ground_truth' twice; give each key once"
+    ):
+        read_rows(str(path))
+
+
+def test_a_csv_header_that_names_a_column_twice_is_refused(tmp_path):
+    """t03: `prompt,ground_truth,ground_truth` was read with the last column's values."""
+    path = tmp_path / "rows.csv"
+    path.write_text("prompt,ground_truth,ground_truth\nwhat is 1+1?,2,3\n")
+    with pytest.raises(DataError) as info:
+        read_rows(str(path))
+    assert str(info.value) == (
+        f"{path}: its header 'prompt,ground_truth,ground_truth' names 'ground_truth' twice; name each column once"
+    )
