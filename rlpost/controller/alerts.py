@@ -29,7 +29,10 @@ def no_signal(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[st
         if r.temperature < 0.1:
             why = f"rollout.temperature={r.temperature:g} makes a prompt's samples alike (0.7-1.0 is usual)"
         else:
-            why = f"every answer is right or every one wrong (reward/mean {mean:.3f}), or the reward is constant"
+            why = (  # (the fifteenth catalogue's t25: reward.fn=gsm8k, which reads '#### N', on plain sums)
+                f"every answer is right or every one wrong (reward/mean {mean:.3f}), or reward.fn={cfg.reward.fn} "
+                "gives these answers one score (does it read the task's answer format?)"
+            )
         out["uniform"] = (
             f"warning: in step {step} every prompt's {r.n} samples scored the same reward (reward/uniform_groups "
             f"1.0), so algo.name={cfg.algo.name}'s advantages are all 0 and the step did not change the model: {why}"
@@ -96,8 +99,15 @@ def spread(cfg: TrainConfig, step: int, first: dict[str, float], now: dict[str, 
 def off_scale(metrics: dict[str, float]) -> dict[str, str]:
     """`off_scale`: validation scores above 1, where `val/accuracy` counts a sample right when its
     score is at least 1 (the fourteenth catalogue's t01: a reward of 10 for a right answer and 3 for a
-    wrong one read as accuracy 1.0 for a model right 58% of the time)."""
+    wrong one read as accuracy 1.0 for a model right 58% of the time); `under_scale`: none reached 1
+    though some scored (a right answer worth 0.9 read as accuracy 0 all run)."""
     high = metrics.get("val/score_max", 1.0)
+    if 0.0 < high < 1.0 and metrics.get("val/accuracy") == 0.0:  # (the fifteenth catalogue's t18: right = 0.9)
+        return {
+            "under_scale": f"warning: no validation score reached 1 (the highest: {high:g}, val/score_max): "
+            "val/accuracy counts a sample right when its score is at least 1, so it reads 0; if reward.fn scores "
+            "a right answer below 1, read val/reward_mean, or make it score a right answer 1"
+        }
     if high <= 1.0:
         return {}
     return {

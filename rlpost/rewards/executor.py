@@ -66,6 +66,7 @@ class Scores:
 _running = False  # an item is under way: only then may the alarm end it
 _started = 0.0  # when it started (time.monotonic)
 _timeout_s = 0.0  # the chunk's timeout per item
+_fired = False  # the alarm ended the item under way (even if the function caught ItemTimeout and returned)
 
 
 def _alarm(signum, frame):
@@ -73,19 +74,23 @@ def _alarm(signum, frame):
     is set again for the moment the item under way (or the next one) would reach its timeout.
     Arming the alarm per item was two system calls per item, most of the pool's cost for a cheap
     function; a chunk of quick items now costs two in all, and a slow one an alarm per timeout."""
+    global _fired
     now = time.monotonic()
     if _running and now - _started >= _timeout_s:
         signal.setitimer(signal.ITIMER_REAL, _timeout_s)  # for the items after this one
+        _fired = True
         raise ItemTimeout()
     left = _started + _timeout_s - now if _running else _timeout_s
     signal.setitimer(signal.ITIMER_REAL, max(left, 1e-4))
 
 
 def _call_one(fn: Callable, item, timeout_key: str) -> Result:
-    """One item (the chunk's alarm armed, `_run_chunk`)."""
-    global _running, _started
+    """One item (the chunk's alarm armed, `_run_chunk`). An item the alarm ended is a timeout even
+    where the function caught the alarm's exception (a bare `except:`) and returned (the fifteenth
+    catalogue's t15: such samples were scored as ordinary results)."""
+    global _running, _started, _fired
     try:
-        _started = time.monotonic()
+        _started, _fired = time.monotonic(), False
         _running = True
         value = fn(item)
         _running = False
@@ -95,10 +100,14 @@ def _call_one(fn: Callable, item, timeout_key: str) -> Result:
     except BadValue as e:
         _running = False
         return None, "bad_values", str(e)
-    except (Exception, SystemExit, KeyboardInterrupt):  # noqa: BLE001  (user code: any failure is counted, with
-        _running = False  # its traceback; a sys.exit() or a KeyboardInterrupt it raises ends the call, not the worker)
+    except BaseException:  # noqa: BLE001  (user code: any failure is counted, with its traceback; a sys.exit(),
+        _running = False  # a KeyboardInterrupt or another BaseException it raises ends the call, not the worker: t14)
+        if _fired:
+            return None, "timeouts", f"timed out after {timeout_key}={_timeout_s:g}"
         said = traceback.format_exc(limit=-8).rstrip("\n")
         return None, "errors", said + DAEMONIC * ("daemonic processes are not allowed to have children" in said)
+    if _fired:
+        return None, "timeouts", f"timed out after {timeout_key}={_timeout_s:g} (reward.fn caught the timeout)"
     return value, "ok", ""
 
 

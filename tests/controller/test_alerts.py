@@ -26,6 +26,11 @@ def test_uniform_groups_stop_a_group_baseline_and_the_likely_cause_is_named():
     warm = load_config(["+recipe=quickstart"])
     found = no_signal(warm, 2, {**LEARNS, "reward/uniform_groups": 1.0, "reward/mean": 0.0})
     assert "every answer is right or every one wrong (reward/mean 0.000)" in found["uniform"]
+    gsm8k = load_config(["+recipe=quickstart", "reward.fn=gsm8k"])  # the fifteenth catalogue's t25: it is named
+    found = no_signal(gsm8k, 2, {**LEARNS, "reward/uniform_groups": 1.0, "reward/mean": 0.0})
+    assert found["uniform"].endswith(
+        "or reward.fn=gsm8k gives these answers one score (does it read the task's answer format?)"
+    )
     # a critic's advantages do not need the group to differ: PPO learns from a uniform batch
     ppo = load_config(["+recipe=ppo"])
     assert no_signal(ppo, 2, {**LEARNS, "reward/uniform_groups": 1.0}) == {}
@@ -256,3 +261,15 @@ def test_validation_scores_above_one_are_said_and_one_is_not():
     assert off_scale({"val/score_max": 1.0}) == {} and off_scale({}) == {}
     (said,) = off_scale({"val/score_max": 1.5}).items()
     assert said[0] == "off_scale" and said[1].startswith("warning: validation scores reach 1.5 (val/score_max)")
+
+
+def test_validation_scores_that_never_reach_one_are_said_where_accuracy_reads_zero():
+    """The fifteenth catalogue's t18: a right answer scored 0.9 read as val/accuracy 0 all run, without a word."""
+    from rlpost.controller.alerts import off_scale
+
+    (said,) = off_scale({"val/score_max": 0.9, "val/accuracy": 0.0}).items()
+    assert said == ("under_scale", "warning: no validation score reached 1 (the highest: 0.9, val/score_max): "
+                    "val/accuracy counts a sample right when its score is at least 1, so it reads 0; if reward.fn "
+                    "scores a right answer below 1, read val/reward_mean, or make it score a right answer 1")  # fmt: skip
+    assert off_scale({"val/score_max": 0.0, "val/accuracy": 0.0}) == {}  # nothing scored: nothing to read
+    assert off_scale({"val/score_max": 0.9, "val/accuracy": 0.25}) == {}  # (not reachable, but not said)

@@ -28,6 +28,14 @@ def misbehave(sample):
             time.sleep(3600)
         except Exception:
             return 1.0
+    if what == "bare":  # a bare except catches everything, the alarm's exception too
+        try:
+            time.sleep(3600)
+        except:  # noqa: E722
+            return 1.0
+    if what == "cancel":  # a BaseException that is neither SystemExit nor KeyboardInterrupt
+        import asyncio
+        raise asyncio.CancelledError("checker cancelled")
     if what == "blocked":  # the alarm cannot reach it: the parent kills the worker
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
         time.sleep(3600)
@@ -247,3 +255,17 @@ def test_a_stopped_worker_is_replaced_after_its_share_and_said(user_file, capsys
         "alarm could not stop it (a stopped process, or one stuck in native code): replaced, and its items scored "
         "again one at a time\n"
     ) in capsys.readouterr().out
+
+
+def test_a_bare_except_still_times_out_and_any_base_exception_is_an_error(user_file):
+    """The fifteenth catalogue's t15: a function whose bare `except:` caught the alarm's exception and
+    returned had its cut samples scored as ordinary results (reward/timeouts 0); t14: an
+    asyncio.CancelledError killed the worker each time ("crashes", a traceback on stderr a sample)."""
+    p = pool(f"{user_file}:misbehave", workers=1, timeout_s=0.5)
+    try:
+        out = p.score([sample("bare"), sample("ok"), sample("cancel"), sample("ok")])
+        assert out.scores == [-1.0, 1.0, -1.0, 1.0]
+        assert out.counts == {"errors": 2, "timeouts": 1, "bad_values": 0, "crashes": 0}  # (errors: every failure)
+        assert out.first_error.startswith("sample 0: timed out after reward.timeout_s=0.5 (reward.fn caught")
+    finally:
+        p.close()
