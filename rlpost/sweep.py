@@ -25,12 +25,13 @@ def train_sweep(overrides: list[str], show_config: bool) -> int:
                 f"run.dir is swept ({', '.join(d.split('=', 1)[1] for d in dirs)}): a sweep's runs go into numbered "
                 "folders under one run.dir; give one, and sweep other keys"
             )
-        folder = sweep_folder(compose(jobs[0]).run.dir)
+        first = compose(jobs[0])
+        folder = sweep_folder(first.run.dir)
         jobs = [
             [o for o in job if not o.startswith("run.dir=")] + [f"run.dir={folder / str(i)}"]
             for i, job in enumerate(jobs)
         ]
-        done = jobs_done(folder, jobs, resume="trainer.resume=auto" in overrides)
+        done = jobs_done(folder, jobs, resume="trainer.resume=auto" in overrides, overwrite=first.run.overwrite)
     except ConfigError as e:
         print(f"rlpost: config error: {e}", file=sys.stderr)
         return 2
@@ -47,15 +48,17 @@ def train_sweep(overrides: list[str], show_config: bool) -> int:
     return run_jobs(jobs, folder, done, go_on + " trainer.resume=auto")
 
 
-def jobs_done(folder, jobs: list[list[str]], resume: bool) -> set[int]:
-    """The jobs of the sweep in `folder` that have finished: none for a new sweep; for one that goes
-    on (`resume`), those `multirun.yaml` says are done, where it lists these jobs."""
+def jobs_done(folder, jobs: list[list[str]], resume: bool, overwrite: bool = False) -> set[int]:
+    """The jobs of the sweep in `folder` that have finished: none for a new sweep, or one started
+    again with `run.overwrite=true` (its record written anew, each job's folder overwritten by its
+    run: the fifteenth catalogue's t11); for one that goes on (`resume`), those `multirun.yaml` says
+    are done, where it lists these jobs."""
     import yaml
 
     from rlpost.config import ConfigError
 
     record = folder / "multirun.yaml"
-    if not record.exists():
+    if not record.exists() or overwrite:
         return set()
     try:
         saved, why = yaml.safe_load(record.read_text()) or [], "not a list of its jobs"

@@ -6,6 +6,7 @@ traceback."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import traceback
 
@@ -52,6 +53,7 @@ class RewardPool:
         if len(rows) < len(samples):
             self._score_here(samples, sorted(set(range(len(samples))) - set(rows)), out)
         if rows:
+            rows = interleaved(rows, samples)
             self._record(out, rows, self.pool.map([samples[j] for j in rows], self.timeout_s, interrupted))
         return out
 
@@ -94,3 +96,14 @@ class RewardPool:
 
     def close(self) -> None:
         self.pool.close()
+
+
+def interleaved(rows: list[int], samples: list[RewardInput]) -> list[int]:
+    """`rows` with each prompt's samples spread apart (round robin over the prompts): the timeouts in a
+    row that make a worker take its function to hang (`HANGS_AFTER`) are then of different prompts. A
+    group's samples side by side made a reward slow on one prompt read as one that hangs, and the
+    worker's later samples, of quick prompts, counted as timeouts unrun (the fifteenth catalogue's t30)."""
+    groups: dict[str, list[int]] = {}
+    for j in rows:
+        groups.setdefault(samples[j].prompt, []).append(j)
+    return [j for wave in itertools.zip_longest(*groups.values()) for j in wave if j is not None]

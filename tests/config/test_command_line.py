@@ -101,6 +101,22 @@ def test_multirun_checks_every_job_then_runs_them_one_by_one_into_numbered_folde
     assert [j["done"] for j in yaml.safe_load((sweep / "multirun.yaml").read_text())] == [True] * 4
     assert cli.main([*argv[:-1], "trainer.total_steps=5", "trainer.resume=auto"]) == 2  # other jobs: refused
     assert "with other jobs than these" in capsys.readouterr().err
+    ran.clear()  # the fifteenth catalogue's t11: run.overwrite=true starts the sweep again, every job with it
+    assert cli.main([*argv[:-1], "trainer.total_steps=5", "run.overwrite=true"]) == 0
+    assert [c[4:] for c in ran] == [
+        [
+            "+recipe=quickstart",
+            f"run.seed={s}",
+            "trainer.total_steps=5",
+            "run.overwrite=true",
+            f"run.dir={sweep / str(i)}",
+        ]
+        for i, s in enumerate((0, 1))
+    ]
+    assert [(j["job"], j["done"]) for j in yaml.safe_load((sweep / "multirun.yaml").read_text())] == [
+        (0, True),
+        (1, True),
+    ]
 
 
 def test_a_signal_to_a_sweep_goes_to_its_job_which_it_waits_for(tmp_path, monkeypatch, capsys):

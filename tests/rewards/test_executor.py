@@ -16,6 +16,12 @@ import os, signal, time
 def length(sample):
     return len(sample.response)
 
+def slow_prompt(sample):
+    if sample.prompt.startswith("slow"):
+        time.sleep(3600)
+    return 1.0
+
+
 def misbehave(sample):
     """What the response says: the way this sample fails."""
     what = sample.response
@@ -267,5 +273,23 @@ def test_a_bare_except_still_times_out_and_any_base_exception_is_an_error(user_f
         assert out.scores == [-1.0, 1.0, -1.0, 1.0]
         assert out.counts == {"errors": 2, "timeouts": 1, "bad_values": 0, "crashes": 0}  # (errors: every failure)
         assert out.first_error.startswith("sample 0: timed out after reward.timeout_s=0.5 (reward.fn caught")
+    finally:
+        p.close()
+
+
+def test_a_reward_slow_on_one_prompt_times_out_on_its_samples_only(user_file):
+    """The fifteenth catalogue's t30: a group's samples side by side made three timeouts in a row on one
+    slow prompt read as a function that hangs, and the worker's other samples, of quick prompts,
+    counted as timeouts without running."""
+    from rlpost.rewards.pool import interleaved
+
+    prompts = ["quick 1", "slow", "quick 2", "quick 3"]
+    samples = [RewardInput(p, "x", "x", "mine") for p in prompts for _ in range(4)]  # groups of 4, side by side
+    assert interleaved(list(range(16)), samples)[:8] == [0, 4, 8, 12, 1, 5, 9, 13]
+    p = pool(f"{user_file}:slow_prompt", workers=1, timeout_s=0.3)
+    try:
+        out = p.score(samples)
+        assert out.scores == [1.0] * 4 + [-1.0] * 4 + [1.0] * 8
+        assert out.counts["timeouts"] == 4 and sorted(out.error_rows) == [4, 5, 6, 7]
     finally:
         p.close()
