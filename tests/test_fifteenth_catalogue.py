@@ -125,3 +125,65 @@ def test_a_csv_header_that_names_a_column_twice_is_refused(tmp_path):
     assert str(info.value) == (
         f"{path}: its header 'prompt,ground_truth,ground_truth' names 'ground_truth' twice; name each column once"
     )
+
+
+@pytest.mark.parametrize("missing", ["model.safetensors", "start_eval.json"])
+def test_a_cached_tiny_model_missing_a_file_is_named_before_anything_starts(tmp_path, monkeypatch, missing):
+    """t31: without its weights the actors died loading it (a 109-line traceback, 25 s in); t32: without
+    its start report the run ended in a KeyError."""
+    from rlpost.tiny import build
+
+    folder = tmp_path / "tiny-qwen2-x"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors", "start_eval.json"):
+        (folder / name).write_text("{}")
+    (folder / missing).unlink()
+    monkeypatch.setattr(build, "tiny_model_dir", lambda model_cfg, data_cfg: folder)
+    cfg = load_config(["+recipe=quickstart"], this_machine=False)
+    with pytest.raises(build.CacheError) as info:
+        build.ensure_tiny_model(cfg.model, cfg.data, log=lambda *_: None)
+    assert str(info.value) == (
+        f"model.path=tiny: the built model in {folder} has no {missing} (removed since it was built): delete that "
+        "folder and it is built again"
+    )
+
+
+def test_a_stop_while_the_reward_file_runs_ends_its_worker_at_once(monkeypatch):
+    """t29: SIGTERM while the user's reward file was still importing said "stopping now", then waited 81 s
+    for the daemonic worker, which ignores SIGTERM, to finish the import."""
+    from rlpost.controller import setup
+    from rlpost.controller.signals import Stopped
+
+    closed = []
+
+    class Pool:
+        def __init__(self, *args):
+            pass
+
+        def load(self):
+            raise Stopped(15)
+
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(setup, "RewardPool", Pool)
+    with pytest.raises(Stopped):
+        setup.reward_pool(load_config(["+recipe=quickstart"], this_machine=False))
+    assert closed == [True]
+
+
+def test_a_class_named_as_the_reward_is_told_to_name_an_instance():
+    """t33: `file.py:Scorer` (a class whose instances score) was told its function takes no sample."""
+    from rlpost.rewards.base import check_call
+
+    class Scorer:
+        def __call__(self, sample):
+            return 1.0
+
+    with pytest.raises(TypeError) as info:
+        check_call(Scorer, {}, "r.py:Scorer")
+    assert str(info.value) == (
+        "reward.fn='r.py:Scorer' is a class: rlpost calls reward.fn with each sample, which would make an instance of "
+        "it, not a score; name an instance (scorer = Scorer() in the file, reward.fn=r.py:scorer) or a function"
+    )
+    check_call(Scorer(), {}, "r.py:scorer")  # an instance: taken

@@ -45,7 +45,15 @@ def load_user_fn(spec: str) -> RewardFn:
 
 def check_call(fn: Callable, kwargs: dict, spec: str) -> None:
     """`fn(sample, **kwargs)` must be a call `fn` takes: refuse a function written for another
-    framework's signature (`reward(prompt, response, ground_truth)`) before it scores anything."""
+    framework's signature (`reward(prompt, response, ground_truth)`) before it scores anything, and a
+    class (called, it would make an instance, not a score: the fifteenth catalogue's t33)."""
+    if inspect.isclass(fn):
+        name, _, _ = spec.rpartition(":")
+        raise TypeError(
+            f"reward.fn={spec!r} is a class: rlpost calls reward.fn with each sample, which would make an instance "
+            f"of it, not a score; name an instance (scorer = {fn.__name__}() in the file, "
+            f"reward.fn={name or 'FILE'}:scorer) or a function"
+        )
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin without a signature: its call will say

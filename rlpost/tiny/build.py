@@ -67,6 +67,12 @@ def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print) -> Pa
                 raise RuntimeError(f"building the tiny model on {device} failed (exit code {child.exitcode})")
         else:
             build_tiny_model(model_cfg, data_cfg, final, device, log)
+    missing = [name for name in ("model.safetensors", START_EVAL) if not (final / name).is_file()]
+    if missing:  # (the fifteenth catalogue's t31, t32: a cache clean-up; the actors died loading it, or a KeyError)
+        raise CacheError(
+            f"model.path=tiny: the built model in {final} has no {' or '.join(missing)} (removed since it was built): "
+            "delete that folder and it is built again"
+        )
     log(describe_start(final))
     return final
 
