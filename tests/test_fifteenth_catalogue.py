@@ -70,14 +70,25 @@ def test_a_list_item_set_with_brackets_is_told_the_dotted_key_once(capsys):
         ("trainer.total_steps=range(5,1)", "trainer.total_steps=range(5,1) has no values (a range counts up"),  # t10
         ("run.seed=0,0", "run.seed=0,0 lists 0 more than once: the jobs would repeat each other"),  # t09b
         ("run.seed=choice(3,1,3)", "run.seed=choice(3,1,3) lists 3 more than once"),
+        (
+            "+recipe=glob(*)",
+            "+recipe=glob(*): `rlpost train -m` runs listed values (a,b,c), range() or choice(): "
+            "glob() picks among a config group's options, which rlpost's sweeps do not expand",
+        ),  # t38
+        (
+            "run.seed=range(0,3,0)",
+            "run.seed=range(0,3,0): range() arg 3 must not be zero; `rlpost train -m` runs "
+            "listed values (a,b,c), range() or choice()",
+        ),  # (no word of intervals: t38)
     ],
 )
 def test_a_sweep_without_values_of_its_own_is_refused_by_its_key(sweep, said):
     """t09: an interval ended in a raw HydraException; t10: an empty range in an IndexError; t09b: a value
     listed twice ran the same job twice without a word."""
     with pytest.raises(ConfigError) as info:
-        sweep_jobs(["+recipe=quickstart", "run.seed=1,2", sweep])
+        sweep_jobs(["trainer.total_steps=1,2", sweep])
     assert str(info.value).startswith(said)
+    assert "interval" not in str(info.value) or "interval(" in sweep
 
 
 def test_an_empty_range_through_the_command_line_is_a_config_error(capsys):
@@ -187,3 +198,56 @@ def test_a_class_named_as_the_reward_is_told_to_name_an_instance():
         "it, not a score; name an instance (scorer = Scorer() in the file, reward.fn=r.py:scorer) or a function"
     )
     check_call(Scorer(), {}, "r.py:scorer")  # an instance: taken
+
+
+def test_overwrite_keeps_a_copy_of_a_checkpoint_kept_under_another_name(tmp_path):
+    """t41: run.overwrite=true deleted checkpoints/step_10_best (a user's copy of step_10) with the run's own."""
+    from rlpost.controller.run_dir import claim_run_dir, release_run_dir
+    from tests.run_dirs import cfg_in, earlier_run
+
+    earlier_run(tmp_path)
+    best = tmp_path / "checkpoints" / "step_2_best"
+    best.mkdir()
+    (best / "controller.pt").write_bytes(b"")
+    said = []
+    claim_run_dir(cfg_in(tmp_path, "run.overwrite=true"), log=said.append)
+    release_run_dir(tmp_path)
+    assert not (tmp_path / "checkpoints" / "step_2").exists() and (best / "controller.pt").is_file()
+
+
+def test_resume_auto_without_a_checkpoint_over_another_runs_steps_is_refused(tmp_path):
+    """t42: trainer.resume=auto in a folder whose run wrote no checkpoint "started fresh" and deleted that
+    run's metrics and samples (a run without resume may only with run.overwrite=true). The same run
+    restarted in its process after its actors died (trainer.max_restarts) goes on as before."""
+    from rlpost.controller.run_dir import claim_run_dir, release_run_dir
+    from tests.run_dirs import cfg_in, run_config
+
+    run_config(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    with pytest.raises(ConfigError) as info:
+        claim_run_dir(cfg_in(tmp_path, "trainer.resume=auto"), log=lambda *_: None)
+    assert str(info.value) == (
+        f"run.dir={str(tmp_path)!r} holds another run's steps (metrics.jsonl, checkpoints/), and no complete "
+        "checkpoint to go on from (trainer.resume=auto would start afresh over them): choose another run.dir, or set "
+        "run.overwrite=true to delete that run's logs and start again"
+    )
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 0}\n{"step": 1}\n'
+    claim_run_dir(cfg_in(tmp_path, "trainer.resume=auto"), log=lambda *_: None, restart=True)
+    release_run_dir(tmp_path)
+
+
+def test_a_moved_run_folder_is_said_with_how_to_go_on_there_and_export_names_a_checkpoints_folders_run(tmp_path):
+    """t35: a run folder renamed while the run trained was said to be deleted, "start the run again"; t40:
+    `rlpost export RUN/checkpoints` was "not an rlpost run folder" without naming the run."""
+    from rlpost.controller.checkpoint import CheckpointError, run_config
+    from rlpost.controller.progress import check_run_folder
+
+    with pytest.raises(CheckpointError) as info:
+        check_run_folder(tmp_path / "gone", 8)
+    assert "is gone, deleted or moved after step 8" in str(info.value)
+    assert "if you moved it, go on there with trainer.resume=auto run.dir=<its new path>" in str(info.value)
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "config.yaml").write_text("run: {}\n")
+    with pytest.raises(FileNotFoundError) as info:
+        run_config(tmp_path / "run" / "checkpoints")
+    assert str(info.value).endswith(f"; it is a run's checkpoints folder: give its run, {tmp_path / 'run'}")

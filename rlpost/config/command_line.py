@@ -103,10 +103,16 @@ def swept_values(o, key: str) -> list[str]:
     text = o.input_line.partition("=")[2]
     try:
         values = list(itertools.islice(o.sweep_string_iterator(), MAX_SWEEP_JOBS + 1))
-    except Exception as e:  # Hydra's: "Can only enumerate CHOICE and RANGE sweeps" (interval(...))
+    except Exception as e:  # Hydra's: "Can only enumerate CHOICE and RANGE sweeps" (interval(...)), a bad range
+        kind = getattr(getattr(o, "value_type", None), "name", "")
+        why = {
+            "INTERVAL_SWEEP": ": an interval is for an optimizing sweeper (Optuna, Nevergrad), not run by rlpost",
+            "GLOB_CHOICE_SWEEP": ": glob() picks among a config group's options, which rlpost's sweeps do not expand; "
+            "list them (+recipe=quickstart,rloo)",
+        }.get(kind, "")
+        said = "" if kind == "GLOB_CHOICE_SWEEP" else f" {str(e).splitlines()[0]};"  # ("ConfigLoader is not set")
         raise ConfigError(
-            f"{key}={text}: {str(e).splitlines()[0]}; `rlpost train -m` runs listed values (a,b,c), range() or "
-            "choice(): an interval is for an optimizing sweeper (Optuna, Nevergrad), which rlpost does not run"
+            f"{key}={text}:{said} `rlpost train -m` runs listed values (a,b,c), range() or choice(){why}"
         ) from None
     if not values:
         raise ConfigError(

@@ -279,6 +279,8 @@ def run_config(run_dir: Path):
     if not path.is_file():
         step = _COMPLETE.match(run_dir.name)  # a checkpoint folder given for its run (the ninth catalogue's n35)
         hint = f"; it is a checkpoint: give its run, {run_dir.parent.parent} --step {step.group(1)}" if step else ""
+        if run_dir.name == "checkpoints" and (run_dir.parent / "config.yaml").is_file():  # (the fifteenth's t40)
+            hint = f"; it is a run's checkpoints folder: give its run, {run_dir.parent}"
         raise FileNotFoundError(
             f"{path} not found: {run_dir} is not an rlpost run folder (`rlpost train` writes config.yaml into "
             f"run.dir){hint}"

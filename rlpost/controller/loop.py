@@ -62,7 +62,7 @@ class Controller:
         self.cfg, self.log, self.restarts, self.stop = cfg, log, restarts, stop
         self.started = time.monotonic() if started is None else started  # for the summary's wall time
         quiet_libraries(cfg.logger.verbose)
-        self.run_dir = claim_run_dir(cfg, log)
+        self.run_dir = claim_run_dir(cfg, log, restart=restarts > 0)
         self.samples, self.workers = SampleLog(self.run_dir, cfg.logger.samples_per_step), Workers()
         try:  # from here a failure gives the run folder back (`shutdown`; a closed stdout: cat11's t72)
             log(f"run folder: {self.run_dir}")

@@ -120,8 +120,10 @@ def check_run_folder(run_dir: Path, step: int, log=print) -> None:
 
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(
-            f"the run folder {run_dir} (its config.yaml) is gone, deleted after step {step} while the run trained: "
-            "stopped, as nothing it keeps there could be read again; start the run again in a folder that stays"
+            f"the run folder {run_dir} (its config.yaml) is gone, deleted or moved after step {step} while the run "
+            "trained: stopped, as nothing it would write there could be read again; if you moved it, go on there "
+            "with trainer.resume=auto run.dir=<its new path>; if it was deleted, start the run again in a folder "
+            "that stays"
         )
     keep_lock(run_dir, step, log)
 

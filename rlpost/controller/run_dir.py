@@ -13,6 +13,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import time
@@ -21,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig, to_yaml
-from rlpost.controller.checkpoint import check_resume, find
+from rlpost.controller.checkpoint import check_resume, complete_checkpoints, find
 
 LOCK = "run.lock"
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png")  # what a run writes, with checkpoints/
@@ -34,8 +35,9 @@ RUN_TREES = {
 HEADER = "# rlpost: this run's config, written by the run (a new run in this folder replaces it)\n"
 
 
-def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
-    """The run folder of `cfg`, locked for this process, with this run's `config.yaml`."""
+def claim_run_dir(cfg: TrainConfig, log=print, restart: bool = False) -> Path:
+    """The run folder of `cfg`, locked for this process, with this run's `config.yaml` (`restart`: the
+    same run again after its actors died, from its newest checkpoint if it has one)."""
     if cfg.trainer.resume == "auto" and not cfg.run.dir:  # a new dated folder holds nothing (cat10's t46)
         raise ConfigError(
             "trainer.resume=auto looks for the newest checkpoint in run.dir, and run.dir is not set (this run "
@@ -56,19 +58,11 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
     try:
         check_run_files(run_dir)
         elsewhere = resumes_elsewhere(cfg.trainer.resume, run_dir)
-        if (cfg.trainer.resume == "none" or elsewhere) and holds_a_run(run_dir):
+        # auto with nothing to go on from starts fresh: it would delete that run's logs (the fifteenth's t42)
+        fresh = cfg.trainer.resume == "auto" and not restart and not complete_checkpoints(run_dir)
+        if (cfg.trainer.resume == "none" or elsewhere or fresh) and holds_a_run(run_dir):
             if not cfg.run.overwrite:
-                raise ConfigError(
-                    f"run.dir={str(run_dir)!r} holds another run's steps (metrics.jsonl, checkpoints/)"
-                    + (
-                        f", and trainer.resume={cfg.trainer.resume} is a checkpoint of {elsewhere}: its steps would be "
-                        "written into that run's logs"
-                        if elsewhere
-                        else ""
-                    )  # fmt: skip
-                    + ": resume it with trainer.resume=auto, choose another run.dir, or set run.overwrite=true to "
-                    "delete that run's logs and checkpoints and start again"
-                )
+                raise ConfigError(another_run(run_dir, cfg.trainer.resume, elsewhere, fresh))
             _delete_run(run_dir, log)
         check_resume(cfg, run_dir)  # before this run's config.yaml replaces the saving run's
         say_lost_metrics(cfg, run_dir, log)
@@ -81,6 +75,23 @@ def claim_run_dir(cfg: TrainConfig, log=print) -> Path:
         release_run_dir(run_dir)
         raise
     return run_dir
+
+
+def another_run(run_dir: Path, resume: str, elsewhere: Path | None, fresh: bool) -> str:
+    """Why a run folder that holds another run's steps is refused, and what to do."""
+    said = f"run.dir={str(run_dir)!r} holds another run's steps (metrics.jsonl, checkpoints/)"
+    if elsewhere:
+        said += f", and trainer.resume={resume} is a checkpoint of {elsewhere}: its steps would be written into "
+        said += "that run's logs"
+    if fresh:
+        return (
+            f"{said}, and no complete checkpoint to go on from (trainer.resume=auto would start afresh over them): "
+            "choose another run.dir, or set run.overwrite=true to delete that run's logs and start again"
+        )
+    return (
+        f"{said}: resume it with trainer.resume=auto, choose another run.dir, or set run.overwrite=true to delete that "
+        "run's logs and checkpoints and start again"
+    )
 
 
 def resumes_elsewhere(resume: str, run_dir: Path) -> Path | None:
@@ -267,8 +278,9 @@ def written_by_a_run(folder: str, entry: Path) -> bool:
     one being written (`.tmp_step_N`); anything else in checkpoints/ (an export put there) is not."""
     if folder != "checkpoints":
         return True
-    checkpoint = entry.name.startswith("step_") and (entry / "controller.pt").exists()
-    return checkpoint or entry.name.startswith(".tmp_step_")
+    # the names a run writes, exactly: a copy kept beside them (step_10_best) is the user's (the fifteenth's t41)
+    checkpoint = re.fullmatch(r"step_\d+", entry.name) is not None and (entry / "controller.pt").exists()
+    return checkpoint or re.fullmatch(r"\.tmp_step_\d+", entry.name) is not None
 
 
 def _lock(run_dir: Path, log) -> None:

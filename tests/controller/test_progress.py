@@ -76,7 +76,7 @@ def test_a_run_folder_deleted_while_the_run_trains_stops_it_before_the_next_step
         return step()
 
     c.train_step = then_deleted
-    with pytest.raises(CheckpointError, match="is gone, deleted after step 2 while the run trained"):
+    with pytest.raises(CheckpointError, match="is gone, deleted or moved after step 2 while the run trained: stopped"):
         run_steps(c)
     assert c.step == 2
 
