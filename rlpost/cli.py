@@ -347,6 +347,8 @@ def cmd_doctor(argv: list[str]) -> int:
             print(f"{name:14s} {getattr(module, '__version__', '?')}")
         except ImportError:
             print(f"{name:14s} not installed")
+        except Exception as e:  # noqa: BLE001  (installed, but its import fails: a build for another device, cat15's t52)
+            print(f"{name:14s} cannot be imported ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})")
     import torch
 
     print(f"{'cuda':14s} {torch.cuda.device_count()} device(s)" if torch.cuda.is_available() else f"{'cuda':14s} none")

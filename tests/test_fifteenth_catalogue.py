@@ -251,3 +251,56 @@ def test_a_moved_run_folder_is_said_with_how_to_go_on_there_and_export_names_a_c
     with pytest.raises(FileNotFoundError) as info:
         run_config(tmp_path / "run" / "checkpoints")
     assert str(info.value).endswith(f"; it is a run's checkpoints folder: give its run, {tmp_path / 'run'}")
+
+
+def test_a_ground_truth_written_as_a_small_decimal_keeps_its_digits(tmp_path):
+    """t49: a JSONL ground truth 0.00001 reached the reward function as '1e-05' (str of the float)."""
+    from rlpost.data.scalars import plain_number
+
+    assert [plain_number(v) for v in (0.00001, 1.5e-05, -0.00007, 2.5, 123.0, 1e20, 7)] == [
+        "0.00001", "0.000015", "-0.00007", "2.5", "123", "100000000000000000000", "7"]  # fmt: skip
+    from rlpost.data.dataset import check_row
+
+    assert check_row({"prompt": "1/100000=", "ground_truth": 0.00001}, "rows.jsonl: row 0")["ground_truth"] == "0.00001"
+
+
+def test_the_doctor_names_a_package_whose_import_fails_and_goes_on(monkeypatch, capsys):
+    """t52: a vLLM that raises at import (a build for another device) ended `rlpost doctor` in a traceback."""
+    import importlib
+
+    real = importlib.import_module
+
+    def failing(name, *args):
+        if name == "vllm":
+            raise RuntimeError("Failed to infer device type")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", failing)
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm           cannot be imported (RuntimeError: Failed to infer device type)" in out
+    assert out.splitlines()[-1].startswith("cuda")  # the rest of the list
+
+
+def test_an_actor_that_dies_as_it_starts_is_one_line_naming_it(monkeypatch):
+    """t53: a rollout actor whose vLLM import raised ended the run in Ray's 66-line traceback."""
+    import ray
+
+    from rlpost.controller import cluster
+
+    class Died(ray.exceptions.ActorDiedError):
+        def __str__(self):
+            return "The actor died because of an error raised in its creation task ...\n\nRuntimeError: no device\n"
+
+    def get(ref):
+        raise Died()
+
+    monkeypatch.setattr(cluster, "wait_first", lambda pending, *a: pending[0])
+    monkeypatch.setattr(cluster.ray, "get", get)
+    with pytest.raises(cluster.ActorsDidNotStart) as info:
+        cluster.get_all(["ref"], labels={"ref": "rollout rank 0: generate"})
+    assert (
+        str(info.value)
+        == "rollout rank 0 died as it started: RuntimeError: no device (`rlpost doctor` lists what imports)"
+    )
+    assert isinstance(info.value, cluster.RayDidNotStart)  # (the command line says it in one line, exit 1)

@@ -135,6 +135,10 @@ class RayDidNotStart(RuntimeError):
     """The local Ray that a run starts did not come up: what Ray said, and where its logs are."""
 
 
+class ActorsDidNotStart(RayDidNotStart):
+    """An actor's start raised (an import that fails: a vLLM built for another device): said in a line."""
+
+
 def ray_temp_root() -> str:
     """The folder under which Ray keeps its sessions (`ray/session_*`)."""
     import tempfile
@@ -287,9 +291,15 @@ def get_all(
         pending.remove(ready)
         try:
             ray.get(ready)
-        except ray.exceptions.RayError:
+        except ray.exceptions.RayError as e:
             _prefer(first, grace_s)
             _fetch_failures(pending)
+            if isinstance(e, ray.exceptions.ActorDiedError) and "creation task" in str(e):  # (cat15's t53)
+                last = [line for line in str(e).splitlines() if line.strip()][-1].strip()[:300]
+                who = (labels or {}).get(ready, "an actor").split(":")[0]
+                raise ActorsDidNotStart(
+                    f"{who} died as it started: {last} (`rlpost doctor` lists what imports)"
+                ) from None
             raise
     return ray.get(list(refs))
 

@@ -26,7 +26,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlpost.data.scalars import unwrap_scalar
+from rlpost.data.scalars import plain_number, unwrap_scalar
 
 
 class DataError(ValueError):
@@ -259,7 +259,7 @@ def number_text(value: numbers.Real, where: str) -> str:
     so that a scorer comparing text gives the right answer 1."""
     if not math.isfinite(value):
         raise DataError(f"{where}: field 'ground_truth' is {value}, not a number to score against")
-    return str(int(value)) if float(value).is_integer() else str(value)
+    return plain_number(value)
 
 
 def render_prompt(prompt, tokenizer, tools: list[dict] | None = None) -> str:

@@ -101,22 +101,6 @@ def test_multirun_checks_every_job_then_runs_them_one_by_one_into_numbered_folde
     assert [j["done"] for j in yaml.safe_load((sweep / "multirun.yaml").read_text())] == [True] * 4
     assert cli.main([*argv[:-1], "trainer.total_steps=5", "trainer.resume=auto"]) == 2  # other jobs: refused
     assert "with other jobs than these" in capsys.readouterr().err
-    ran.clear()  # the fifteenth catalogue's t11: run.overwrite=true starts the sweep again, every job with it
-    assert cli.main([*argv[:-1], "trainer.total_steps=5", "run.overwrite=true"]) == 0
-    assert [c[4:] for c in ran] == [
-        [
-            "+recipe=quickstart",
-            f"run.seed={s}",
-            "trainer.total_steps=5",
-            "run.overwrite=true",
-            f"run.dir={sweep / str(i)}",
-        ]
-        for i, s in enumerate((0, 1))
-    ]
-    assert [(j["job"], j["done"]) for j in yaml.safe_load((sweep / "multirun.yaml").read_text())] == [
-        (0, True),
-        (1, True),
-    ]
 
 
 def test_a_signal_to_a_sweep_goes_to_its_job_which_it_waits_for(tmp_path, monkeypatch, capsys):
@@ -220,3 +204,39 @@ def test_a_large_sweep_says_it_checks_its_jobs_before_they_start(tmp_path, monke
     assert "rlpost: a sweep of 21 jobs: checking each config before the first starts" in capsys.readouterr().err
     assert cli.main(["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path}", "run.seed=range(0,20)"]) == 2
     assert "checking each config" not in capsys.readouterr().err
+
+
+def test_a_sweep_given_again_with_run_overwrite_starts_anew(tmp_path, monkeypatch):
+    """The fifteenth catalogue's t11: a sweep's folder given again with run.overwrite=true was refused as
+    "a sweep already ran", with no word of the overwrite asked for; now every job runs again with it."""
+    import subprocess
+
+    from rlpost import cli
+
+    ran = []
+
+    class FakeJob:
+        def __init__(self, command):
+            ran.append(command)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakeJob)
+    sweep = tmp_path / "sweep"
+    argv = ["train", "-m", "+recipe=quickstart", f"run.dir={sweep}", "run.seed=0,1"]
+    assert cli.main(argv) == 0 and cli.main(argv) == 2  # a second sweep in the folder: refused
+    ran.clear()
+    assert cli.main([*argv, "trainer.total_steps=5", "run.overwrite=true"]) == 0
+    assert [c[4:] for c in ran] == [
+        [
+            "+recipe=quickstart",
+            f"run.seed={s}",
+            "trainer.total_steps=5",
+            "run.overwrite=true",
+            f"run.dir={sweep / str(i)}",
+        ]
+        for i, s in enumerate((0, 1))
+    ]
+    listed = yaml.safe_load((sweep / "multirun.yaml").read_text())
+    assert [(j["job"], j["done"]) for j in listed] == [(0, True), (1, True)]
