@@ -304,3 +304,72 @@ def test_an_actor_that_dies_as_it_starts_is_one_line_naming_it(monkeypatch):
         == "rollout rank 0 died as it started: RuntimeError: no device (`rlpost doctor` lists what imports)"
     )
     assert isinstance(info.value, cluster.RayDidNotStart)  # (the command line says it in one line, exit 1)
+
+
+def test_a_full_disk_in_the_cache_is_one_line_naming_the_key(tmp_path, monkeypatch):
+    """t56: the built tiny model's save on a full disk ended in a SafetensorError traceback and left its
+    temporary folder; t57: the task's rows on a full disk ended in an OSError traceback."""
+    import errno
+
+    from rlpost.data import tasks
+    from rlpost.tiny import build
+
+    class Model:
+        def to(self, device):
+            return self
+
+        def save_pretrained(self, folder):
+            folder.mkdir()
+            (folder / "config.json").write_text("{}")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    final = tmp_path / "tiny-qwen2-x"
+    with pytest.raises(build.CacheError) as info:
+        build.save_built(final, Model(), None, "start_eval.json", {})
+    assert str(info.value) == (
+        f"model.cache_dir: writing the built model into {tmp_path} failed ([Errno 28] No space left on device); "
+        "free space there or set model.cache_dir"
+    )
+    assert list(tmp_path.iterdir()) == []  # no half-written folder left
+
+    def full(rows, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tasks, "write_jsonl", full)
+    with pytest.raises(DataError) as info:
+        tasks.cached_task(tmp_path / "rows", lambda: ([{"a": 1}], [{"a": 2}]))
+    assert str(info.value) == (
+        f"model.cache_dir: writing the task's rows into {tmp_path / 'rows'} failed (No space left on device); free "
+        "space there or set model.cache_dir"
+    )
+
+
+def test_a_tracker_whose_package_is_missing_is_refused_before_anything_starts(monkeypatch):
+    """t54: logger.backends with wandb, not installed, failed after Ray and the actors had started."""
+    from rlpost.config import rules
+
+    monkeypatch.setattr(rules, "installed", lambda module: module != "tensorboard")
+    with pytest.raises(ConfigError) as info:
+        load_config(["+recipe=quickstart", "logger.backends=[console,tensorboard]"])
+    assert str(info.value) == (
+        "logger.backends has tensorboard, but tensorboard is not installed: pip install tensorboard, or leave it out"
+    )
+
+
+def test_a_sweeps_folder_is_named_as_one_by_plot_export_and_a_single_run(tmp_path, capsys):
+    """t50: `rlpost plot SWEEP` and `rlpost export SWEEP` said only "not a run folder"; t51: a single run
+    with run.dir=SWEEP (and trainer.resume=auto) "started fresh" and trained beside the sweep's jobs."""
+    from rlpost.controller.run_dir import claim_run_dir
+    from tests.run_dirs import cfg_in
+
+    (tmp_path / "multirun.yaml").write_text("- {job: 0, overrides: [], done: true}\n")
+    for job in ("0", "1", "10"):
+        (tmp_path / job).mkdir()
+    assert main(["plot", str(tmp_path)]) == 2
+    runs = f"{tmp_path / '0'}, {tmp_path / '1'}, {tmp_path / '10'}"
+    assert f"it is a sweep's folder (multirun.yaml): its runs are {runs}" in capsys.readouterr().err
+    assert main(["export", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert f"it is a sweep's folder (multirun.yaml): its runs are {runs}" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=r"is a sweep's folder \(multirun.yaml\): go on with the sweep"):
+        claim_run_dir(cfg_in(tmp_path, "trainer.resume=auto"), log=lambda *_: None)
+    assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "run.lock").exists()

@@ -85,6 +85,17 @@ def wandb_key(cfg):
     return wandb_unreachable()
 
 
+@rule("logger.backends", this_machine=True)
+def tracker_packages(cfg):
+    """A tracker's package must be installed before anything starts (the fifteenth catalogue's t54:
+    wandb missing failed after Ray and the actors had started, in a traceback)."""
+    for backend, package in (("wandb", "wandb"), ("tensorboard", "tensorboard")):
+        if backend in cfg.logger.backends and not rules.installed(package):
+            return (
+                f"logger.backends has {backend}, but {package} is not installed: pip install {package}, or leave it out"
+            )
+
+
 def wandb_unreachable(timeout_s: float = 3.0) -> str | None:
     """W&B's server must answer before the actors start: without a network the run waited 1 min 41 s
     after they had (the ninth catalogue's n46b)."""

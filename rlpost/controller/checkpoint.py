@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from rlpost.controller.files import os_error_in
+from rlpost.metrics.summary import sweep_hint
 
 _COMPLETE = re.compile(r"^step_(\d+)$")
 
@@ -281,6 +282,7 @@ def run_config(run_dir: Path):
         hint = f"; it is a checkpoint: give its run, {run_dir.parent.parent} --step {step.group(1)}" if step else ""
         if run_dir.name == "checkpoints" and (run_dir.parent / "config.yaml").is_file():  # (the fifteenth's t40)
             hint = f"; it is a run's checkpoints folder: give its run, {run_dir.parent}"
+        hint = hint or sweep_hint(run_dir)
         raise FileNotFoundError(
             f"{path} not found: {run_dir} is not an rlpost run folder (`rlpost train` writes config.yaml into "
             f"run.dir){hint}"

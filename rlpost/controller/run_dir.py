@@ -57,6 +57,11 @@ def claim_run_dir(cfg: TrainConfig, log=print, restart: bool = False) -> Path:
         raise ConfigError(f"run.dir={str(run_dir)!r}: cannot write there ({e.strerror}); choose another run.dir")
     try:
         check_run_files(run_dir)
+        if (run_dir / "multirun.yaml").is_file():  # (the fifteenth catalogue's t51: a run trained beside the jobs)
+            raise ConfigError(
+                f"run.dir={str(run_dir)!r} is a sweep's folder (multirun.yaml): go on with the sweep (its `rlpost "
+                "train -m ...` command with trainer.resume=auto), one of its runs (run.dir=<it>/0), or another run.dir"
+            )
         elsewhere = resumes_elsewhere(cfg.trainer.resume, run_dir)
         # auto with nothing to go on from starts fresh: it would delete that run's logs (the fifteenth's t42)
         fresh = cfg.trainer.resume == "auto" and not restart and not complete_checkpoints(run_dir)

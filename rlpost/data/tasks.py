@@ -226,9 +226,15 @@ def cached_task(folder: Path, rows) -> None:
             return
     except (OSError, ValueError):
         pass
-    for split, name in zip(rows(), names):
-        write_jsonl(split, folder / name)
-    write_atomic(json.dumps({n: (folder / n).stat().st_size for n in names}), manifest)
+    try:
+        for split, name in zip(rows(), names):
+            write_jsonl(split, folder / name)
+        write_atomic(json.dumps({n: (folder / n).stat().st_size for n in names}), manifest)
+    except OSError as e:  # a full disk, a read-only cache (the fifteenth catalogue's t57: a raw traceback)
+        raise DataError(
+            f"model.cache_dir: writing the task's rows into {folder} failed ({e.strerror or e}); free space there or "
+            "set model.cache_dir"
+        ) from None
 
 
 from rlpost.data import chat_tasks, gym_tasks  # noqa: E402, F401  (they register their tasks)

@@ -12,6 +12,14 @@ PHASES = ("gen", "reward", "filter", "logprob", "values", "critic_update", "upda
 FAILURES = ("timeouts", "crashes", "bad_values")  # reward/<kind>: which of reward/errors (every failed sample)
 
 
+def sweep_hint(folder: Path) -> str:
+    """Where `folder` is a sweep's (its `multirun.yaml`), its runs' folders, said (the fifteenth catalogue's t50)."""
+    if not (folder / "multirun.yaml").is_file():
+        return ""
+    runs = sorted((p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+    return f"; it is a sweep's folder (multirun.yaml): its runs are {', '.join(map(str, runs[:6])) or 'not started'}"
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
     """The rows of `run_dir/metrics.jsonl`, one per step (where a step was written twice, by an
     attempt that died before `trim_logs` ran, the last row wins), in step order."""
@@ -19,7 +27,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     if Path(run_dir).name == "metrics.jsonl" and Path(run_dir).is_file():  # the eleventh catalogue's t67
         raise FileNotFoundError(f"{run_dir} is a run's metrics file: give its run folder, {Path(run_dir).parent}")
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is it a run folder?)")
+        raise FileNotFoundError(f"{run_dir}: no metrics.jsonl (is it a run folder?){sweep_hint(Path(run_dir))}")
     rows: dict[int, dict] = {}
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():

@@ -144,7 +144,12 @@ class ConsoleTracker:
 
 class TensorboardTracker:
     def __init__(self, run_dir: Path):
-        from torch.utils.tensorboard import SummaryWriter
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception as e:  # noqa: BLE001  (installed, but broken: said in a line, cat15's t54)
+            raise TrackerError(
+                f"logger.backends has tensorboard, which cannot be imported ({e}): pip install tensorboard"
+            )
 
         self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
@@ -163,7 +168,12 @@ class TrackerError(RuntimeError):
 
 class WandbTracker:
     def __init__(self, run_dir: Path, project: str, mode: str, config: dict):
-        import wandb
+        try:
+            import wandb
+        except Exception as e:  # noqa: BLE001  (installed, but broken: said in a line, cat15's t54)
+            raise TrackerError(
+                f"logger.backends has wandb, which cannot be imported ({e}): pip install wandb"
+            ) from None
 
         said = os.environ.get("WANDB_MODE")
         if said and said != mode:  # wandb's own line then said to set WANDB_MODE, already set (cat10's t17)

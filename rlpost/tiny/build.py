@@ -157,9 +157,15 @@ def save_built(final: Path, model, tokenizer, report_name: str, report: dict) ->
     """A built model, its tokenizer and its report, written under a temporary name and renamed to
     `final` when complete (an interrupted build is never mistaken for a finished one)."""
     tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
-    model.to("cpu").save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / report_name).write_text(json.dumps(report, indent=1) + "\n")
+    try:
+        model.to("cpu").save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / report_name).write_text(json.dumps(report, indent=1) + "\n")
+    except Exception as e:  # a full disk: OSError, or safetensors' own error (the fifteenth catalogue's t56)
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise CacheError(f"model.cache_dir: writing the built model into {final.parent} failed ({why}); free space "
+                         "there or set model.cache_dir") from None  # fmt: skip
     try:
         tmp.rename(final)
     except OSError:  # another process finished the same build first

@@ -184,6 +184,7 @@ VIOLATIONS = {
     ],
     "known_trackers": [["logger.backends=[console,foo]"]],
     "wandb_key": [["logger.backends=[console,wandb]", "logger.wandb_mode=online"]],
+    "tracker_packages": [["logger.backends=[console,wandb]"]],
     "kl_target_acts": [["algo.kl_target=0.05"], ["algo.name=ppo", "algo.kl_coef=0", "algo.kl_target=0.05"]],
     "gamma_read": [["algo.gamma=0.9"]],
     "lam_read": [["algo.lam=0.9"], ["algo.name=reinforce_pp", "algo.lam=0.5"]],
@@ -266,7 +267,9 @@ def test_each_rule_fires_on_its_violation_and_names_its_key(rule, monkeypatch):
 
     gpu_rules = {"tensor_parallel_engines", "flash_attn_is_installed"}  # rules whose violations need a GPU to show
     monkeypatch.setattr(torch.cuda, "is_available", lambda: rule.name in gpu_rules)  # CUDA absent, vllm present,
-    checked = {"vllm_is_installed": "vllm", "flash_attn_is_installed": "flash_attn"}.get(rule.name)
+    checked = {"vllm_is_installed": "vllm", "flash_attn_is_installed": "flash_attn", "tracker_packages": "wandb"}.get(
+        rule.name
+    )
     monkeypatch.setattr(rules, "installed", lambda module: module != checked)  # every package here, unless checked
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # no W&B key on this machine (nor in ~/.netrc)
     monkeypatch.setenv("HOME", tempfile.mkdtemp(prefix="rlpost_home_"))
