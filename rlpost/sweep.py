@@ -58,6 +58,11 @@ def jobs_done(folder, jobs: list[list[str]], resume: bool, overwrite: bool = Fal
     from rlpost.config import ConfigError
 
     record = folder / "multirun.yaml"
+    if not record.exists() and any((folder / name).exists() for name in ("config.yaml", "metrics.jsonl")):
+        raise ConfigError(  # (the fifteenth catalogue's t66: the jobs went inside a run's folder)
+            f"run.dir={folder} holds a run (config.yaml, metrics.jsonl), not a sweep: give the sweep a folder of its "
+            "own"
+        )
     if not record.exists() or overwrite:
         return set()
     try:

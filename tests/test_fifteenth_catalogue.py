@@ -267,13 +267,12 @@ def test_a_ground_truth_written_as_a_small_decimal_keeps_its_digits(tmp_path):
 def test_the_doctor_names_a_package_whose_import_fails_and_goes_on(monkeypatch, capsys):
     """t52: a vLLM that raises at import (a build for another device) ended `rlpost doctor` in a traceback."""
     import importlib
+    from types import SimpleNamespace
 
-    real = importlib.import_module
-
-    def failing(name, *args):
+    def failing(name, *args):  # (no package is imported for real: a first import here changes the session's state)
         if name == "vllm":
             raise RuntimeError("Failed to infer device type")
-        return real(name, *args)
+        return SimpleNamespace(__version__="1.0")
 
     monkeypatch.setattr(importlib, "import_module", failing)
     assert main(["doctor"]) == 0
@@ -373,3 +372,27 @@ def test_a_sweeps_folder_is_named_as_one_by_plot_export_and_a_single_run(tmp_pat
     with pytest.raises(ConfigError, match=r"is a sweep's folder \(multirun.yaml\): go on with the sweep"):
         claim_run_dir(cfg_in(tmp_path, "trainer.resume=auto"), log=lambda *_: None)
     assert not (tmp_path / "config.yaml").exists() and not (tmp_path / "run.lock").exists()
+
+
+def test_a_sweep_into_a_runs_folder_a_tiny_critic_and_a_resume_into_a_new_folder_are_said(tmp_path, capsys):
+    """t66: a sweep with run.dir=<a single run's folder> put its jobs inside it; t59: critic.model_path=tiny
+    was looked up on the hub; t62: trainer.resume=auto into a folder new this run said only "starting fresh"."""
+    from rlpost.controller.run_dir import claim_run_dir, release_run_dir
+    from tests.run_dirs import cfg_in, earlier_run
+
+    earlier_run(tmp_path / "run")
+    assert main(["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path / 'run'}", "run.seed=0,1"]) == 2
+    assert capsys.readouterr().err == (
+        f"rlpost: config error: run.dir={tmp_path / 'run'} holds a run (config.yaml, metrics.jsonl), not a sweep: "
+        "give the sweep a folder of its own\n"
+    )
+    assert not (tmp_path / "run" / "multirun.yaml").exists() and not (tmp_path / "run" / "0").exists()
+    with pytest.raises(ConfigError, match=r"^critic.model_path=tiny: leave it empty to start the critic from"):
+        load_config(["+recipe=ppo", "critic.model_path=tiny"], this_machine=False)
+    said = []
+    claim_run_dir(cfg_in(tmp_path / "new", "trainer.resume=auto"), log=said.append)
+    release_run_dir(tmp_path / "new")
+    assert said[0] == (
+        f"trainer.resume=auto: run.dir={tmp_path / 'new'} is a new folder (not there before this run): nothing to "
+        "resume"
+    )

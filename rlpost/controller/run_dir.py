@@ -50,6 +50,8 @@ def claim_run_dir(cfg: TrainConfig, log=print, restart: bool = False) -> Path:
         raise ConfigError(f"run.dir={str(run_dir)!r}: cannot use that path ({e.strerror}); choose another run.dir")
     if a_file:
         raise ConfigError(f"run.dir={str(run_dir)!r} is a file, not a folder; choose another run.dir")
+    if cfg.trainer.resume == "auto" and not run_dir.exists():  # (the fifteenth catalogue's t62: ${now:...})
+        log(f"trainer.resume=auto: run.dir={run_dir} is a new folder (not there before this run): nothing to resume")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         _lock(run_dir, log)

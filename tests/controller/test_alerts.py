@@ -268,8 +268,10 @@ def test_validation_scores_that_never_reach_one_are_said_where_accuracy_reads_ze
     from rlpost.controller.alerts import off_scale
 
     (said,) = off_scale({"val/score_max": 0.9, "val/accuracy": 0.0}).items()
-    assert said == ("under_scale", "warning: no validation score reached 1 (the highest: 0.9, val/score_max): "
-                    "val/accuracy counts a sample right when its score is at least 1, so it reads 0; if reward.fn "
-                    "scores a right answer below 1, read val/reward_mean, or make it score a right answer 1")  # fmt: skip
+    assert said[0] == "under_scale" and said[1] == (
+        "warning: no validation score reached 1 (the highest: 0.9, val/score_max): val/accuracy counts a sample "
+        "right when its score is at least 1, so it reads 0; if reward.fn scores a right answer below 1, read "
+        "val/reward_mean, or make it score a right answer 1"
+    )
     assert off_scale({"val/score_max": 0.0, "val/accuracy": 0.0}) == {}  # nothing scored: nothing to read
     assert off_scale({"val/score_max": 0.9, "val/accuracy": 0.25}) == {}  # (not reachable, but not said)
