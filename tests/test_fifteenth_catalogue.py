@@ -1,5 +1,7 @@
 """Faults the fifteenth bad-input catalogue found (tried by someone who did not write the code, on
-a878c57): each test fails on the code before its fix."""
+a878c57 onwards): each test fails on the code before its fix. The others are beside the code they
+test: t11 in tests/config/test_command_line.py, t14, t15 and t30 in tests/rewards/test_executor.py,
+t18 and t25 in tests/controller/test_alerts.py, t35's message in tests/controller/test_progress.py."""
 
 import json
 from decimal import Decimal
