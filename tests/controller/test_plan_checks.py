@@ -236,3 +236,32 @@ def test_the_trainers_peak_adds_adams_slots_only_when_they_live_apart():
         passes = t["gathered"] + t["activations"] + t["logits"]
         assert t["adam"] > passes  # (one token a micro-batch: the slots are the larger)
         assert t["peak"] == kept + (max(passes, t["adam"]) if offload == "layerwise" else passes)
+
+
+def test_the_gpu_size_is_the_given_one_else_this_gpus_else_80_gib_assumed(monkeypatch):
+    """`rlpost plan`'s GPU: --gpu-gb, else the GPU here (its total memory, not assumed), else 80 GiB,
+    said as assumed (mutation_export_plan.json's survivors: only the path without a GPU ran)."""
+    import torch
+
+    from rlpost.controller.plan import GIB, gpu_size
+
+    assert gpu_size(141.0) == (141.0, False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_size(None) == (80.0, True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (3 * GIB, 139.5 * GIB, 0))  # (free, total)
+    assert gpu_size(None) == (139.5, False)
+
+
+@pytest.mark.parametrize(
+    ("params", "said"),
+    [(1_050_000, "1.1M"), (999_999_999, "1000.0M"), (1_000_000_000, "1.00B"), (1_015_000_001, "1.02B")],
+)
+def test_the_plans_header_gives_the_models_size_in_a_unit_that_fits(params, said):
+    from types import SimpleNamespace
+
+    from rlpost.controller.plan import plan_header
+
+    cfg = load_config(["+recipe=quickstart", "trainer.device=cuda"], this_machine=False)
+    shape = SimpleNamespace(params=params, layers=4, hidden=128)
+    assert plan_header(cfg, shape, 80.0, False) == f"model: {said} parameters, 4 layers, hidden 128"
