@@ -82,6 +82,17 @@ def jobs_done(folder, jobs: list[list[str]], resume: bool, overwrite: bool = Fal
     return {s["job"] for s in saved if s.get("done")}
 
 
+def again_if_unsaved(job: list[str], job_dir) -> list[str]:
+    """A job the sweep goes on with (`trainer.resume=auto`) whose folder holds its steps but no complete
+    checkpoint (it died before its first) starts again over its own logs, `run.overwrite=true`: a resume
+    is refused there (the fifteenth catalogue's t42), and the folder is this sweep's job's."""
+    from rlpost.controller.checkpoint import complete_checkpoints
+
+    if "trainer.resume=auto" not in job or complete_checkpoints(job_dir) or not (job_dir / "metrics.jsonl").exists():
+        return job
+    return [o for o in job if o != "trainer.resume=auto"] + ["run.overwrite=true"]
+
+
 def run_jobs(jobs: list[list[str]], folder, done: set[int], go_on: str) -> int:
     """Each job not `done`, one after another, recorded in `multirun.yaml` as it ends; the sweep's exit code."""
     write_record(folder / "multirun.yaml", jobs, done)  # (before the first job: a stopped sweep is one too)
@@ -90,7 +101,7 @@ def run_jobs(jobs: list[list[str]], folder, done: set[int], go_on: str) -> int:
             print(f"rlpost: sweep job {i + 1} of {len(jobs)}: done before, in {folder / str(i)}", flush=True)
             continue
         print(f"rlpost: sweep job {i + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
-        code, signum = run_job(job)
+        code, signum = run_job(again_if_unsaved(job, folder / str(i)))
         done |= {i} if code == 0 else set()
         write_record(folder / "multirun.yaml", jobs, done)
         name = signal.Signals(signum).name if signum is not None else ""

@@ -240,3 +240,19 @@ def test_a_sweep_given_again_with_run_overwrite_starts_anew(tmp_path, monkeypatc
     ]
     listed = yaml.safe_load((sweep / "multirun.yaml").read_text())
     assert [(j["job"], j["done"]) for j in listed] == [(0, True), (1, True)]
+
+
+def test_a_sweep_job_that_died_before_its_first_checkpoint_starts_again_when_the_sweep_goes_on(tmp_path):
+    """A resume over a run's steps with no checkpoint is refused (the fifteenth catalogue's t42); a sweep's
+    own job in that state is started again over its logs when the sweep goes on, not refused."""
+    from rlpost.sweep import again_if_unsaved
+
+    job = ["+recipe=quickstart", "run.seed=1", "trainer.resume=auto", f"run.dir={tmp_path / '2'}"]
+    assert again_if_unsaved(job, tmp_path / "2") == job  # never started: resumed (a new folder)
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    assert again_if_unsaved(job, tmp_path / "2") == [*job[:2], job[3], "run.overwrite=true"]
+    (tmp_path / "2" / "checkpoints" / "step_1").mkdir(parents=True)
+    (tmp_path / "2" / "checkpoints" / "step_1" / "controller.pt").write_bytes(b"")
+    assert again_if_unsaved(job, tmp_path / "2") == job  # a checkpoint: resumed from it
+    assert again_if_unsaved(job[:2] + job[3:], tmp_path / "2") == job[:2] + job[3:]  # not going on: as given
