@@ -89,6 +89,7 @@ def _call_one(fn: Callable, item, timeout_key: str) -> Result:
     where the function caught the alarm's exception (a bare `except:`) and returned (the fifteenth
     catalogue's t15: such samples were scored as ordinary results)."""
     global _running, _started, _fired
+    timed_out = f"timed out after {timeout_key}={_timeout_s:g}"
     try:
         _started, _fired = time.monotonic(), False
         _running = True
@@ -96,18 +97,18 @@ def _call_one(fn: Callable, item, timeout_key: str) -> Result:
         _running = False
     except ItemTimeout:
         _running = False
-        return None, "timeouts", f"timed out after {timeout_key}={_timeout_s:g}"
+        return None, "timeouts", timed_out
     except BadValue as e:
         _running = False
         return None, "bad_values", str(e)
     except BaseException:  # noqa: BLE001  (user code: any failure is counted, with its traceback; a sys.exit(),
         _running = False  # a KeyboardInterrupt or another BaseException it raises ends the call, not the worker: t14)
         if _fired:
-            return None, "timeouts", f"timed out after {timeout_key}={_timeout_s:g}"
+            return None, "timeouts", timed_out
         said = traceback.format_exc(limit=-8).rstrip("\n")
         return None, "errors", said + DAEMONIC * ("daemonic processes are not allowed to have children" in said)
     if _fired:
-        return None, "timeouts", f"timed out after {timeout_key}={_timeout_s:g} (reward.fn caught the timeout)"
+        return None, "timeouts", f"{timed_out} (reward.fn caught the timeout)"
     return value, "ok", ""
 
 
