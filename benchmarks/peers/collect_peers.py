@@ -48,7 +48,7 @@ VERL = {"gen": "timing_s/gen", "reward": "timing_s/reward", "logprob": "timing_s
 VAL_LINES = {  # the console line that reports a validation, per framework: (step, accuracy)
     "rlpost": re.compile(r"step (\d+): .*val/accuracy ([0-9.eE+-]+)"),
     "trl": re.compile(r'peers-val \{"step": (\d+), "accuracy": ([0-9.eE+-]+)'),
-    "verl": re.compile(r"step:(\d+) - .*val-core/[^:]+/acc/mean@1:([0-9.eE+-]+)"),
+    "verl": re.compile(r"step:(\d+) - .*val-core/[^:]+/acc/mean@1:(?:np\.float64\()?([0-9.eE+-]+)"),  # numpy repr
 }
 
 
@@ -138,7 +138,7 @@ def verl_steps(run_dir: Path, samples: int) -> tuple[list[dict], dict[int, float
         acc = [v for k, v in d.items() if k.startswith("val-core/") and k.endswith("/acc/mean@1")]
         if acc:
             vals[step] = acc[0]
-        peaks += [d["perf/max_memory_allocated_gb"]] if "perf/max_memory_allocated_gb" in d else []
+        peaks += [v for k, v in d.items() if k.endswith("perf/max_memory_allocated_gb")]  # actor/perf/...
         if "timing_s/step" not in d:
             continue
         tokens = d.get("response_length/mean", 0.0) * samples
@@ -198,12 +198,14 @@ def machine_of(text: str | None) -> str | None:
     return ", ".join(named + cores) or None
 
 
-def one_seed(folder: Path, skip: int, targets: list[float]) -> dict:
-    """Every job of one peers.sh folder, with its machine, versions and task."""
+def one_seed(folder: Path, skip: int, targets: list[float], leave_out: dict | None = None) -> dict:
+    """Every job of one peers.sh folder (but those `leave_out` names as "FOLDER/JOB"), with its machine,
+    versions and task."""
     task = json.loads((folder / "task" / "task.json").read_text())
     samples = task["settings"]["prompts_per_step"] * task["settings"]["group_size"]
     read = lambda name: (folder / name).read_text().strip() if (folder / name).is_file() else None  # noqa: E731
-    jobs = {j["name"]: summarize_job(folder, j, samples, skip, targets) for j in read_jobs(folder)}
+    kept = [j for j in read_jobs(folder) if f"{folder.name}/{j['name']}" not in (leave_out or {})]
+    jobs = {j["name"]: summarize_job(folder, j, samples, skip, targets) for j in kept}
     return {
         "folder": folder.name, "commit": read("commit.txt"), "date": read("date.txt"),
         "machine": machine_of(read("machine.txt")), "versions": json.loads(read("versions.json") or "{}"),
@@ -236,6 +238,17 @@ def common_target(seeds: list[dict], targets: list[float]) -> float | None:
     return max(reached, default=None)
 
 
+def parse_leave_out(items: list[str]) -> dict[str, str]:
+    """{"FOLDER/JOB": reason} from --leave-out FOLDER/JOB=REASON; a reason is required."""
+    out = {}
+    for item in items:
+        job, _, reason = item.partition("=")
+        if job.count("/") != 1 or not reason.strip():
+            raise SystemExit(f"--leave-out {item!r}: want FOLDER/JOB=REASON (e.g. s0/rlpost_colocate=cut by its cap)")
+        out[job] = reason.strip()
+    return out
+
+
 def unpacked(paths: list[Path], tmp: Path) -> list[Path]:
     """Folders as they are; peers_sSEED.tar.gz archives unpacked into `tmp`."""
     out = []
@@ -256,9 +269,20 @@ def main() -> None:
     ap.add_argument("--command", help="the command that made the folders (default: this one's)")
     ap.add_argument("--skip", type=int, default=3, help="steps left out of the medians (warm-up)")
     ap.add_argument("--targets", type=float, nargs="+", default=[0.4, 0.5, 0.6, 0.7, 0.8])
+    ap.add_argument(
+        "--leave-out",
+        action="append",
+        default=[],
+        metavar="FOLDER/JOB=REASON",
+        help="a job left out of the figures, with the reason (kept in the JSON's left_out)",
+    )
     args = ap.parse_args()
+    leave_out = parse_leave_out(args.leave_out)
     with tempfile.TemporaryDirectory() as tmp:
-        seeds = [one_seed(f, args.skip, args.targets) for f in unpacked(args.folders, Path(tmp))]
+        folders = unpacked(args.folders, Path(tmp))
+        if unknown := sorted(set(leave_out) - {f"{f.name}/{j['name']}" for f in folders for j in read_jobs(f)}):
+            ap.error(f"--leave-out names no job of the folders: {', '.join(unknown)}")
+        seeds = [one_seed(f, args.skip, args.targets, leave_out) for f in folders]
     first = seeds[0]
     record = with_provenance(
         {
@@ -269,6 +293,7 @@ def main() -> None:
             "skip_steps": args.skip,
             "targets": args.targets,
             "common_target": common_target(seeds, args.targets),
+            "left_out": [{"job": k, "reason": v} for k, v in leave_out.items()],
             "by_job": by_job(seeds, args.targets),
             "seeds": seeds,
         }  # fmt: skip

@@ -6,7 +6,9 @@
 #   COMMIT=<sha> SEED=0 bash benchmarks/peers/peers.sh 0,1=rlpost_split,verl_w2       # 2 GPUs: split; verl on 2
 #   COMMIT=<sha> SEED=0 bash benchmarks/peers/peers.sh 0,1=trl_w2,rlpost_colocate_w2  # 2 GPUs: TRL, rlpost on 2
 # Each argument is a lane, GPUS=JOB,JOB,...: a lane's jobs run one after another on its GPUs, lanes side by side.
-# Jobs: rlpost_colocate, trl, verl (1 GPU); rlpost_split (1 trainer GPU + 1 vLLM GPU, one step off-policy),
+# Jobs: rlpost_colocate, trl, verl (1 GPU); rlpost_varlen (colocated, packed rows through PyTorch's varlen
+# kernel instead of the recipe's padded sdpa), verl_padded (verl without padding removal: sdpa on packed rows
+# builds a tokens x tokens mask, 18 s a step on an H200, README.md); rlpost_split (1 trainer GPU + 1 vLLM GPU, one step off-policy),
 # rlpost_colocate_w2, trl_w2, verl_w2 (2 GPUs, the same global batch).
 # Env: STEPS (15: fits one H100's call with a margin, README.md), VAL_EVERY (5: the same for the three; the recipe's
 # is 10), LIMIT (seconds for the whole call, 575), OUT (/tmp/out). A job stops at STEPS or when its time is up, whichever comes first: its framework's cap
@@ -68,9 +70,11 @@ job_cmd() {  # job_cmd NAME: the command line of one job (run from the repositor
     rlpost_colocate) echo "${rl[*]}" ;;
     rlpost_colocate_w2) echo "${rl[*]} trainer.world_size=2 rollout.num_workers=2" ;;
     rlpost_split) echo "${rl[*]} cluster.placement=split" ;;
+    rlpost_varlen) echo "${rl[*]} model.attn_implementation=rlpost_varlen" ;;  # packed: PyTorch's varlen kernel
     trl) echo "env PYTHONPATH=$TRL_SITE:$PYTHONPATH python3 ${trl[*]}" ;;
     trl_w2) echo "env PYTHONPATH=$TRL_SITE:$PYTHONPATH python3 -m torch.distributed.run --standalone --nproc_per_node 2 ${trl[*]}" ;;
     verl) echo "${verl[*]} NGPUS=1 bash benchmarks/peers/verl_grpo.sh" ;;
+    verl_padded) echo "${verl[*]} NGPUS=1 bash benchmarks/peers/verl_grpo.sh actor_rollout_ref.model.use_remove_padding=False" ;;
     verl_w2) echo "${verl[*]} NGPUS=2 bash benchmarks/peers/verl_grpo.sh" ;;
     *) return 1 ;;
   esac
@@ -100,7 +104,7 @@ main() {
   LANES=("$@"); [ ${#LANES[@]} -gt 0 ] || LANES=("0=rlpost_colocate,trl,verl")
   install; describe; prepare
   ( while :; do printf '%s %s\n' "$EPOCHREALTIME" "$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | paste -sd,)"
-      sleep 0.5; done ) > "$W/gpu_memory.txt" 2>/dev/null &
+      sleep 0.5; done ) >> "$W/gpu_memory.txt" 2>/dev/null &  # appended: a later call into the same folder keeps it
   local smi=$! spec j
   echo "prepared in $((SECONDS - START))s (model $MODEL); lanes: ${LANES[*]}"
   for spec in "${LANES[@]}"; do lane "${spec%%=*}" "${spec#*=}" & done

@@ -70,6 +70,7 @@ class Controller:
             self.model_path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
             self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
             loader, self.val_rows, self.dropped_prompts = load_data(cfg, self.tokenizer, log, self.model_path, pool)
+            self.workers.lap("prepare")  # the run folder, the reward pool, the model's files, tokenizer and data
             self.version, self.step = 0, 0
             self.algorithm = ALGORITHMS.get(cfg.algo.name)
             self.keep_groups = BATCH_FILTERS[self.algorithm.batch_filter]
@@ -89,6 +90,7 @@ class Controller:
                 self._resume()
             trim_logs(self.run_dir, self.step)  # rows of steps this run will write (again) go
             self.sync_weights()  # the rollouts start from exactly the trainer's weights, verified
+            self.workers.lap("engines")  # the rollout engines up (on the CPU every actor) and the first sync
         except BaseException:
             self.shutdown()  # no actors or placement group outlive a failed start
             raise

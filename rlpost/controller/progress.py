@@ -18,8 +18,9 @@ from rlpost.tiny.build import start_eval
 
 
 def start_metrics(c) -> dict[str, float]:
-    """The engines' memory; at step 0 the start model's held-out greedy accuracy and pass@k (a
-    built tiny model's from its own evaluation, a real model's measured here)."""
+    """The engines' memory; the start-up's phases (`time/start_*_s`: `Workers.lap`); at step 0 the start
+    model's held-out greedy accuracy and pass@k (a built tiny model's from its own evaluation, a real
+    model's measured here)."""
     cfg, k = c.cfg, c.cfg.trainer.start_pass_k
     out = engines_memory(c)
     if c.step == 0:  # (`start_pass_k` set: measured with the run's sampler, not the built model's own: cat14's t18)
@@ -35,7 +36,16 @@ def start_metrics(c) -> dict[str, float]:
                 f"start model, {len(c.val_rows)} validation prompts, {k} samples each with the run's sampler: "
                 + ", ".join(f"{name[6:]} {v:.3f}" for name, v in measured.items())
             )
+    c.workers.lap("validation")  # the start's validation and pass@k (none when resumed)
+    out.update(c.workers.start_s)
+    c.log(start_line(c.workers.start_s))
     return out
+
+
+def start_line(phases: dict[str, float]) -> str:
+    """The start-up's phases in one console line: "start-up 79.4 s: prepare 2.0 s, ray 25.1 s, ..."."""
+    named = ", ".join(f"{k[len('time/start_') : -len('_s')]} {v:.1f} s" for k, v in phases.items())
+    return f"start-up {sum(phases.values()):.1f} s: {named}"
 
 
 def engines_memory(c) -> dict[str, float]:

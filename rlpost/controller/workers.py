@@ -6,7 +6,8 @@ whatever was started, also after a start that failed part-way."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rlpost.config import Colocation, TrainConfig
@@ -52,6 +53,13 @@ class Workers:
     reward_pool: RewardPool | None = None
     batches: Rollouts | None = None
     weights: WeightSync | None = None
+    start_s: dict[str, float] = field(default_factory=dict)  # the start-up's phases (`lap`), logged at step 0
+    lapped: float = field(default_factory=time.monotonic)
+
+    def lap(self, phase: str) -> None:
+        """`time/start_{phase}_s`: the seconds since the previous lap (the first: since the workers were made)."""
+        now = time.monotonic()
+        self.start_s[f"time/start_{phase}_s"], self.lapped = now - self.lapped, now
 
     def pool(self, cfg: TrainConfig) -> RewardPool:
         """The run's reward pool (`reward_pool`), made once: the first try of a user's reward function
@@ -70,6 +78,7 @@ class Workers:
             stop.install()
         poll = stop.check if stop is not None else None
         self.placement = p = Placement.create(cfg, roles, poll=poll)
+        self.lap("ray")  # Ray and the placement group
         ws, master = cfg.trainer.world_size, p.address_of_bundle(p.trainer_bundles[0])
         args = lambda r: (cfg, model_path, r, ws, *master)  # noqa: E731
         self.trainers = WorkerGroup(ActorWorker, cfg, p, p.trainer_bundles, "trainer", args, log, poll=poll)
@@ -85,6 +94,7 @@ class Workers:
             )
         if cfg.trainer.device == "cuda":  # the rollout engines start only once the trainers hold their memory
             self._check_memory(cfg, model_path, log)
+            self.lap("trainers")  # they answered: their models loaded (on the CPU the engines start beside them)
         pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
         devices = p.engine_devices(cfg, self.trainers)  # colocated tensor parallel: the shards' GPUs
         self.rollouts = WorkerGroup(

@@ -17,7 +17,8 @@ import pytest
 
 from rlpost.config import load_config
 from rlpost.controller import progress
-from rlpost.controller.progress import run_steps
+from rlpost.controller.progress import run_steps, start_line
+from rlpost.controller.workers import Workers
 from rlpost.metrics.summary import read_metrics
 
 
@@ -45,7 +46,9 @@ class FakeController:
         (Path(run_dir) / "run.lock").write_text(json.dumps(me))  # and its lock
         self.algorithm = SimpleNamespace(name="grpo")
         memory = [{"rollout/gpu_used_gb": 5.0}]
-        self.workers = SimpleNamespace(rollouts=SimpleNamespace(call=lambda method: memory))
+        self.workers = Workers(rollouts=SimpleNamespace(call=lambda method: memory), start_s={"time/start_ray_s": 2.0})
+        self.said = []
+        self.log = self.said.append
 
     def train_step(self):
         return {"reward/mean": float(self.step + 1), "perf/tokens": 10.0}
@@ -55,11 +58,29 @@ class FakeController:
 
 
 def test_a_new_run_logs_the_engines_memory_at_step_0(tmp_path):
-    run_steps(FakeController(tmp_path, 0))
+    c = FakeController(tmp_path, 0)
+    run_steps(c)
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
-    assert rows[0] == {"step": 0, "rollout/gpu_used_gb": 5.0}
+    start = rows[0].pop("time/start_validation_s")  # the start's own validation, timed here
+    assert rows[0] == {"step": 0, "rollout/gpu_used_gb": 5.0, "time/start_ray_s": 2.0}  # with the start-up's phases
+    assert 0 <= start < 5
+    assert c.said[0] == f"start-up {2.0 + start:.1f} s: ray 2.0 s, validation {start:.1f} s"
     assert [r["reward/mean"] for r in rows[1:]] == [1.0, 2.0, 3.0]
+
+
+def test_the_start_up_line_names_each_phase_and_their_sum():
+    phases = {"time/start_prepare_s": 1.3, "time/start_ray_s": 20.0, "time/start_engines_s": 30.5}
+    assert start_line(phases) == "start-up 51.8 s: prepare 1.3 s, ray 20.0 s, engines 30.5 s"
+
+
+def test_the_workers_laps_are_the_seconds_between_them(monkeypatch):
+    clock = iter([12.5, 20.0])
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    w = Workers(lapped=10.0)  # made at 10.0
+    w.lap("prepare")
+    w.lap("ray")
+    assert w.start_s == {"time/start_prepare_s": 2.5, "time/start_ray_s": 7.5}
 
 
 def test_a_run_folder_deleted_while_the_run_trains_stops_it_before_the_next_step(tmp_path):
@@ -219,7 +240,8 @@ def test_a_new_runs_start_metrics_and_a_resumed_runs(tmp_path, seen):
     c = Scripted(tmp_path, 0, "trainer.start_pass_k=4", "run.seed=7", "rollout.temperature=0.8")
     run_steps(c, c.stop)
     assert seen["rows"][0] == {"step": 0, "rollout/gpu_used_gb": 5.0, "start/greedy_accuracy": 0.57,
-                               "start/pass@1": 0.3, "start/pass@4": 0.7}  # fmt: skip
+                               "start/pass@1": 0.3, "start/pass@4": 0.7, "time/start_ray_s": 2.0,
+                               "time/start_validation_s": seen["rows"][0]["time/start_validation_s"]}  # fmt: skip
     assert "rollout/gpu_used_gb" not in seen["rows"][1]
     ((rows, params),) = c.passes  # k samples of each validation row, sampled (not greedy), the run's seed
     assert rows == ["row"] and (params.n, params.greedy, params.seed, params.temperature) == (4, False, 7, 0.8)
@@ -241,9 +263,10 @@ def test_start_pass_k_set_is_measured_with_the_runs_sampler_also_where_the_built
     assert len(c.passes) == 1 and c.passes[0][1].n == 4
     assert {k: v for k, v in seen["rows"][0].items() if k.startswith("start/")} == {
         "start/greedy_accuracy": 0.5, "start/pass@1": 0.3, "start/pass@4": 0.7}  # fmt: skip
-    assert c.said == [
+    assert c.said[0] == (
         "start model, 1 validation prompts, 4 samples each with the run's sampler: pass@1 0.300, pass@4 0.700"
-    ]
+    )
+    assert c.said[1].startswith("start-up ") and len(c.said) == 2
     seen["rows"].clear()
     c = Scripted(tmp_path / "b", 0)
     run_steps(c, c.stop)
@@ -289,7 +312,7 @@ def test_a_signal_that_stops_a_steps_scoring_stops_the_run_before_that_step(tmp_
     run_steps(c, c.stop)
     assert c.step == 2 and c.stopped == [15]
     assert [r["step"] for r in seen["rows"]] == [0, 1, 2]  # (0: the start metrics)
-    assert logged == ["the signal stopped step 3's scoring: the step is not trained"]
+    assert logged[1:] == ["the signal stopped step 3's scoring: the step is not trained"]  # (0: the start-up)
 
 
 def test_a_gpu_steps_time_includes_reading_the_engines_memory(tmp_path):

@@ -58,6 +58,10 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     assert profiled == ["update_step2_rank0.txt", "update_step2_rank1.txt"]
     rows = read_metrics(run_dir)
     assert rows[0]["step"] == 0 and "val/accuracy" in rows[0]  # validation before training
+    # the start-up's phases in order (on the CPU no trainers' own lap: the engines start beside them)
+    phases = [k for k in rows[0] if k.startswith("time/start_")]
+    assert phases == [f"time/start_{p}_s" for p in ("prepare", "ray", "engines", "validation")]
+    assert all(rows[0][k] > 0 for k in phases) and sum(rows[0][k] for k in phases) < rows[1]["time/run_s"]
     steps = [r for r in rows if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
@@ -92,6 +96,7 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     assert resumed[0]["actor/first_ratio_dev"] <= 1e-5
     # the run's wall time goes on from step 2's: it counts both processes' time, not the second's alone
     assert resumed[0]["time/run_s"] > rows[2]["time/run_s"] + resumed[0]["timing_s/step"]
+    assert resumed[0]["time/start_engines_s"] > 0  # the resumed start's phases go with its first step
 
 
 @pytest.mark.demo  # out of CI for time: test_resume's split + layerwise run covers this placement and optimizer
