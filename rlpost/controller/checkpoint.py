@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import errno
 import json
+import pickle
 import re
 import shutil
 import zipfile
@@ -151,7 +152,7 @@ def load(folder: Path, groups: list) -> dict:
             raise CheckpointError(f"{group.role} could not load checkpoint {folder}: {e.cause}") from None
     try:
         return torch.load(folder / "controller.pt", weights_only=False)
-    except (RuntimeError, EOFError, OSError, ValueError) as e:  # damaged at the same size: the manifest cannot tell
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:  # damaged at the same size
         older = older_than(folder)
         raise CheckpointError(
             f"checkpoint {folder}: controller.pt could not be read ({type(e).__name__}: {str(e).splitlines()[0]}); "
