@@ -7,7 +7,9 @@
 #   COMMIT=<sha> SEED=0 bash benchmarks/peers/peers.sh 0,1=trl_w2,rlpost_colocate_w2  # 2 GPUs: TRL, rlpost on 2
 # Each argument is a lane, GPUS=JOB,JOB,...: a lane's jobs run one after another on its GPUs, lanes side by side.
 # Jobs: rlpost_colocate, trl, verl (1 GPU); rlpost_varlen (colocated, packed rows through PyTorch's varlen
-# kernel instead of the recipe's padded sdpa), verl_padded (verl without padding removal: sdpa on packed rows
+# kernel instead of the recipe's padded sdpa), rlpost_wide (that, and vLLM decoding the step's 512 samples at
+# once: rollout.max_num_seqs=512, where rlpost's default 256 makes two waves; vLLM's own default on an H100 is
+# 1024), verl_padded (verl without padding removal: sdpa on packed rows
 # builds a tokens x tokens mask, 18 s a step on an H200, README.md); rlpost_split (1 trainer GPU + 1 vLLM GPU, one step off-policy),
 # rlpost_colocate_w2, trl_w2, verl_w2 (2 GPUs, the same global batch).
 # Env: STEPS (15: fits one H100's call with a margin, README.md), VAL_EVERY (5: the same for the three; the recipe's
@@ -71,6 +73,7 @@ job_cmd() {  # job_cmd NAME: the command line of one job (run from the repositor
     rlpost_colocate_w2) echo "${rl[*]} trainer.world_size=2 rollout.num_workers=2" ;;
     rlpost_split) echo "${rl[*]} cluster.placement=split" ;;
     rlpost_varlen) echo "${rl[*]} model.attn_implementation=rlpost_varlen" ;;  # packed: PyTorch's varlen kernel
+    rlpost_wide) echo "${rl[*]} model.attn_implementation=rlpost_varlen rollout.max_num_seqs=512" ;;  # one wave
     trl) echo "env PYTHONPATH=$TRL_SITE:$PYTHONPATH python3 ${trl[*]}" ;;
     trl_w2) echo "env PYTHONPATH=$TRL_SITE:$PYTHONPATH python3 -m torch.distributed.run --standalone --nproc_per_node 2 ${trl[*]}" ;;
     verl) echo "${verl[*]} NGPUS=1 bash benchmarks/peers/verl_grpo.sh" ;;
