@@ -8,8 +8,7 @@
 # Each argument is a lane, GPUS=JOB,JOB,...: a lane's jobs run one after another on its GPUs, lanes side by side.
 # Jobs: rlpost_colocate, trl, verl (1 GPU); rlpost_varlen (colocated, packed rows through PyTorch's varlen
 # kernel instead of the recipe's padded sdpa), rlpost_wide (that, and vLLM decoding the step's 512 samples at
-# once: rollout.max_num_seqs=512, where rlpost's default 256 makes two waves; vLLM's own default on an H100 is
-# 1024), verl_padded (verl without padding removal: sdpa on packed rows
+# once: rollout.max_num_seqs=512, where rlpost's default 256 makes two waves; TRL sets 512), verl_padded (verl without padding removal: sdpa on packed rows
 # builds a tokens x tokens mask, 18 s a step on an H200, README.md); rlpost_split (1 trainer GPU + 1 vLLM GPU, one step off-policy),
 # rlpost_colocate_w2, trl_w2, verl_w2 (2 GPUs, the same global batch).
 # Env: STEPS (15: fits one H100's call with a margin, README.md), VAL_EVERY (5: the same for the three; the recipe's
