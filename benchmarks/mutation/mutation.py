@@ -206,6 +206,13 @@ def tally() -> tuple[dict, list[dict]]:
     return {module: scores(counts) for module, counts in sorted(by_module.items())}, survivors
 
 
+def commit_time(measured: str) -> str | None:
+    """The measured commit's time (ISO 8601), from its hash ("1eae119", "ac0eea0+changes"), or None."""
+    sha = measured.split("+")[0].split(":")[0].strip()
+    out = subprocess.run(["git", "-C", str(REPO), "show", "-s", "--format=%cI", sha], capture_output=True, text=True)
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
 def report(args, commit_file: Path, wall_file: Path, modules: dict, survivors: list[dict]) -> dict:
     """The JSON; its commit is that of the code the mutants were made from (this tree's, where
     mutants/ does not say)."""
@@ -213,7 +220,8 @@ def report(args, commit_file: Path, wall_file: Path, modules: dict, survivors: l
         "command": "python benchmarks/mutation/mutation.py --out " + args.out + "".join(f" {n}" for n in args.names),
         "tool": "mutmut "
         + subprocess.run([sys.executable, "-m", "mutmut", "--version"], capture_output=True, text=True).stdout.strip(),
-        "commit": commit_file.read_text() if commit_file.is_file() else commit(),
+        "commit": (measured := commit_file.read_text() if commit_file.is_file() else commit()),
+        "commit_time": commit_time(measured),  # (latest.py orders runs of one day by it)
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
         "date": time.strftime("%Y-%m-%d", time.gmtime(commit_file.stat().st_mtime if commit_file.is_file() else None)),
         "wall_s": int(wall_file.read_text()) if wall_file.is_file() else None,
