@@ -22,10 +22,10 @@ import json
 import math
 import numbers
 import random
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlpost.data.json_layout import columns_layout, not_rows, one_value_a_key
 from rlpost.data.scalars import plain_number, unwrap_scalar
 
 
@@ -120,7 +120,7 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
         return read_csv(path, text)
     if suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
         try:
-            return json.loads(text, object_pairs_hook=_one_value_a_key)
+            return json.loads(text, object_pairs_hook=one_value_a_key)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
         except KeyError as e:  # (the fifteenth catalogue's t01: the last value kept, as .jsonl refuses it)
@@ -132,54 +132,19 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
         )
     # JSON Lines ends a row at "\n" only: str.splitlines() also splits at U+2028, U+0085, ..., which a
     # JSON string may hold unescaped (the fifteenth catalogue's t02: a valid row read as two halves)
-    if suffix == ".json" and len([line for line in text.split("\n") if line.strip()]) > 1:
-        whole_object(path, text)
+    if suffix == ".json" and (said := not_rows(text, one_line=len([x for x in text.split("\n") if x.strip()]) < 2)):
+        raise DataError(f"{path}: {said}")
     rows = []
     for i, line in enumerate(text.split("\n")):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line, object_pairs_hook=_one_value_a_key))
+            rows.append(json.loads(line, object_pairs_hook=one_value_a_key))
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: row {i}: not valid JSON ({e.msg}); want one JSON object a line") from None
         except KeyError as e:
             raise DataError(f"{path}: row {i}: the key {e.args[0]!r} is given twice; give each key once") from None
     return rows
-
-
-def whole_object(path: Path, text: str) -> None:
-    """A .json of several lines that is one JSON object as a whole (the rows under a key, pretty-printed)
-    is named, not read line by line into "row 0: not valid JSON" (the fourteenth catalogue's t19)."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return  # JSON lines, or a JSON error the line reader names by row
-    if isinstance(data, dict):
-        lists = [k for k, v in data.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
-        hint = f"; the rows look to be under {lists[0]!r}: write that list as the file" if lists else ""
-        raise DataError(
-            f"{path}: one JSON object (keys {', '.join(map(repr, list(data)[:5]))}), not rows: a .json file holds one "
-            f"array of row objects, or one object a line{hint}"
-        )
-
-
-def _one_value_a_key(pairs: list) -> dict:
-    """A JSON object whose keys are each given once: json keeps the last of a key given twice,
-    without a word (the ninth catalogue's n12: a ground truth given twice, the wrong one kept)."""
-    out = dict(pairs)
-    if len(out) < len(pairs):
-        raise KeyError(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
-    return out
-
-
-def columns_layout(text: str) -> bool:
-    """Whether `text` is one JSON object whose values are all objects or arrays (a column each)."""
-    try:
-        whole = json.loads(text)
-    except ValueError:
-        return False
-    values = list(whole.values()) if isinstance(whole, dict) else []
-    return bool(values) and all(isinstance(v, (dict, list)) for v in values) and "prompt" in whole
 
 
 def read_csv(path: Path, text: str) -> list[dict]:
