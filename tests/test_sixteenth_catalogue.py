@@ -24,3 +24,19 @@ def test_a_one_line_json_holding_the_rows_under_a_key_is_named_not_read_as_row_0
     assert read_rows(str(path)) == rows[:1]
     path.write_text(json.dumps({**rows[0], "tags": [{"a": 1}]}))  # a row that holds a list of objects
     assert read_rows(str(path)) == [{**rows[0], "tags": [{"a": 1}]}]
+
+
+def test_a_ground_truth_with_spaces_around_it_is_measured_as_the_answer_the_scorers_compare():
+    """t11: ground truths written "130 " (a padded CSV export) drew "cannot hold the longest ground
+    truth ... raise it", yet the scorers strip them and the rows scored as usual."""
+    from rlpost.data.dataset import PromptRow
+    from rlpost.data.row_warnings import short_cap_warning
+    from rlpost.tiny.model import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    rows = [PromptRow([1], "60+70=", " 130 ", "arithmetic"), PromptRow([1], "1+1=", "2\n", "arithmetic")]
+    assert short_cap_warning(rows, tok, 4) is None  # 3 characters and the eos
+    assert short_cap_warning(rows, tok, 3) == (
+        "warning: rollout.max_response_length=3 tokens cannot hold the longest ground truth ('130': 4 tokens with "
+        "the eos); raise it, or those rows score nothing"
+    )

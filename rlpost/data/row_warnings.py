@@ -37,13 +37,15 @@ def conflict_warning(rows: list[PromptRow]) -> str | None:
 
 def short_cap_warning(rows: list[PromptRow], tokenizer, max_response_length: int) -> str | None:
     """A response cap shorter than the longest ground truth's tokens and an eos: a response that
-    holds the answer cannot fit, so those rows score nothing (said before the first step)."""
-    longest = max(rows, key=lambda row: len(row.ground_truth), default=None)
-    need = len(tokenizer(longest.ground_truth, add_special_tokens=False)["input_ids"]) + 1 if longest else 0
+    holds the answer cannot fit, so those rows score nothing (said before the first step). The answer
+    is the ground truth without the spaces around it, as the scorers compare it (the sixteenth
+    catalogue's t11: "130 " drew the warning, yet scored)."""
+    longest = max((row.ground_truth.strip() for row in rows), key=len, default=None)
+    need = len(tokenizer(longest, add_special_tokens=False)["input_ids"]) + 1 if longest else 0
     if need > max_response_length:
         return (
             f"warning: rollout.max_response_length={max_response_length} tokens cannot hold the longest ground truth "
-            f"({longest.ground_truth[:40]!r}: {need} tokens with the eos); raise it, or those rows score nothing"
+            f"({longest[:40]!r}: {need} tokens with the eos); raise it, or those rows score nothing"
         )
     return None
 
