@@ -40,3 +40,51 @@ def test_a_ground_truth_with_spaces_around_it_is_measured_as_the_answer_the_scor
         "warning: rollout.max_response_length=3 tokens cannot hold the longest ground truth ('130': 4 tokens with "
         "the eos); raise it, or those rows score nothing"
     )
+
+
+ALARMS = """
+import signal, time
+
+class Own(Exception):
+    pass
+
+def score(sample):
+    if sample.response == "hang":  # no alarm of its own: only the pool's can end it
+        time.sleep(3600)
+    def ring(signum, frame):
+        raise Own()
+    old = signal.signal(signal.SIGALRM, ring)  # a guard of its own, as timeout decorators do
+    signal.alarm(5)
+    try:
+        if sample.response == "slow":
+            time.sleep(1.0)
+            return 0.0
+        return 1.0
+    finally:
+        signal.alarm(0)  # cancels the real-time timer: the pool's too
+        signal.signal(signal.SIGALRM, old)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_reward_that_takes_the_alarm_itself_still_has_its_slow_samples_and_the_next_ones_cut(tmp_path, capsys):
+    """t32: a reward with a SIGALRM guard of its own replaced the pool's handler and cancelled its timer:
+    samples past reward.timeout_s scored as ordinary ones (reward/timeouts 0), a later hang waited for the
+    parent's backstop (the worker killed, its share scored again), and the message blamed native code."""
+    from rlpost.rewards import RewardInput
+    from rlpost.rewards.pool import RewardPool
+
+    path = tmp_path / "alarms.py"
+    path.write_text(ALARMS)
+    pool = RewardPool(f"{path}:score", {}, 1, 0.3, 1024, -1.0)
+    try:
+        out = pool.score([RewardInput("3+4=", r, "7", "arithmetic") for r in ("slow", "ok", "hang", "ok")])
+    finally:
+        pool.close()
+    assert out.scores == [-1.0, 1.0, -1.0, 1.0] and out.counts["timeouts"] == 2
+    assert out.first_error == (
+        "sample 0: timed out after reward.timeout_s=0.3 (reward.fn set SIGALRM's handler or timer itself "
+        "(signal.alarm, setitimer or signal.signal), which replaces the pool's alarm: it ran on past the limit; "
+        "leave timeouts to reward.timeout_s)"
+    )
+    assert "did not answer" not in capsys.readouterr().out  # the hang was cut by the pool's alarm, set again

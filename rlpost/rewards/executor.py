@@ -67,6 +67,41 @@ _running = False  # an item is under way: only then may the alarm end it
 _started = 0.0  # when it started (time.monotonic)
 _timeout_s = 0.0  # the chunk's timeout per item
 _fired = False  # the alarm ended the item under way (even if the function caught ItemTimeout and returned)
+_touched = False  # reward.fn set SIGALRM's handler or the real-time timer itself during the item
+_set_timer, _set_handler = signal.setitimer, signal.signal  # the pool's own: reward.fn's are watched
+ALARM_TAKEN = (
+    "reward.fn set SIGALRM's handler or timer itself (signal.alarm, setitimer or signal.signal), which replaces "
+    "the pool's alarm: it ran on past the limit; leave timeouts to reward.timeout_s"
+)
+
+
+def _watch_alarm_use() -> None:
+    """In a worker, before reward.fn's module loads: its calls of `signal.alarm`, `setitimer(ITIMER_REAL)`
+    and `signal.signal(SIGALRM, ...)` are noted, then made. They take the pool's alarm (the handler
+    replaced, the timer cancelled by `alarm(0)`: the sixteenth catalogue's t32, where reward.timeout_s
+    then cut nothing and slow samples scored as ordinary ones); after such an item it is set again."""
+
+    def noted(real, takes_the_alarm):
+        def call(*args, **kwargs):
+            global _touched
+            _touched = _touched or takes_the_alarm(*args)
+            return real(*args, **kwargs)
+
+        return call
+
+    signal.alarm = noted(signal.alarm, lambda *_: True)
+    signal.setitimer = noted(signal.setitimer, lambda which, *_: which == signal.ITIMER_REAL)
+    signal.signal = noted(signal.signal, lambda signum, *_: signum == signal.SIGALRM)
+
+
+def _alarm_back() -> bool:
+    """Whether reward.fn took the alarm during the item; if it did, the pool's is set again."""
+    global _touched
+    touched, _touched = _touched, False
+    if touched:
+        _set_handler(signal.SIGALRM, _alarm)
+        _set_timer(signal.ITIMER_REAL, _timeout_s)
+    return touched
 
 
 def _alarm(signum, frame):
@@ -77,39 +112,42 @@ def _alarm(signum, frame):
     global _fired
     now = time.monotonic()
     if _running and now - _started >= _timeout_s:
-        signal.setitimer(signal.ITIMER_REAL, _timeout_s)  # for the items after this one
+        _set_timer(signal.ITIMER_REAL, _timeout_s)  # for the items after this one
         _fired = True
         raise ItemTimeout()
     left = _started + _timeout_s - now if _running else _timeout_s
-    signal.setitimer(signal.ITIMER_REAL, max(left, 1e-4))
+    _set_timer(signal.ITIMER_REAL, max(left, 1e-4))
 
 
 def _call_one(fn: Callable, item, timeout_key: str) -> Result:
     """One item (the chunk's alarm armed, `_run_chunk`). An item the alarm ended is a timeout even
     where the function caught the alarm's exception (a bare `except:`) and returned (the fifteenth
-    catalogue's t15: such samples were scored as ordinary results)."""
+    catalogue's t15: such samples were scored as ordinary results), and so is one that ran past the
+    limit because reward.fn took the alarm itself (the sixteenth's t32)."""
     global _running, _started, _fired
     timed_out = f"timed out after {timeout_key}={_timeout_s:g}"
-    try:
-        _started, _fired = time.monotonic(), False
+    _started, _fired = time.monotonic(), False
+    try:  # (`_running` off first in each branch: the alarm raises only while it is on)
         _running = True
         value = fn(item)
         _running = False
+        kind, said = "ok", ""
     except ItemTimeout:
         _running = False
-        return None, "timeouts", timed_out
+        value, kind, said = None, "timeouts", timed_out
     except BadValue as e:
         _running = False
-        return None, "bad_values", str(e)
+        value, kind, said = None, "bad_values", str(e)
     except BaseException:  # noqa: BLE001  (user code: any failure is counted, with its traceback; a sys.exit(),
         _running = False  # a KeyboardInterrupt or another BaseException it raises ends the call, not the worker: t14)
-        if _fired:
-            return None, "timeouts", timed_out
         said = traceback.format_exc(limit=-8).rstrip("\n")
-        return None, "errors", said + DAEMONIC * ("daemonic processes are not allowed to have children" in said)
+        value, kind, said = None, "errors", said + DAEMONIC * ("daemonic processes are not allowed" in said)
+    overran, touched = time.monotonic() - _started >= _timeout_s, _alarm_back()
+    if kind == "timeouts" or not (_fired or overran):
+        return value, kind, said
     if _fired:
-        return None, "timeouts", f"{timed_out} (reward.fn caught the timeout)"
-    return value, "ok", ""
+        return None, "timeouts", timed_out + " (reward.fn caught the timeout)" * (kind == "ok")
+    return None, "timeouts", f"{timed_out} ({ALARM_TAKEN if touched else 'it ran past the limit before the alarm'})"
 
 
 DAEMONIC = (  # (a multiprocessing.Pool in a reward function: the twelfth catalogue's t114)
@@ -128,7 +166,7 @@ def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str) ->
     item (a reward that hangs on every sample took `timeout_s` a sample, an hour a step)."""
     global _timeout_s
     _timeout_s = timeout_s
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    _set_timer(signal.ITIMER_REAL, timeout_s)
     out: list[Result] = []
     try:
         for item in items:
@@ -140,7 +178,7 @@ def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str) ->
             out.append(_call_one(fn, item, timeout_key))
         return out
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        _set_timer(signal.ITIMER_REAL, 0)
 
 
 def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: str) -> None:
@@ -156,8 +194,8 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
 
         limit = memory_mb * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    signal.signal(signal.SIGALRM, _alarm)
-
+    _set_handler(signal.SIGALRM, _alarm)
+    _watch_alarm_use()
     try:
         fn = setup()
     except (Exception, SystemExit, KeyboardInterrupt):  # noqa: BLE001  (the user's module: the parent raises it)
@@ -342,7 +380,8 @@ class WorkerPool:
                     self.log(  # (a stopped process, or one stuck in native code: the eleventh catalogue's t31)
                         f"{self.name}: a worker did not answer for its share's {len(chunk)} items in "
                         f"{len(chunk) * timeout_s + GRACE_S:g} s ({self.timeout_key}={timeout_s:g} each), where its "
-                        "own alarm could not stop it (a stopped process, or one stuck in native code): replaced, "
+                        "own alarm could not stop it (a stopped process, one stuck in native code, or reward.fn "
+                        "cancelled the alarm): replaced, "
                         "and its items scored again one at a time"
                     )
                     self._replace(i)

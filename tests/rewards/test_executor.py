@@ -258,8 +258,8 @@ def test_a_stopped_worker_is_replaced_after_its_share_and_said(user_file, capsys
         p.close()
     assert (
         "reward: a worker did not answer for its share's 4 items in 4 s (reward.timeout_s=0.5 each), where its own "
-        "alarm could not stop it (a stopped process, or one stuck in native code): replaced, and its items scored "
-        "again one at a time\n"
+        "alarm could not stop it (a stopped process, one stuck in native code, or reward.fn cancelled the alarm): "
+        "replaced, and its items scored again one at a time\n"
     ) in capsys.readouterr().out
 
 
