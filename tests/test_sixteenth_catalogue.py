@@ -88,3 +88,31 @@ def test_a_reward_that_takes_the_alarm_itself_still_has_its_slow_samples_and_the
         "leave timeouts to reward.timeout_s)"
     )
     assert "did not answer" not in capsys.readouterr().out  # the hang was cut by the pool's alarm, set again
+
+
+def test_a_full_disk_at_the_end_is_a_line_of_the_summary_not_a_traceback_of_a_finished_run(tmp_path, monkeypatch):
+    """t37: on a nearly full disk the run trained, then drawing curves.png raised (71 lines, exit 1) and
+    the summary was never printed; summary.json itself may not fit either."""
+    import errno
+    from types import SimpleNamespace
+
+    from rlpost.metrics import plot
+    from rlpost.metrics.summary import write_report
+
+    rows = [{"step": 0, "val/accuracy": 0.5}, {"step": 1, "reward/mean": 0.25, "timing_s/step": 1.0}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def full(dirs, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "curves.png"))
+
+    monkeypatch.setattr(plot, "plot_runs", full)
+    said = []
+    summary = write_report(tmp_path, 5.0, "none", SimpleNamespace(plot=True), said.append)
+    assert summary["steps"] == 1 and json.loads((tmp_path / "summary.json").read_text()) == summary
+    curves = f"  curves: not drawn (No space left on device: {tmp_path / 'curves.png'}); draw it later: rlpost plot"
+    assert curves in said[0]
+    (tmp_path / "summary.json").unlink()
+    (tmp_path / "summary.json").mkdir()  # cannot be written
+    said.clear()
+    write_report(tmp_path, 5.0, "none", SimpleNamespace(plot=False), said.append)
+    assert f"  summary: not written (Is a directory: {tmp_path / 'summary.json'})" in said[0]

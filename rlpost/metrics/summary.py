@@ -126,18 +126,25 @@ def write_report(run_dir: Path, wall_s: float, checkpoints: str, logger, log=pri
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
     summary = summarize(rows, wall_s)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     files = {
         "checkpoints": checkpoints,
         "metrics": str(run_dir / "metrics.jsonl") if rows else "none yet (no step ran)",
         "summary": str(run_dir / "summary.json"),
     }
+    try:  # the run's work is done and saved: a full disk here is one line of the summary (the sixteenth's t37)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    except OSError as e:
+        files["summary"] = f"not written ({e.strerror}: {e.filename})"
     if logger.plot and any(r["step"] > 0 for r in rows):  # (stopped in step 1: the start's row alone)
         try:
             from rlpost.metrics.plot import plot_runs
 
             files["curves"] = str(plot_runs([run_dir])[0])
         except ImportError as e:  # a machine without matplotlib still trains
+            files["curves"] = f"not drawn ({e})"
+        except OSError as e:  # no space left, a read-only folder (rlpost plot draws it later)
+            files["curves"] = f"not drawn ({e.strerror}: {e.filename}); draw it later: rlpost plot {run_dir}"
+        except ValueError as e:  # curves.png there is not a picture rlpost drew
             files["curves"] = f"not drawn ({e})"
     log(format_summary(summary, files))
     return summary
