@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from rlpost.config import ConfigError, load_config
 from rlpost.data.dataset import DataError, read_rows
 
 
@@ -116,3 +117,48 @@ def test_a_full_disk_at_the_end_is_a_line_of_the_summary_not_a_traceback_of_a_fi
     said.clear()
     write_report(tmp_path, 5.0, "none", SimpleNamespace(plot=False), said.append)
     assert f"  summary: not written (Is a directory: {tmp_path / 'summary.json'})" in said[0]
+
+
+@pytest.mark.parametrize(
+    "words, said",
+    [
+        (
+            ["trainer.total_steps", "=", "2"],
+            "'trainer.total_steps = 2': write KEY=VALUE as one word, without spaces around '=': trainer.total_steps=2",
+        ),
+        (
+            ["trainer.total_steps", "=2"],
+            "'trainer.total_steps =2': write KEY=VALUE as one word, without spaces around '=': trainer.total_steps=2",
+        ),
+        (
+            ["trainer.total_steps=", "2"],
+            "'trainer.total_steps= 2': write KEY=VALUE as one word, without spaces around '=': trainer.total_steps=2",
+        ),
+        (
+            ["trainer.optim.lr=1e\u22124"],
+            "'trainer.optim.lr=1e\u22124': '\u2212' (U+2212 MINUS SIGN) is not the ASCII "
+            "'-', as text copied from a paper or a word processor has it: type trainer.optim.lr=1e-4",
+        ),
+    ],
+)
+def test_a_slip_of_typing_on_the_command_line_is_named_as_such(words, said):
+    """t43: `KEY = VALUE` (three words to the shell) and t44: a Unicode minus pasted into `1e−4` were
+    told to quote a value, which would not help."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["+recipe=quickstart", *words])
+    assert str(info.value) == said
+
+
+def test_a_world_size_that_does_not_divide_the_batch_names_the_keys_in_effect_and_what_fits():
+    """t62: with algo.ppo_mini_batch_size=0 (the whole batch) the message read "algo.ppo_mini_batch_size *
+    rollout.n = 512" (0 x 8 = 512) and gave no way on; and t73: cluster.stall_timeout_s=0.001 was taken,
+    then stopped the run once Ray and the actors were up."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["+recipe=quickstart", "trainer.world_size=3"])
+    assert str(info.value) == (
+        "each optimizer step sees data.train_batch_size=64 (algo.ppo_mini_batch_size=0: the whole batch) x "
+        "rollout.n=8 = 512 sequences, which trainer.world_size=3 does not divide: use 1, 2, 4 ranks, or a batch 3 "
+        "divides"
+    )
+    with pytest.raises(ConfigError, match=r"^cluster.stall_timeout_s=0.001 must be >= 10$"):
+        load_config(["+recipe=quickstart", "cluster.stall_timeout_s=0.001"])

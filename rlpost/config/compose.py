@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import unicodedata
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -49,10 +50,12 @@ def unknown_key(key: str) -> str:
     return f"unknown config key '{key}'" + (f"; did you mean: {', '.join(hint)}?" if hint else "")
 
 
-def _explain(error: Exception) -> str:
+def _explain(error: Exception, overrides: list[str] = ()) -> str:
     """Turn a Hydra/OmegaConf composition error into one line naming the key and what would fix it."""
     text = str(error)
     bad = getattr(error, "override", None)  # Hydra's parser: the override was not named (cat11's t57)
+    if isinstance(bad, str) and (slip := typing_slip(bad, list(overrides))):
+        return slip
     if isinstance(bad, str) and "[" in bad.partition("=")[0]:  # a list item in the key (the fifteenth's t08)
         key = bad.partition("=")[0]
         return (
@@ -89,6 +92,32 @@ def _explain(error: Exception) -> str:
         if line.strip() and "full_key" not in line and "object_type" not in line and "Traceback" not in line
     ]
     return first + (f": {detail[0].strip()}" if detail else "") + (f" (key: {key})" if key and key not in first else "")
+
+
+PASTED = {"\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2010": "-", "\u2011": "-", "\u00a0": " ",
+          "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'}  # fmt: skip
+
+
+def typing_slip(bad: str, overrides: list[str]) -> str | None:
+    """What is wrong with an override Hydra cannot read, where it is a slip of typing: spaces around
+    `=` (the shell made `KEY = VALUE` three words: the sixteenth catalogue's t43), or a character
+    pasted from a paper or a word processor for the ASCII one (`1e−4` with U+2212: t44); else None."""
+    i = overrides.index(bad) if bad in overrides else -1
+    if i > 0 and overrides[i - 1].endswith("=") and "=" not in bad:  # `KEY= VALUE`: Hydra takes `KEY=` as a null
+        i, bad = i - 1, overrides[i - 1]
+    words = overrides[i : i + 3] if i >= 0 else [bad]
+    if len(words) > 1 and ("=" not in bad and words[1].startswith("=") or bad.endswith("=") and "=" not in words[1]):
+        joined = bad + words[1] + (words[2] if words[1] == "=" and len(words) > 2 else "")
+        shown = " ".join(words[: 3 if words[1] == "=" else 2])
+        return f"{shown!r}: write KEY=VALUE as one word, without spaces around '=': {joined}"
+    pasted = next((c for c in bad if c in PASTED), None)
+    if pasted is None:
+        return None
+    fixed = "".join(PASTED.get(c, c) for c in bad)
+    return (
+        f"{bad!r}: {pasted!r} (U+{ord(pasted):04X} {unicodedata.name(pasted)}) is not the ASCII {PASTED[pasted]!r}, "
+        f"as text copied from a paper or a word processor has it: type {fixed}"
+    )
 
 
 def _unknown_keys(node, prefix: str = "") -> list[str]:
@@ -164,7 +193,7 @@ def compose(overrides: list[str]) -> TrainConfig:
     except ConfigError:
         raise
     except Exception as e:  # Hydra and OmegaConf raise several types; all mean a bad key/value
-        raise ConfigError(_explain(e)) from e
+        raise ConfigError(_explain(e, overrides)) from e
 
 
 def load_config(overrides: list[str], this_machine: bool = True) -> TrainConfig:

@@ -15,7 +15,7 @@ from typing import Callable
 
 from rlpost.config.model_folder import missing_folder
 from rlpost.config.placement import Colocation
-from rlpost.config.schema import ConfigError, TrainConfig, iter_fields, mini_batch_size
+from rlpost.config.schema import ConfigError, TrainConfig, iter_fields
 from rlpost.registry import Registry
 
 
@@ -64,25 +64,6 @@ def installed(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
-
-
-@rule("algo.ppo_mini_batch_size")
-def mini_batch_divides_batch(cfg):
-    if cfg.data.train_batch_size % mini_batch_size(cfg):
-        return (
-            f"algo.ppo_mini_batch_size={mini_batch_size(cfg)} must divide data.train_batch_size="
-            f"{cfg.data.train_batch_size}"
-        )
-
-
-@rule("trainer.world_size")
-def ranks_divide_mini_batch(cfg):
-    rows = mini_batch_size(cfg) * cfg.rollout.n
-    if rows % cfg.trainer.world_size:
-        return (
-            f"each optimizer step sees algo.ppo_mini_batch_size * rollout.n = {rows} sequences, which "
-            f"trainer.world_size={cfg.trainer.world_size} must divide"
-        )
 
 
 @rule("data.train_files")
@@ -394,4 +375,4 @@ def check_values(cfg: TrainConfig, prefix: str = "") -> None:
             raise ConfigError(f"{key}={value!r} must be {broken}")
 
 
-from rlpost.config import rules_algo, rules_machine, rules_mode  # noqa: E402, F401  (their rules join RULES)
+from rlpost.config import rules_algo, rules_batch, rules_machine, rules_mode  # noqa: E402, F401  (their rules join RULES)

@@ -140,7 +140,7 @@ def test_multirun_refuses_before_any_run_when_one_job_is_bad(tmp_path, monkeypat
     monkeypatch.setattr(subprocess, "Popen", lambda command: pytest.fail("a run started"))
     argv = ["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path / 's'}", "trainer.world_size=1,3"]
     assert cli.main(argv) == 2
-    assert "trainer.world_size=3 must divide" in capsys.readouterr().err
+    assert "trainer.world_size=3 does not divide" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
 
 

@@ -26,7 +26,7 @@ def test_recipe_and_overrides_compose():
         (["+recipe=nope"], "options for recipe: ["),
         (["model=nope"], "options for model: ['hf', 'tiny']"),
         (["algo.loss_agg_mode=sum"], "algo.loss_agg_mode='sum' is not a registered loss aggregation"),
-        (["trainer.world_size=3"], "trainer.world_size=3 must divide"),
+        (["trainer.world_size=3"], "trainer.world_size=3 does not divide"),
         (["rollout.n=0"], "rollout.n=0 must be >= 1"),
         (["trainer.optim.lr=-1"], "trainer.optim.lr=-1.0 must be >= 0"),
         (["algo.ppo_mini_batch_size=5"], "algo.ppo_mini_batch_size=5 must divide data.train_batch_size"),
