@@ -22,7 +22,8 @@ from datetime import datetime
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig, to_yaml
-from rlpost.controller.checkpoint import check_resume, complete_checkpoints, find
+from rlpost.controller.checkpoint import check_resume, complete_checkpoints
+from rlpost.controller.resume_notes import say_edited_config, say_lost_metrics
 
 LOCK = "run.lock"
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png")  # what a run writes, with checkpoints/
@@ -183,52 +184,13 @@ def check_run_files(run_dir: Path) -> None:
                 )
 
 
-def say_lost_metrics(cfg: TrainConfig, run_dir: Path, log) -> None:
-    """A resume in a folder whose metrics.jsonl is gone: said, with what it means (nothing was, and
-    the summary counted only the new steps: the eleventh catalogue's t91)."""
-    if cfg.trainer.resume == "none" or (run_dir / "metrics.jsonl").exists():
-        return
-    folder = find(run_dir, cfg.trainer.resume, log=lambda *_: None)
-    if folder is not None and folder.parent.parent == run_dir:
-        log(
-            f"{run_dir / 'metrics.jsonl'} is missing: the steps up to {folder.name} are not in it; the rows start "
-            "after it, and the run's summary and curves count only those"
-        )
-
-
-def say_edited_config(cfg: TrainConfig, run_dir: Path, log) -> None:
-    """A resume whose settings are not the ones its folder's `config.yaml` holds: said, key by key
-    (an edit of the file was taken for a setting, and rewritten without a word: the twelfth
-    catalogue's t101). A run reads the command line and its recipe; the file only records them."""
-    from rlpost.config import config_dict
-    from rlpost.config.compose import leaves
-    from rlpost.controller.checkpoint import run_config
-
-    if cfg.trainer.resume == "none" or not (run_dir / "config.yaml").is_file():
-        return
-    try:
-        saved = run_config(run_dir)
-    except (ConfigError, FileNotFoundError):  # (a file that does not parse is refused where it is read)
-        return
-    flat = [dict(leaves(config_dict(c))) for c in (saved, cfg)]
-    differ = [f"{k}={flat[0][k]!r} there, {v!r} here" for k, v in flat[1].items() if flat[0].get(k, v) != v]
-    differ = [d for d in differ if not d.startswith(("trainer.resume=", "run.overwrite=", "run.dir="))]
-    if differ:
-        log(
-            f"{run_dir / 'config.yaml'} held other settings than this resume's: {'; '.join(differ[:8])}"
-            f"{f' (and {len(differ) - 8} more)' if len(differ) > 8 else ''}. A run takes its settings from the "
-            "command line and its recipe, never from config.yaml, which now records this run's: to change a "
-            "setting, give it on the command line"
-        )
-
-
 def holds_a_run(run_dir: Path) -> bool:
     """Whether `run_dir` holds a run's steps: a checkpoint, or a metrics or samples row past step 0
     (samples alone: the metrics deleted, a new run would have trimmed them all away: the fourteenth
     catalogue's t33). Every metrics line is already a run's row (`check_run_files`); a samples line
     that is not a row counts as a run's."""
-    if any((run_dir / "checkpoints").glob("step_*")):
-        return True
+    if any(re.fullmatch(r"step_\d+", entry.name) for entry in (run_dir / "checkpoints").glob("step_*")):
+        return True  # (a damaged one too; a copy kept beside them, step_10_best, is the user's: cat15's t41)
     for name in ("metrics.jsonl", "samples.jsonl"):
         path = run_dir / name
         lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
@@ -277,7 +239,8 @@ def _delete_run(run_dir: Path, log) -> None:
             else:
                 (run_dir / folder).rmdir()
     also = f"; kept what no run wrote in {', '.join(f'{k}/' for k in kept)}" if kept else ""
-    log(f"run.overwrite=true: deleted the earlier run's {', '.join(gone) or 'files'} in {run_dir}{also}")
+    did = f"deleted the earlier run's {', '.join(gone)}" if gone else "nothing a run wrote was left to delete"
+    log(f"run.overwrite=true: {did} in {run_dir}{also}")
 
 
 def written_by_a_run(folder: str, entry: Path) -> bool:
