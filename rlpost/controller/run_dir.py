@@ -24,15 +24,12 @@ from pathlib import Path
 from rlpost.config import ConfigError, TrainConfig, to_yaml
 from rlpost.controller.checkpoint import check_resume, complete_checkpoints
 from rlpost.controller.resume_notes import say_edited_config, say_lost_metrics
+from rlpost.metrics.trackers import WANDB_RUNS
 
 LOCK = "run.lock"
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png")  # what a run writes, with checkpoints/
-RUN_TREES = {
-    "checkpoints": "*step_*",
-    "tensorboard": "events.out.tfevents.*",
-    "profile": "update_step*",
-    "wandb": "*",
-}  # and these (wandb/: W&B's offline runs and logs, which `wandb sync` would upload)
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png", WANDB_RUNS)  # and checkpoints/ ...
+RUN_TREES = {"checkpoints": "*step_*", "tensorboard": "events.out.tfevents.*", "profile": "update_step*"}
+# (and in wandb/ the W&B runs it recorded, which `wandb sync` would upload: `_delete_wandb_runs`)
 HEADER = "# rlpost: this run's config, written by the run (a new run in this folder replaces it)\n"
 
 
@@ -224,10 +221,11 @@ def _delete_run(run_dir: Path, log) -> None:
             f"run.overwrite=true would delete through a link ({where}): rlpost deletes only what is in run.dir; "
             "remove the link (or what it points to) yourself, or choose another run.dir"
         )
-    gone = [name for name in RUN_FILES if (run_dir / name).exists()]
-    for name in gone:
+    wandb_runs = _delete_wandb_runs(run_dir)  # (before WANDB_RUNS, which names them, goes)
+    gone = [name for name in RUN_FILES if (run_dir / name).exists()] + wandb_runs
+    for name in gone[: len(gone) - len(wandb_runs)]:
         (run_dir / name).unlink()
-    kept = []
+    kept = ["wandb"] if (run_dir / "wandb").is_dir() and any((run_dir / "wandb").iterdir()) else []
     for folder, pattern in RUN_TREES.items():
         made = [entry for entry in sorted((run_dir / folder).glob(pattern)) if written_by_a_run(folder, entry)]
         for entry in made:
@@ -241,6 +239,23 @@ def _delete_run(run_dir: Path, log) -> None:
     also = f"; kept what no run wrote in {', '.join(f'{k}/' for k in kept)}" if kept else ""
     did = f"deleted the earlier run's {', '.join(gone)}" if gone else "nothing a run wrote was left to delete"
     log(f"run.overwrite=true: {did} in {run_dir}{also}")
+
+
+def _delete_wandb_runs(run_dir: Path) -> list[str]:
+    """The W&B runs the earlier run recorded (`WANDB_RUNS`) go from wandb/, with W&B's links into them
+    (`latest-run`, `debug.log`); the user's own W&B runs and files there stay (the sixteenth
+    catalogue's t88: every entry of wandb/ went, an evaluation's unsynced offline run with them)."""
+    record, folder = run_dir / WANDB_RUNS, run_dir / "wandb"
+    names = set(record.read_text().split()) if record.is_file() else set()
+    made = [folder / n for n in sorted(names) if (folder / n).is_dir() and not (folder / n).is_symlink()]
+    for entry in made:
+        shutil.rmtree(entry)
+    for link in [e for e in folder.iterdir() if e.is_symlink()] if folder.is_dir() else []:  # latest-run, debug.log
+        if names & set(Path(os.readlink(link)).parts):
+            link.unlink()
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+    return [f"wandb/{entry.name}" for entry in made]
 
 
 def written_by_a_run(folder: str, entry: Path) -> bool:

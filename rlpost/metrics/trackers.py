@@ -166,6 +166,9 @@ class TrackerError(RuntimeError):
     """A tracker could not start (the message names the `logger` setting and what to do)."""
 
 
+WANDB_RUNS = "wandb_runs.txt"  # the W&B runs a run made under its wandb/, a folder name a line
+
+
 class WandbTracker:
     def __init__(self, run_dir: Path, project: str, mode: str, config: dict):
         try:
@@ -184,6 +187,9 @@ class WandbTracker:
             self.run = wandb.init(
                 project=project, dir=str(run_dir), mode=mode, config=config, name=run_dir.name, reinit="finish_previous"
             )
+            if getattr(self.run, "dir", None):  # what run.overwrite=true may delete of wandb/ (cat16's t88)
+                with open(run_dir / WANDB_RUNS, "a") as f:
+                    f.write(Path(self.run.dir).parent.name + "\n")
         except Exception as e:  # noqa: BLE001  (wandb's own error types: no key, no network, a bad project)
             raise TrackerError(
                 f"logger.wandb_mode={mode}: wandb could not start ({type(e).__name__}: {str(e).strip()}); run `wandb "

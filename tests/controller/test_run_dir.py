@@ -237,21 +237,28 @@ def test_overwrite_deletes_the_runs_checkpoints_events_and_profiles_and_keeps_a_
         "tensorboard/events.out.tfevents.1.vm.1.0",
         "profile/update_step2_rank0.txt",
         "wandb/offline-run-20261128_010101-abc/run-abc.wandb",  # the ninth catalogue's n52: kept, `wandb sync`
-        "wandb/debug.log",  # would have uploaded the old run with the new one
+        "wandb/offline-run-20261128_010101-abc/logs/debug.log",  # would have uploaded the old run with the new one
+        "wandb_runs.txt",  # the W&B runs it made (the sixteenth catalogue's t88: the user's there stay)
     ]
     mine = ["checkpoints/NOTES.txt", "profile/my_trace.json", "checkpoints/step_99/model.safetensors"]  # an export
+    mine += ["wandb/offline-run-20261127_090000-myeval/run-myeval.wandb", "wandb/README_eval.txt"]
     for name in made + mine:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
+    (tmp_path / "wandb_runs.txt").write_text("offline-run-20261128_010101-abc\n")
+    (tmp_path / "wandb" / "latest-run").symlink_to("offline-run-20261128_010101-abc")  # W&B's links into it
+    (tmp_path / "wandb" / "debug.log").symlink_to("offline-run-20261128_010101-abc/logs/debug.log")
     said = []
     claim_run_dir(cfg_in(tmp_path, "run.overwrite=true"), log=said.append)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert left == ["checkpoints/NOTES.txt", "checkpoints/step_99/model.safetensors", "config.yaml",
-                    "profile/my_trace.json", LOCK]  # fmt: skip
-    assert not (tmp_path / "tensorboard").exists() and not (tmp_path / "wandb").exists()  # emptied: gone
+                    "profile/my_trace.json", LOCK, "wandb/README_eval.txt",
+                    "wandb/offline-run-20261127_090000-myeval/run-myeval.wandb"]  # fmt: skip
+    assert not (tmp_path / "tensorboard").exists() and not any(p.is_symlink() for p in (tmp_path / "wandb").iterdir())
     assert said == [
-        f"run.overwrite=true: deleted the earlier run's metrics.jsonl, checkpoints/*step_*, tensorboard/events.out."
-        f"tfevents.*, profile/update_step*, wandb/* in {tmp_path}; kept what no run wrote in checkpoints/, profile/"
+        f"run.overwrite=true: deleted the earlier run's metrics.jsonl, wandb_runs.txt, wandb/offline-run-20261128_"
+        f"010101-abc, checkpoints/*step_*, tensorboard/events.out.tfevents.*, profile/update_step* in {tmp_path}; "
+        "kept what no run wrote in wandb/, checkpoints/, profile/"
     ]
     release_run_dir(tmp_path)
 

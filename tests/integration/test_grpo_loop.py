@@ -82,6 +82,8 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     assert (run_dir / "config.yaml").is_file()
     assert any((run_dir / "tensorboard").iterdir())
     assert any(run_dir.glob("wandb/offline-run-*"))
+    made = (run_dir / "wandb_runs.txt").read_text().split()  # what run.overwrite=true may delete there
+    assert len(made) == 1 and made[0].startswith("offline-run-") and (run_dir / "wandb" / made[0]).is_dir()
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert ckpts == ["step_1", "step_2"]
 
