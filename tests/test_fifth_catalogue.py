@@ -191,7 +191,7 @@ def test_a_json_file_of_columns_is_named_with_the_records_layout(tmp_path):  # d
 
 
 def test_a_bool_score_says_how_to_return_a_number():  # r05
-    from rlpost.rewards.executor import BadValue, checked
+    from rlpost.rewards.values import BadValue, checked
 
     with pytest.raises(BadValue) as info:
         checked(True)

@@ -123,7 +123,7 @@ def test_lengths_beyond_the_models_positions_are_refused(tmp_path):
 
 
 def test_a_tensor_score_is_not_mistaken_for_a_list():
-    from rlpost.rewards.executor import BadValue, checked
+    from rlpost.rewards.values import BadValue, checked
 
     assert checked(torch.tensor([2.0])) == 2.0
     with pytest.raises(BadValue, match=r"not a finite number"):
@@ -133,7 +133,7 @@ def test_a_tensor_score_is_not_mistaken_for_a_list():
 def test_a_score_too_large_for_float32_losses_is_a_bad_value():
     """The fourteenth catalogue's t02: 1e39 (finite in Python, inf in float32) skipped every optimizer
     step and the run exited 0; the first try of the reward refuses it now, as it does a nan."""
-    from rlpost.rewards.executor import BadValue, checked
+    from rlpost.rewards.values import BadValue, checked
 
     assert checked(-1e19) == -1e19 and checked(np.float64(1e19)) == 1e19
     for big in (1e39, -2e19, np.float64(1.5e19)):

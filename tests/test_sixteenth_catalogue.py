@@ -162,3 +162,21 @@ def test_a_world_size_that_does_not_divide_the_batch_names_the_keys_in_effect_an
     )
     with pytest.raises(ConfigError, match=r"^cluster.stall_timeout_s=0.001 must be >= 10$"):
         load_config(["+recipe=quickstart", "cluster.stall_timeout_s=0.001"])
+
+
+def test_a_reward_returning_an_integer_beyond_a_float_is_too_large_not_an_error_it_never_raised():
+    """t89: `10**400` for a right answer was counted as the function raising OverflowError (an int beyond
+    a float's range made the check itself raise), warned on the first try, and trained nothing."""
+    from rlpost.data.scalars import finite_number
+    from rlpost.rewards.values import BadValue, checked
+
+    assert finite_number(10**400) is None and finite_number(-(10**400)) is None
+    with pytest.raises(BadValue) as info:
+        checked(10**400)
+    assert str(info.value) == (
+        "returned an integer of 401 digits, beyond +-1e+19: rewards are computed in float32, whose losses overflow "
+        "there and train nothing; scale the reward down"
+    )
+    with pytest.raises(BadValue, match=r"^returned -1e\+30, beyond"):
+        checked(-(10**30))
+    assert checked(10**18) == 1e18

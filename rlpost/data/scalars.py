@@ -25,9 +25,13 @@ def finite_number(value) -> float | None:
     value = unwrap_scalar(value)
     if isinstance(value, decimal.Decimal):
         value = float(value) if value.is_finite() else math.nan  # (1e400 becomes inf: refused below)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return None
-    return float(value)
+    try:  # (an int beyond a float's range, 10**400, raised OverflowError here: the sixteenth catalogue's t89)
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def plain_number(value: numbers.Real) -> str:

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from rlpost.data.scalars import finite_number, unwrap_scalar
 from rlpost.rewards.base import REWARDS, RewardInput, check_call, get_reward_fn
+from rlpost.rewards.values import BadValue, checked
 
 ERROR_KINDS = ("errors", "timeouts", "bad_values", "crashes")  # `reward/<kind>` (errors: all of them)
 GRACE_S = 2.0  # on top of the timeouts: pickling, a busy machine
@@ -40,11 +40,6 @@ Result = tuple[Any, str, str]  # (value, kind, message): kind `ok` or one of ERR
 class ItemTimeout(BaseException):
     """Raised in a worker by the alarm: a BaseException, so `except Exception` in user code does
     not swallow it."""
-
-
-class BadValue(Exception):
-    """Raised by a pool's function when the user's code returned something its caller cannot use
-    (counted as `bad_values`)."""
 
 
 class Interrupted(Exception):
@@ -208,26 +203,6 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
             conn.send(_run_chunk(fn, items, timeout_s, timeout_key))
         except (EOFError, OSError):  # the parent closed the pipe (it stopped, or replaced this worker)
             return
-
-
-LARGEST_SCORE = 1e19  # above it a float32 loss overflows (advantages' squares): the run trains no step
-
-
-def checked(raw) -> float:
-    """A reward function's value as a float: an int or float, a numpy scalar (`np.float32(1.0)`) or
-    a one-element array or tensor; `BadValue` if it is not a finite number (a bool is not one) or
-    one too large for the float32 losses (the fourteenth catalogue's t02: 1e39 trained no step)."""
-    number = finite_number(raw)
-    if number is None:
-        raw = unwrap_scalar(raw)
-        hint = f" (return float({raw!r}) for a score)" if isinstance(raw, bool) else ""
-        raise BadValue(f"returned {raw!r} ({type(raw).__name__}), not a finite number{hint}")
-    if abs(number) > LARGEST_SCORE:
-        raise BadValue(
-            f"returned {number:g}, beyond +-{LARGEST_SCORE:g}: rewards are computed in float32, whose losses "
-            "overflow there and train nothing; scale the reward down"
-        )
-    return number
 
 
 def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:

@@ -11,7 +11,8 @@ import math
 import traceback
 
 from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, get_reward_fn, is_trusted
-from rlpost.rewards.executor import BadValue, Result, Scores, WorkerPool, _scorer, checked
+from rlpost.rewards.executor import Result, Scores, WorkerPool, _scorer
+from rlpost.rewards.values import BadValue, checked
 
 
 class RewardPool:
