@@ -139,11 +139,16 @@ def test_a_full_disk_at_the_end_is_a_line_of_the_summary_not_a_traceback_of_a_fi
             "'trainer.optim.lr=1e\u22124': '\u2212' (U+2212 MINUS SIGN) is not the ASCII "
             "'-', as text copied from a paper or a word processor has it: type trainer.optim.lr=1e-4",
         ),
+        (
+            ["data.train_files=[rows.jsonl,]"],
+            "'data.train_files=[rows.jsonl,]': a list's items are separated by "
+            "single commas, with none before ] or after [: data.train_files=[rows.jsonl]",
+        ),
     ],
 )
 def test_a_slip_of_typing_on_the_command_line_is_named_as_such(words, said):
-    """t43: `KEY = VALUE` (three words to the shell) and t44: a Unicode minus pasted into `1e−4` were
-    told to quote a value, which would not help."""
+    """t43: `KEY = VALUE` (three words to the shell), t44: a Unicode minus pasted into `1e−4` and t104: a
+    list's trailing comma were told to quote a value, which would not help."""
     with pytest.raises(ConfigError) as info:
         load_config(["+recipe=quickstart", *words])
     assert str(info.value) == said
