@@ -185,3 +185,30 @@ def test_a_reward_returning_an_integer_beyond_a_float_is_too_large_not_an_error_
     with pytest.raises(BadValue, match=r"^returned -1e\+30, beyond"):
         checked(-(10**30))
     assert checked(10**18) == 1e18
+
+
+def test_a_hub_model_missing_from_the_cache_under_hf_hub_offline_is_said_as_such(tmp_path, monkeypatch):
+    """t101: with HF_HUB_OFFLINE=1 and the model not cached, `rlpost train` said the model "has no
+    tokenizer" and advised setting HF_HUB_OFFLINE=1 (set); `rlpost plan` said "no config.json there"."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from rlpost.controller.plan import model_shape
+    from rlpost.models.loading import check_hub_reachable
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: None)
+    said = (
+        "the model 'org/not-cached' is not a local folder nor in the Hugging Face cache, and HF_HUB_OFFLINE=1 is "
+        "set, so the hub is not asked: give a local folder with the model's files, or download it where there is a "
+        "network (`huggingface-cli download org/not-cached` fills the cache), or unset HF_HUB_OFFLINE"
+    )
+    for check in (check_hub_reachable, model_shape):
+        with pytest.raises(FileNotFoundError) as info:
+            check("org/not-cached")
+        assert str(info.value) == said
+    config = tmp_path / "config.json"  # cached: the plan reads the shape from the cache
+    config.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "intermediate_size": 128, "vocab_size": 100}))  # fmt: skip
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: str(config))
+    assert model_shape("org/cached").hidden == 64

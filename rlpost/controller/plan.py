@@ -93,9 +93,32 @@ class ModelShape:
         return dtype_bytes * (6 * h + 2 * self.kv_width + 4 * self.intermediate) + 2 * 4 * h
 
 
+def hub_config(repo_id: str) -> str:
+    """A hub id's config.json in the Hugging Face cache; else `check_hub_reachable`'s error (the
+    sixteenth catalogue's t101: "no config.json there" read as if a folder existed), or "" when the
+    hub is reachable (the plan does not download)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from rlpost.models.loading import check_hub_reachable
+
+    try:
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # not a hub id
+        return ""
+    if isinstance(cached, str):
+        return cached
+    check_hub_reachable(repo_id)
+    raise FileNotFoundError(
+        f"model.path={repo_id!r} is not in the Hugging Face cache: the memory plan reads the model's config.json "
+        f"and downloads nothing; `huggingface-cli download {repo_id} config.json` fills the cache"
+    )
+
+
 def model_shape(path: str) -> ModelShape:
     """The shape of the model in the local folder `path` (its `config.json`)."""
     file = Path(path).expanduser() / "config.json"
+    if not file.is_file() and not Path(path).expanduser().exists():  # a hub id: its config in the cache
+        file = Path(hub_config(path))
     if not file.is_file():
         raise FileNotFoundError(f"model.path={path!r}: no config.json there; the memory plan needs the model's folder")
     c = json.loads(file.read_text())

@@ -104,8 +104,8 @@ def resolve_path(path: str, cache_dir: str, log=print) -> str:
 
 def check_hub_reachable(repo_id: str, timeout_s: float = 5.0) -> None:
     """A hub id that is not in the Hugging Face cache needs the hub: without a network transformers
-    retries for about a minute and then speaks of a missing tokenizer. Said at once instead (not
-    with HF_HUB_OFFLINE=1, where the cache is all there is)."""
+    retries for about a minute and then speaks of a missing tokenizer. Said at once instead (with
+    HF_HUB_OFFLINE=1, where the cache is all there is, without asking the network)."""
     import socket
     from urllib.parse import urlparse
 
@@ -115,8 +115,14 @@ def check_hub_reachable(repo_id: str, timeout_s: float = 5.0) -> None:
         cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
     except ValueError:  # not a hub id at all: transformers says so itself, at once
         return
-    if constants.HF_HUB_OFFLINE or cached:
+    if cached:
         return
+    if constants.HF_HUB_OFFLINE:  # (the sixteenth catalogue's t101: said to be without a tokenizer, and told to
+        raise FileNotFoundError(  # set the HF_HUB_OFFLINE=1 that was set)
+            f"the model {repo_id!r} is not a local folder nor in the Hugging Face cache, and HF_HUB_OFFLINE=1 is "
+            f"set, so the hub is not asked: give a local folder with the model's files, or download it where there "
+            f"is a network (`huggingface-cli download {repo_id}` fills the cache), or unset HF_HUB_OFFLINE"
+        )
     url = urlparse(constants.ENDPOINT)
     try:
         port = url.port or (80 if url.scheme == "http" else 443)
