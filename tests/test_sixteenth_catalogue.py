@@ -212,3 +212,32 @@ def test_a_hub_model_missing_from_the_cache_under_hf_hub_offline_is_said_as_such
                                   "intermediate_size": 128, "vocab_size": 100}))  # fmt: skip
     monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: str(config))
     assert model_shape("org/cached").hidden == 64
+
+
+def test_a_tab_separated_csv_a_git_lfs_pointer_and_a_pipe_are_named_for_what_they_are(tmp_path):
+    """t114: a tab-separated .csv was refused as "field 'prompt' is missing" (';' was named already);
+    t115, t116: a Git LFS pointer in place of the data (cloned without git-lfs) was "not valid JSON" or "not
+    a readable parquet file ...; write it again"; t120, t121: /dev/stdin and /dev/zero were "no such file"."""
+    import os
+
+    tsv = tmp_path / "rows.csv"
+    tsv.write_text("prompt\tground_truth\n1+1=\t2\n")
+    with pytest.raises(DataError) as info:
+        read_rows(str(tsv))
+    assert str(info.value) == (
+        f"{tsv}: its header 'prompt\\tground_truth' is separated by tabs, not ','; save the file with commas"
+    )
+    pointer = "version https://git-lfs.github.com/spec/v1\noid sha256:4d7a\nsize 123456\n"
+    for name in ("train.jsonl", "train.parquet"):
+        (tmp_path / name).write_text(pointer)
+        with pytest.raises(DataError) as info:
+            read_rows(str(tmp_path / name))
+        assert str(info.value) == (
+            f"{tmp_path / name}: a Git LFS pointer, not the data (a repository cloned without git-lfs): fetch the "
+            "file (git lfs pull) or download it"
+        )
+    fifo = tmp_path / "rows"
+    os.mkfifo(fifo)  # what /dev/stdin is when rows are piped in
+    for path in (str(fifo), "/dev/zero"):
+        with pytest.raises(DataError, match=r": not a regular file \(a pipe or a device\): save the rows to a file$"):
+            read_rows(path)

@@ -49,6 +49,13 @@ def read_rows(source: str) -> list[dict]:
     """Raw rows of one source (file, saved dataset folder or hub id)."""
     path = Path(source).expanduser()
     suffix = path.suffix.lower()  # ROWS.JSONL too
+    if path.exists() and not path.is_file() and not path.is_dir():  # /dev/stdin, a fifo (the sixteenth's t120)
+        raise DataError(f"{path}: not a regular file (a pipe or a device): save the rows to a file")
+    if path.is_file() and lfs_pointer(path):
+        raise DataError(
+            f"{path}: a Git LFS pointer, not the data (a repository cloned without git-lfs): fetch the file "
+            "(git lfs pull) or download it"
+        )
     if suffix in (".jsonl", ".json", ".csv") and path.is_file():
         return read_text_rows(path, suffix)
     if suffix == ".parquet" and path.is_file():
@@ -71,8 +78,6 @@ def read_rows(source: str) -> list[dict]:
         if isinstance(loaded, datasets.DatasetDict):
             raise DataError(f"{path}: holds several splits {list(loaded)}; point at one split's folder")
         return list(loaded)
-    if suffix in FORMATS and path.exists():
-        raise DataError(f"{path}: not a regular file (a pipe or a device): save the rows to a file")
     if suffix in FORMATS:
         matches = sorted(glob.glob(str(path))) if glob.has_magic(str(path)) else []
         wildcard = f" (wildcards are not expanded: list the files, e.g. [{','.join(matches[:2])}])" if matches else ""
@@ -85,6 +90,13 @@ def read_rows(source: str) -> list[dict]:
             "object a line), .json (one array), .csv (a header line), .parquet or a datasets.save_to_disk folder"
         )
     return read_hub(source, path)
+
+
+def lfs_pointer(path: Path) -> bool:
+    """Whether `path` is a Git LFS pointer (a data set cloned without git-lfs: the sixteenth catalogue's
+    t115, t116, refused as "not valid JSON" and "write it again")."""
+    with open(path, "rb") as f:
+        return f.read(40).startswith(b"version https://git-lfs.github.com/spec/")
 
 
 def read_hub(source: str, path: Path) -> list[dict]:
@@ -154,8 +166,9 @@ def read_csv(path: Path, text: str) -> list[dict]:
     reader = csv.DictReader(io.StringIO(text))
     rows = list(reader)
     header = text.splitlines()[0] if text.strip() else ""
-    if "," not in header and ";" in header:
-        raise DataError(f"{path}: its header {header!r} is separated by ';', not ','; save the file with commas")
+    if "," not in header and (sep := next((c for c in ";\t|" if c in header), None)):  # (tab: the sixteenth's t114)
+        said = {";": "';'", "\t": "tabs", "|": "'|'"}[sep]
+        raise DataError(f"{path}: its header {header!r} is separated by {said}, not ','; save the file with commas")
     twice = sorted({n for n in reader.fieldnames or [] if reader.fieldnames.count(n) > 1})
     if twice:  # DictReader keeps the last column of a name (the fifteenth catalogue's t03)
         raise DataError(
