@@ -377,14 +377,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlpost: unknown command {argv[0]!r}; the commands are {', '.join(commands)}\n", file=sys.stderr)
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    from rlpost.console import ConsoleError
+    from rlpost.console import ConsoleError, working_folder_gone
 
+    if gone := working_folder_gone():  # (the sixteenth catalogue's t129: MKL's fatal error as torch loaded)
+        return print(f"rlpost: {gone}", file=sys.stderr) or 2
     try:
         return commands[argv[0]](argv[1:])
     except KeyboardInterrupt:  # before a command's own handling (the twelfth catalogue's t74: during the imports)
-        started = (
-            " as it started: nothing was trained" if argv[0] == "train" else ""
-        )  # (a run's own handlers come later)
+        started = " as it started: nothing was trained" if argv[0] == "train" else ""  # (its own handlers: later)
         print(f"\nrlpost {argv[0]}: interrupted (SIGINT){started}", file=sys.stderr)
         return 130
     except ConsoleError as e:

@@ -74,3 +74,14 @@ def steady_console() -> None:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
         setattr(sys, name, SteadyStream(stream, name))
+
+
+def working_folder_gone() -> str | None:
+    """What to say when the working directory no longer exists (a shell left in a deleted folder):
+    torch's import then died in Intel oneMKL's "Cannot load libtorch_cpu.so" (the sixteenth
+    catalogue's t129), which points at a broken install."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return "the working directory no longer exists (deleted or moved); cd to a folder that exists and run it again"
+    return None

@@ -53,7 +53,7 @@ def test_a_temporary_folder_too_long_for_rays_sockets_is_refused_before_ray_star
     import tempfile
 
     from rlpost.config import ConfigError
-    from rlpost.controller.cluster import check_ray_can_start
+    from rlpost.controller.ray_checks import check_ray_can_start
 
     long = tmp_path / ("t" * 90)
     long.mkdir()

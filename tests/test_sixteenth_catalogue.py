@@ -241,3 +241,37 @@ def test_a_tab_separated_csv_a_git_lfs_pointer_and_a_pipe_are_named_for_what_the
     for path in (str(fifo), "/dev/zero"):
         with pytest.raises(DataError, match=r": not a regular file \(a pipe or a device\): save the rows to a file$"):
             read_rows(path)
+
+
+def test_a_relative_tmpdir_is_refused_before_ray_and_a_deleted_working_folder_before_torch(tmp_path, monkeypatch):
+    """t128: TMPDIR=reltmp (a folder in the working directory) crashed Ray's raylet at start, blamed on the
+    out-of-memory killer or a busy machine; t129: from a deleted working directory torch's import died in
+    "Intel oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"."""
+    import os
+    import subprocess
+    import sys
+
+    from rlpost.controller.ray_checks import check_ray_can_start
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reltmp").mkdir()
+    monkeypatch.delenv("RAY_TMPDIR", raising=False)
+    monkeypatch.setenv("TMPDIR", "reltmp")
+    with pytest.raises(ConfigError) as info:
+        check_ray_can_start()
+    assert str(info.value) == (
+        "TMPDIR='reltmp' is a relative path, which Ray cannot keep its sessions and sockets under (its raylet stops "
+        f"as it starts): give an absolute folder, e.g. TMPDIR={tmp_path / 'reltmp'}"
+    )
+    monkeypatch.setenv("TMPDIR", "/tmp")  # absolute: no refusal of this kind
+    check_ray_can_start()
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    code = "import os; os.rmdir(os.getcwd()); from rlpost.cli import main; raise SystemExit(main(['train']))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=gone, env=env, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stderr.strip().splitlines()[-1]) == (
+        2,
+        "rlpost: the working directory no longer exists (deleted or moved); cd to a folder that exists and run it "
+        "again",
+    )

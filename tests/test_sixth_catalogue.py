@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rlpost.config import ConfigError
-from rlpost.controller.cluster import check_ray_can_start
+from rlpost.controller.ray_checks import check_ray_can_start
 from rlpost.data.dataset import DataError, load_prompts
 from rlpost.models.loading import ModelFileError, load_tokenizer
 from tests.helpers import save_tiny_model
@@ -161,11 +161,12 @@ def test_a_sigterm_while_ray_starts_is_a_stop_said_as_one(monkeypatch, capsys): 
 def test_a_hub_id_without_a_network_or_a_cache_is_said_at_once(monkeypatch):  # m02
     """Without a network transformers retried a hub id for about a minute, then spoke of a missing
     tokenizer. A hub id not in the Hugging Face cache, with the hub unreachable, is refused at once;
-    one in the cache, or with HF_HUB_OFFLINE=1, goes on without a probe."""
+    one in the cache goes on without a probe, and with HF_HUB_OFFLINE=1 none is made."""
     import socket
     import time
 
     import huggingface_hub
+    from huggingface_hub import constants
 
     from rlpost.models.loading import resolve_path
 
@@ -176,7 +177,7 @@ def test_a_hub_id_without_a_network_or_a_cache_is_said_at_once(monkeypatch):  # 
         raise OSError(101, "Network is unreachable")
 
     monkeypatch.setattr(socket, "create_connection", unreachable)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: None)
     start = time.monotonic()
     with pytest.raises(FileNotFoundError, match=r"^the model 'org/model' is not a local folder nor in the Hugging "):
@@ -185,5 +186,7 @@ def test_a_hub_id_without_a_network_or_a_cache_is_said_at_once(monkeypatch):  # 
     monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: "/cache/config.json")
     assert resolve_path("org/model", "/tmp/unused") == "org/model" and len(probes) == 1  # cached: no probe
     monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda repo, name: None)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    assert resolve_path("org/model", "/tmp/unused") == "org/model" and len(probes) == 1  # offline: the cache only
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # offline: the cache only, no probe (and, not
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE=1 is set, so the hub is not asked"):  # cached,
+        resolve_path("org/model", "/tmp/unused")  # said as such: the sixteenth catalogue's t101)
+    assert len(probes) == 1

@@ -307,7 +307,7 @@ def test_a_full_temporary_folder_is_refused_before_ray_starts(tmp_path, monkeypa
     import tempfile
     from collections import namedtuple
 
-    from rlpost.controller.cluster import check_ray_can_start
+    from rlpost.controller.ray_checks import check_ray_can_start
 
     usage = namedtuple("usage", "total used free")
     real = shutil.disk_usage
