@@ -8,10 +8,10 @@ def cfg_in(run_dir, *overrides):
     return load_config(["+recipe=quickstart", f"run.dir={run_dir}", *overrides])
 
 
-def run_config(run_dir):
+def run_config(run_dir, *overrides):
     """The `config.yaml` a run writes first in its folder."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg_in(run_dir)))
+    (run_dir / "config.yaml").write_text(to_yaml(cfg_in(run_dir, *overrides)))
 
 
 def earlier_run(run_dir):

@@ -28,8 +28,8 @@ from rlpost.metrics.trackers import WANDB_RUNS
 
 LOCK = "run.lock"
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png", WANDB_RUNS)  # and checkpoints/ ...
-RUN_TREES = {"checkpoints": "*step_*", "tensorboard": "events.out.tfevents.*", "profile": "update_step*"}
-# (and in wandb/ the W&B runs it recorded, which `wandb sync` would upload: `_delete_wandb_runs`)
+# and in checkpoints/, tensorboard/ and profile/ what `run_trees` names, in wandb/ the W&B runs it recorded, which
+# `wandb sync` would upload (`_delete_wandb_runs`)
 HEADER = "# rlpost: this run's config, written by the run (a new run in this folder replaces it)\n"
 
 
@@ -205,12 +205,13 @@ def _step(line: str) -> float:
 
 def _delete_run(run_dir: Path, log) -> None:
     """`run.overwrite=true`: the earlier run's logs, checkpoints, TensorBoard events and profiles go
-    (what a run writes: `RUN_FILES`, and `RUN_TREES`' entries by name); nothing else in the folder,
+    (what a run writes: `RUN_FILES`, and `run_trees`' entries by name); nothing else in the folder,
     and nothing through a link out of it (another run's checkpoints/, say: the eleventh catalogue's t75)."""
-    links = [folder for folder in RUN_TREES if (run_dir / folder).is_symlink()]
+    trees = run_trees(run_dir)
+    links = [folder for folder in trees if (run_dir / folder).is_symlink()]
     links += [  # one of its entries linked to another run's (the twelfth catalogue's t81)
         f"{folder}/{entry.name}"
-        for folder, pattern in RUN_TREES.items()
+        for folder, pattern in trees.items()
         if folder not in links
         for entry in sorted((run_dir / folder).glob(pattern))
         if entry.is_symlink()
@@ -226,7 +227,8 @@ def _delete_run(run_dir: Path, log) -> None:
     for name in gone[: len(gone) - len(wandb_runs)]:
         (run_dir / name).unlink()
     kept = ["wandb"] if (run_dir / "wandb").is_dir() and any((run_dir / "wandb").iterdir()) else []
-    for folder, pattern in RUN_TREES.items():
+    kept += [f for f in ("tensorboard", "profile") if f not in trees and (run_dir / f).is_dir()]  # not its outputs
+    for folder, pattern in trees.items():
         made = [entry for entry in sorted((run_dir / folder).glob(pattern)) if written_by_a_run(folder, entry)]
         for entry in made:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
@@ -239,6 +241,25 @@ def _delete_run(run_dir: Path, log) -> None:
     also = f"; kept what no run wrote in {', '.join(f'{k}/' for k in kept)}" if kept else ""
     did = f"deleted the earlier run's {', '.join(gone)}" if gone else "nothing a run wrote was left to delete"
     log(f"run.overwrite=true: {did} in {run_dir}{also}")
+
+
+def run_trees(run_dir: Path) -> dict[str, str]:
+    """The folders the run in `run_dir` wrote into, with the names it wrote there, by its config.yaml:
+    checkpoints/ always; tensorboard/'s event files where its logger.backends had tensorboard, profile/'s
+    files of its trainer.profile_step (the sixteenth catalogue's t141: a user's event file and notes went
+    by pattern from a run that wrote neither)."""
+    from rlpost.controller.checkpoint import run_config
+
+    trees = {"checkpoints": "*step_*"}
+    try:
+        saved = run_config(run_dir)
+    except (ConfigError, FileNotFoundError):  # (what it wrote is not known: only its checkpoints go)
+        return trees
+    if "tensorboard" in saved.logger.backends:
+        trees["tensorboard"] = "events.out.tfevents.*"
+    if saved.trainer.profile_step:
+        trees["profile"] = f"update_step{saved.trainer.profile_step}_rank*"
+    return trees
 
 
 def _delete_wandb_runs(run_dir: Path) -> list[str]:
@@ -260,7 +281,8 @@ def _delete_wandb_runs(run_dir: Path) -> list[str]:
 
 def written_by_a_run(folder: str, entry: Path) -> bool:
     """A checkpoint is a run's when it holds the controller's state (`step_N/controller.pt`), or is
-    one being written (`.tmp_step_N`); anything else in checkpoints/ (an export put there) is not."""
+    one being written (`.tmp_step_N`); anything else in checkpoints/ (an export put there) is not.
+    In the other folders `run_trees`' names are the run's."""
     if folder != "checkpoints":
         return True
     # the names a run writes, exactly: a copy kept beside them (step_10_best) is the user's (the fifteenth's t41)

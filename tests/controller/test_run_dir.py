@@ -229,8 +229,9 @@ def test_overwrite_deletes_every_file_of_the_earlier_run_and_says_which_even_wit
 def test_overwrite_deletes_the_runs_checkpoints_events_and_profiles_and_keeps_a_users_files_beside_them(tmp_path):
     """The seventh catalogue's s11 and s12: overwrite deleted all of checkpoints/ (a user's notes
     in it too) and kept the earlier run's TensorBoard events and profiles, which then showed under
-    the new run. Now it deletes by name what a run writes there, and says what it kept."""
-    run_config(tmp_path)
+    the new run. Now it deletes by name what a run writes there, and says what it kept. (Events and
+    profiles only of a run that wrote them: the sixteenth catalogue's t141, in the next test.)"""
+    run_config(tmp_path, "logger.backends=[console,jsonl,tensorboard]", "trainer.profile_step=2")
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     made = [
         "checkpoints/step_1/controller.pt",
@@ -257,8 +258,27 @@ def test_overwrite_deletes_the_runs_checkpoints_events_and_profiles_and_keeps_a_
     assert not (tmp_path / "tensorboard").exists() and not any(p.is_symlink() for p in (tmp_path / "wandb").iterdir())
     assert said == [
         f"run.overwrite=true: deleted the earlier run's metrics.jsonl, wandb_runs.txt, wandb/offline-run-20261128_"
-        f"010101-abc, checkpoints/*step_*, tensorboard/events.out.tfevents.*, profile/update_step* in {tmp_path}; "
-        "kept what no run wrote in wandb/, checkpoints/, profile/"
+        f"010101-abc, checkpoints/*step_*, tensorboard/events.out.tfevents.*, profile/update_step2_rank* in "
+        f"{tmp_path}; kept what no run wrote in wandb/, checkpoints/, profile/"
+    ]
+    release_run_dir(tmp_path)
+
+
+def test_overwrite_keeps_events_and_profiles_where_the_replaced_run_wrote_none(tmp_path):
+    """The sixteenth catalogue's t141: a run without the tensorboard backend or a profile step was
+    replaced, and a user's event file and notes in tensorboard/ and profile/ went with it, by pattern."""
+    run_config(tmp_path)  # the quickstart: console and jsonl, no profile step
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    mine = ["tensorboard/events.out.tfevents.1795900001.vm.myeval", "profile/update_step_notes.txt"]
+    for name in mine:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    said = []
+    claim_run_dir(cfg_in(tmp_path, "run.overwrite=true"), log=said.append)
+    assert all((tmp_path / name).read_text() == "x" for name in mine)
+    assert said == [
+        f"run.overwrite=true: deleted the earlier run's metrics.jsonl in {tmp_path}; kept what no run wrote in "
+        "tensorboard/, profile/"
     ]
     release_run_dir(tmp_path)
 
