@@ -144,11 +144,12 @@ def test_a_full_disk_at_the_end_is_a_line_of_the_summary_not_a_traceback_of_a_fi
             "'data.train_files=[rows.jsonl,]': a list's items are separated by "
             "single commas, with none before ] or after [: data.train_files=[rows.jsonl]",
         ),
+        (["run.dir='abc"], "\"run.dir='abc\": the quote ' opened in its value is not closed: run.dir='abc'"),
     ],
 )
 def test_a_slip_of_typing_on_the_command_line_is_named_as_such(words, said):
-    """t43: `KEY = VALUE` (three words to the shell), t44: a Unicode minus pasted into `1e−4` and t104: a
-    list's trailing comma were told to quote a value, which would not help."""
+    """t43: `KEY = VALUE` (three words to the shell), t44: a Unicode minus pasted into `1e−4`, t104: a
+    list's trailing comma and t142: a quote left open were told to quote a value, which would not help."""
     with pytest.raises(ConfigError) as info:
         load_config(["+recipe=quickstart", *words])
     assert str(info.value) == said
@@ -274,4 +275,22 @@ def test_a_relative_tmpdir_is_refused_before_ray_and_a_deleted_working_folder_be
         2,
         "rlpost: the working directory no longer exists (deleted or moved); cd to a folder that exists and run it "
         "again",
+    )
+
+
+def test_prompts_holding_the_padding_tokens_text_are_said_before_the_first_step():
+    """t148: prompts written "<pad>13+21=" (scraped or templated text carries such tokens literally) were
+    read with a padding token in front, and only the symptoms were warned (every response cut, every
+    reward the same), with advice to raise the response cap."""
+    from rlpost.data.dataset import PromptRow
+    from rlpost.data.row_warnings import unknown_token_warning
+    from rlpost.tiny.model import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    ids = lambda text: tok(text, add_special_tokens=False).input_ids  # noqa: E731
+    rows = [PromptRow(ids(t), t, "34", "arithmetic") for t in ("13+21=", "<pad>13+21=", "<pad>1+1=")]
+    assert unknown_token_warning(rows[:1], tok) is None
+    assert unknown_token_warning(rows, tok) == (
+        "warning: 2 prompts hold the text of the tokenizer's padding token '<pad>', read as that token, a padding "
+        "the model never learned to read (the first: '<pad>13+21='): take it out of the prompts"
     )

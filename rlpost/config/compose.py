@@ -101,8 +101,8 @@ PASTED = {"\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2010": "-", "\u2011": 
 def typing_slip(bad: str, overrides: list[str]) -> str | None:
     """What is wrong with an override Hydra cannot read, where it is a slip of typing: spaces around
     `=` (the shell made `KEY = VALUE` three words: the sixteenth catalogue's t43), or a character
-    pasted from a paper or a word processor for the ASCII one (`1e−4` with U+2212: t44), or a list's stray
-    comma (`[a,]`: t104); else None."""
+    pasted from a paper or a word processor for the ASCII one (`1e−4` with U+2212: t44), a list's stray
+    comma (`[a,]`: t104) or a quote left open (t142); else None."""
     i = overrides.index(bad) if bad in overrides else -1
     if i > 0 and overrides[i - 1].endswith("=") and "=" not in bad:  # `KEY= VALUE`: Hydra takes `KEY=` as a null
         i, bad = i - 1, overrides[i - 1]
@@ -112,6 +112,8 @@ def typing_slip(bad: str, overrides: list[str]) -> str | None:
         shown = " ".join(words[: 3 if words[1] == "=" else 2])
         return f"{shown!r}: write KEY=VALUE as one word, without spaces around '=': {joined}"
     key, _, value = bad.partition("=")
+    if quote := next((q for q in "'\"" if value.count(q) % 2), None):  # (the sixteenth catalogue's t142)
+        return f"{bad!r}: the quote {quote} opened in its value is not closed: {key}={value}{quote}"
     if re.search(r"\[\s*,|,\s*,|,\s*\]", value):  # a list's stray comma (the sixteenth catalogue's t104)
         fixed = re.sub(r",\s*\]", "]", re.sub(r"\[\s*,", "[", re.sub(r",\s*,", ",", value)))
         return f"{bad!r}: a list's items are separated by single commas, with none before ] or after [: {key}={fixed}"

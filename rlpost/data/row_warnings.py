@@ -52,12 +52,21 @@ def short_cap_warning(rows: list[PromptRow], tokenizer, max_response_length: int
 
 def unknown_token_warning(rows: list[PromptRow], tokenizer) -> str | None:
     """Prompts the tokenizer could only partly read (text it maps to its unknown token: a
-    character-level tokenizer given characters it lacks), said with the first of them."""
-    unk = getattr(tokenizer, "unk_token_id", None)
+    character-level tokenizer given characters it lacks), or that hold the text of its padding token
+    (`<pad>` in scraped text: read as that token, a padding the model never saw: the sixteenth
+    catalogue's t148), said with the first of them."""
+    unk, pad = getattr(tokenizer, "unk_token_id", None), getattr(tokenizer, "pad_token_id", None)
     found = [row for row in rows if unk is not None and unk in row.prompt_ids]
     if found:
         return (
             f"warning: {len(found)} prompts hold text that the tokenizer maps to its unknown token "
             f"{tokenizer.unk_token!r}, which the model cannot read (the first: {found[0].prompt_text[:80]!r})"
+        )
+    padded = [row for row in rows if pad is not None and pad != tokenizer.eos_token_id and pad in row.prompt_ids]
+    if padded:
+        return (
+            f"warning: {len(padded)} prompts hold the text of the tokenizer's padding token {tokenizer.pad_token!r}, "
+            f"read as that token, a padding the model never learned to read (the first: "
+            f"{padded[0].prompt_text[:80]!r}): take it out of the prompts"
         )
     return None
