@@ -294,3 +294,22 @@ def test_prompts_holding_the_padding_tokens_text_are_said_before_the_first_step(
         "warning: 2 prompts hold the text of the tokenizer's padding token '<pad>', read as that token, a padding "
         "the model never learned to read (the first: '<pad>13+21='): take it out of the prompts"
     )
+
+
+def test_a_run_folder_whose_config_yaml_went_names_its_checkpoints_and_the_way_on(tmp_path):
+    """t160: a copy of a run without its config.yaml was said to hold files "that no rlpost run wrote",
+    and the resume asked for was given no way on."""
+    from rlpost.controller import checkpoint
+    from rlpost.controller.run_dir import claim_run_dir
+
+    for step in (3, 4):
+        checkpoint.save(tmp_path, step, {"step": step}, [], keep=5)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 4}\n')
+    cfg = load_config(["+recipe=quickstart", f"run.dir={tmp_path}", "trainer.resume=auto", "trainer.total_steps=6"])
+    with pytest.raises(ConfigError) as info:
+        claim_run_dir(cfg, log=lambda *_: None)
+    assert str(info.value) == (
+        f"run.dir={str(tmp_path)!r} holds a run's checkpoints (step_3, step_4) and metrics.jsonl, but not its "
+        f"config.yaml (deleted, or not copied): put config.yaml back to go on here, or go on in a new folder: "
+        f"trainer.resume={tmp_path / 'checkpoints' / 'step_4'} run.dir=NEW"
+    )

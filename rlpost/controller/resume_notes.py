@@ -55,3 +55,19 @@ def say_edited_config(cfg: TrainConfig, run_dir: Path, log) -> None:
             "command line and its recipe, never from config.yaml, which now records this run's: to change a "
             "setting, give it on the command line"
         )
+
+
+def config_missing(run_dir: Path, found: list[str], done: list[Path]) -> str:
+    """Why a folder holding a run's files but no config.yaml takes no run: with complete checkpoints
+    there it is a run whose config.yaml went (deleted, or not copied: the sixteenth catalogue's t160,
+    said to hold files "that no rlpost run wrote", with no way on for the resume asked for)."""
+    if done:
+        return (
+            f"run.dir={str(run_dir)!r} holds a run's checkpoints ({', '.join(p.name for p in done)}) and "
+            f"{', '.join(found)}, but not its config.yaml (deleted, or not copied): put config.yaml back to go on "
+            f"here, or go on in a new folder: trainer.resume={done[-1]} run.dir=NEW"
+        )
+    return (
+        f"run.dir={str(run_dir)!r} holds {', '.join(found)} that no rlpost run wrote (it has no config.yaml), "
+        "which a run would replace: choose another run.dir (a new or empty folder), or move them"
+    )

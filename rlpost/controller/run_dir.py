@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig, to_yaml
 from rlpost.controller.checkpoint import check_resume, complete_checkpoints
-from rlpost.controller.resume_notes import say_edited_config, say_lost_metrics
+from rlpost.controller.resume_notes import config_missing, say_edited_config, say_lost_metrics
 from rlpost.metrics.trackers import WANDB_RUNS
 
 LOCK = "run.lock"
@@ -161,10 +161,7 @@ def check_run_files(run_dir: Path) -> None:
         )
     found = [name for name in RUN_FILES if (run_dir / name).exists()]
     if found and not (run_dir / "config.yaml").exists():
-        raise ConfigError(
-            f"run.dir={str(run_dir)!r} holds {', '.join(found)} that no rlpost run wrote (it has no config.yaml), "
-            "which a run would replace: choose another run.dir (a new or empty folder), or move them"
-        )
+        raise ConfigError(config_missing(run_dir, found, complete_checkpoints(run_dir)))
     for name in ("metrics.jsonl", "samples.jsonl"):
         path = run_dir / name
         lines = path.read_bytes().decode(errors="replace").splitlines() if path.is_file() else []
