@@ -1,5 +1,8 @@
-"""Faults the sixteenth bad-input catalogue found (tried by someone who did not write the code, on
-2b9f08a onwards; /work's report, its index below): each test fails on the code before its fix."""
+"""Faults the sixteenth bad-input catalogue found (179 tries by someone who did not write the code, on
+2b9f08a onwards: FINE 152, WEAK 21, TRACEBACK 1, LATE 1, LOSS 2, SILENT 2, HANG 0): each test here fails
+on the code before its fix. Here: t07, t11, t32, t37, t43, t44, t62, t73, t89, t101, t104, t114-t116,
+t120-t121, t128-t130, t142, t148, t160, t174, t176, t179. Beside the code they test: t88 and t141 (the
+overwrite of wandb/, tensorboard/ and profile/) in tests/controller/test_run_dir.py."""
 
 import json
 
@@ -313,3 +316,46 @@ def test_a_run_folder_whose_config_yaml_went_names_its_checkpoints_and_the_way_o
         f"config.yaml (deleted, or not copied): put config.yaml back to go on here, or go on in a new folder: "
         f"trainer.resume={tmp_path / 'checkpoints' / 'step_4'} run.dir=NEW"
     )
+
+
+def test_a_prompt_of_spaces_is_refused_and_a_long_decimal_ground_truth_keeps_its_digits(tmp_path):
+    """t130: a prompt of spaces only was trained on without a word (an empty one is refused); t179: a
+    JSON ground truth with more digits than a float keeps reached the scorer changed
+    (123456789012345678.9 -> '123456789012345680')."""
+    from rlpost.data.dataset import check_row, load_prompts
+    from rlpost.tiny.model import build_char_tokenizer
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        '{"prompt": "1+1=", "ground_truth": 123456789012345678.9, "weight": 0.5}\n'
+        '{"prompt": "1+2=", "ground_truth": 1.10}\n{"prompt": "1+3=", "ground_truth": 123.0}\n'
+    )
+    rows = read_rows(str(path))
+    assert [check_row(r, "x")["ground_truth"] for r in rows] == ["123456789012345678.9", "1.1", "123"]
+    assert rows[0]["weight"] == 0.5 and isinstance(rows[0]["weight"], float)  # other fields: floats as before
+    path.write_text('{"prompt": "1+1=", "ground_truth": "2"}\n{"prompt": "   ", "ground_truth": "3"}\n')
+    with pytest.raises(DataError, match=r"rows.jsonl: row 1: field 'prompt' is empty \(spaces only\)$"):
+        load_prompts([str(path)], build_char_tokenizer(), 64)
+
+
+def test_a_resume_given_a_runs_checkpoints_folder_or_a_part_of_a_checkpoint_names_the_checkpoint(tmp_path):
+    """t174, t176: `trainer.resume=` a run's checkpoints/ folder, or a checkpoint's trainer/ folder, said
+    only "not a complete checkpoint (no controller.pt)"."""
+    from rlpost.controller import checkpoint
+
+    for step in (2, 4):
+        checkpoint.save(tmp_path, step, {"step": step}, [], keep=5)
+    (tmp_path / "checkpoints" / "step_4" / "trainer").mkdir()
+    newest = tmp_path / "checkpoints" / "step_4"
+    for given, hint in (
+        (
+            tmp_path / "checkpoints",
+            f"a run's checkpoints folder: give one of them, e.g. the newest, trainer.resume={newest}",
+        ),  # fmt: skip
+        (newest / "trainer", f"a part of the checkpoint {newest}: give that folder"),
+    ):
+        with pytest.raises(FileNotFoundError) as info:
+            checkpoint.find(tmp_path, str(given))
+        assert str(info.value) == (
+            f"trainer.resume={given}: {given} is not a complete checkpoint (no controller.pt) ({hint})"
+        )

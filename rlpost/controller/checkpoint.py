@@ -115,6 +115,19 @@ def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: i
     return final
 
 
+def resume_hint(folder: Path) -> str:
+    """The checkpoint near `folder`, which is none: a run folder, a run's checkpoints/ folder, or a part
+    of one checkpoint (its trainer/: the sixteenth catalogue's t174, t176)."""
+    if (folder / "checkpoints").is_dir():
+        return " (a run folder: trainer.resume=auto with run.dir set to it)"
+    done = complete_checkpoints(folder.parent) if folder.name == "checkpoints" else []
+    if done:
+        return f" (a run's checkpoints folder: give one of them, e.g. the newest, trainer.resume={done[-1]})"
+    if (folder.parent / "controller.pt").is_file():
+        return f" (a part of the checkpoint {folder.parent}: give that folder)"
+    return ""
+
+
 def find(run_dir: Path, resume: str, log=print) -> Path | None:
     """The folder `trainer.resume` points at: `auto` = the newest complete and intact one in the
     run (a damaged one is named and passed over)."""
@@ -127,9 +140,8 @@ def find(run_dir: Path, resume: str, log=print) -> Path | None:
         return None
     folder = Path(resume).expanduser()
     if not (folder / "controller.pt").is_file():
-        run = " (a run folder: trainer.resume=auto with run.dir set to it)" if (folder / "checkpoints").is_dir() else ""
         raise FileNotFoundError(
-            f"trainer.resume={resume}: {folder} is not a complete checkpoint (no controller.pt){run}"
+            f"trainer.resume={resume}: {folder} is not a complete checkpoint (no controller.pt){resume_hint(folder)}"
         )
     problem = damage(folder)
     if problem is not None:

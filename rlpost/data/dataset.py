@@ -15,6 +15,7 @@ with the generation prompt appended.
 from __future__ import annotations
 
 import csv
+import decimal
 import functools
 import glob
 import io
@@ -132,7 +133,7 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
         return read_csv(path, text)
     if suffix == ".json" and text.lstrip().startswith("["):  # one JSON array of objects
         try:
-            return json.loads(text, object_pairs_hook=one_value_a_key)
+            return json.loads(text, object_pairs_hook=one_value_a_key, parse_float=decimal.Decimal)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
         except KeyError as e:  # (the fifteenth catalogue's t01: the last value kept, as .jsonl refuses it)
@@ -151,7 +152,7 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line, object_pairs_hook=one_value_a_key))
+            rows.append(json.loads(line, object_pairs_hook=one_value_a_key, parse_float=decimal.Decimal))
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: row {i}: not valid JSON ({e.msg}); want one JSON object a line") from None
         except KeyError as e:
@@ -222,7 +223,7 @@ def check_row(row: dict, where: str) -> dict:
             f"{where}: field 'prompt' must be a string or a list of chat messages, got {type(prompt).__name__}"
         )
     gt = unwrap_scalar(row["ground_truth"])  # a numpy scalar (pandas, datasets)
-    if isinstance(gt, bool) or not isinstance(gt, (str, numbers.Real)):
+    if isinstance(gt, bool) or not isinstance(gt, (str, numbers.Real, decimal.Decimal)):
         raise DataError(f"{where}: field 'ground_truth' must be a string or number, got {type(gt).__name__}")
     if not isinstance(gt, str):
         gt = number_text(gt, where)
@@ -232,12 +233,15 @@ def check_row(row: dict, where: str) -> dict:
     return {"prompt": prompt, "ground_truth": gt, "data_source": source}
 
 
-def number_text(value: numbers.Real, where: str) -> str:
+def number_text(value: numbers.Real | decimal.Decimal, where: str) -> str:
     """A number written as a person would: 123.0 (an integer column as pandas writes it) is "123",
-    so that a scorer comparing text gives the right answer 1."""
-    if not math.isfinite(value):
+    so that a scorer comparing text gives the right answer 1. A JSON file's decimals come as Decimal
+    and keep the digits a float would drop (123456789012345678.9: the sixteenth catalogue's t179)."""
+    if not math.isfinite(float(value)):
         raise DataError(f"{where}: field 'ground_truth' is {value}, not a number to score against")
-    return plain_number(value)
+    if isinstance(value, decimal.Decimal) and decimal.Decimal(repr(float(value))) != value:
+        return str(int(value)) if value == value.to_integral_value() else format(value, "f")
+    return plain_number(float(value) if isinstance(value, decimal.Decimal) else value)
 
 
 def render_prompt(prompt, tokenizer, tools: list[dict] | None = None) -> str:
@@ -307,8 +311,8 @@ def load_prompts(
                 dropped += 1
                 shortest_dropped = min(shortest_dropped or len(ids), len(ids))
                 continue
-            if not ids:
-                raise DataError(f"{source}: row {i}: field 'prompt' is empty")
+            if not ids or not text.strip():  # (spaces only: a cell or template that rendered nothing, cat16's t130)
+                raise DataError(f"{source}: row {i}: field 'prompt' is empty{' (spaces only)' * bool(ids)}")
             rows.append(PromptRow(ids, text, row["ground_truth"], row["data_source"] or default_data_source))
             defaulted += not row["data_source"]
         if len(rows) == kept and shortest_dropped is not None:

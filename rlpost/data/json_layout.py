@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from decimal import Decimal
 
 
 def not_rows(text: str, one_line: bool) -> str | None:
@@ -31,8 +32,10 @@ def not_rows(text: str, one_line: bool) -> str | None:
 
 def one_value_a_key(pairs: list) -> dict:
     """A JSON object whose keys are each given once: json keeps the last of a key given twice,
-    without a word (the ninth catalogue's n12: a ground truth given twice, the wrong one kept)."""
-    out = dict(pairs)
+    without a word (the ninth catalogue's n12: a ground truth given twice, the wrong one kept). Read
+    with `parse_float=Decimal`, its decimals are floats again but a ground truth's, which keeps the
+    digits as written (`dataset.number_text`)."""
+    out = {k: v if k == "ground_truth" else _floats(v) for k, v in pairs}
     if len(out) < len(pairs):
         raise KeyError(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
     return out
@@ -46,3 +49,10 @@ def columns_layout(text: str) -> bool:
         return False
     values = list(whole.values()) if isinstance(whole, dict) else []
     return bool(values) and all(isinstance(v, (dict, list)) for v in values) and "prompt" in whole
+
+
+def _floats(value):
+    """A JSON value with its Decimals (parse_float) as floats, in lists too (objects are their own hook's)."""
+    if isinstance(value, Decimal):
+        return float(value)
+    return [_floats(v) for v in value] if isinstance(value, list) else value
