@@ -81,11 +81,8 @@ class Controller:
             self.probe = AdapterProbe(cfg.model.lora.rank > 0)
             self.workers.start(cfg, self.roles, self.model_path, self.tokenizer, loader, stop, log)
             self.batches, self.weights = self.workers.batches, self.workers.weights
-            self.trainers, self.critics, self.rollouts = (
-                self.workers.trainers,
-                self.workers.critics,
-                self.workers.rollouts,
-            )
+            w = self.workers
+            self.trainers, self.critics, self.rollouts = w.trainers, w.critics, w.rollouts
             if cfg.trainer.resume != "none":
                 self._resume()
             trim_logs(self.run_dir, self.step)  # rows of steps this run will write (again) go

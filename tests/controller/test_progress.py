@@ -17,7 +17,7 @@ import pytest
 
 from rlpost.config import load_config
 from rlpost.controller import progress
-from rlpost.controller.progress import run_steps, start_line
+from rlpost.controller.progress import run_steps
 from rlpost.controller.workers import Workers
 from rlpost.metrics.summary import read_metrics
 
@@ -67,20 +67,6 @@ def test_a_new_run_logs_the_engines_memory_at_step_0(tmp_path):
     assert 0 <= start < 5
     assert c.said[0] == f"start-up {2.0 + start:.1f} s: ray 2.0 s, validation {start:.1f} s"
     assert [r["reward/mean"] for r in rows[1:]] == [1.0, 2.0, 3.0]
-
-
-def test_the_start_up_line_names_each_phase_and_their_sum():
-    phases = {"time/start_prepare_s": 1.3, "time/start_ray_s": 20.0, "time/start_engines_s": 30.5}
-    assert start_line(phases) == "start-up 51.8 s: prepare 1.3 s, ray 20.0 s, engines 30.5 s"
-
-
-def test_the_workers_laps_are_the_seconds_between_them(monkeypatch):
-    clock = iter([12.5, 20.0])
-    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
-    w = Workers(lapped=10.0)  # made at 10.0
-    w.lap("prepare")
-    w.lap("ray")
-    assert w.start_s == {"time/start_prepare_s": 2.5, "time/start_ray_s": 7.5}
 
 
 def test_a_run_folder_deleted_while_the_run_trains_stops_it_before_the_next_step(tmp_path):
@@ -280,16 +266,6 @@ def test_a_signal_stops_after_the_step_under_way_and_not_after_the_last(tmp_path
     c = Scripted(tmp_path / "b", 0, signal_after=3)  # during the last step: the run is complete
     run_steps(c, c.stop)
     assert c.step == 3 and c.stopped == []
-
-
-def test_a_resumed_runs_wall_time_goes_on_from_the_resumed_steps(tmp_path):
-    from rlpost.controller.progress import run_time_at
-
-    (tmp_path / "metrics.jsonl").write_text(
-        '{"step": 0}\n{"step": 1, "time/run_s": 30.0}\n{"step": 2, "time/run_s": 50.0}\n{"step": 3}\n'
-    )
-    assert [run_time_at(tmp_path, s) for s in (1, 2, 3, 4)] == [30.0, 50.0, 0.0, 0.0]  # 3: an older run's row
-    assert run_time_at(tmp_path / "none", 2) == 0.0
 
 
 def test_a_signal_that_stops_a_steps_scoring_stops_the_run_before_that_step(tmp_path, seen):

@@ -269,7 +269,8 @@ def test_a_reward_model_path_is_resolved_like_a_models(tmp_path, monkeypatch):
     cfg = load_config(["+recipe=quickstart", f"model.cache_dir={tmp_path}/cache"], this_machine=False)
     cfg.reward.model.path = "some-org/some-rm"
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # (no network probe for a hub id)
-    assert resolve_reward_model_path(cfg, "/the/policy") == "some-org/some-rm"  # a hub id, as it is
+    monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda repo, name: "/cache/config.json")
+    assert resolve_reward_model_path(cfg, "/the/policy") == "some-org/some-rm"  # a hub id (cached), as it is
     converted, said = [], []
     fake_gguf(monkeypatch, converted)
     cfg.reward.model.path = "rm.gguf"

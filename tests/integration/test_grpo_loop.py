@@ -38,6 +38,14 @@ def read_metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_start_phases(rows):
+    """The start-up's phases in order at step 0 (on the CPU no trainers' own lap: the engines start
+    beside them), each timed, within the run's time at step 1."""
+    phases = [k for k in rows[0] if k.startswith("time/start_")]
+    assert phases == [f"time/start_{p}_s" for p in ("prepare", "ray", "engines", "validation")]
+    assert all(rows[0][k] > 0 for k in phases) and sum(rows[0][k] for k in phases) < rows[1]["time/run_s"]
+
+
 def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overrides, tmp_path):
     run_dir = tmp_path / "run"
     cfg = load_config(
@@ -58,10 +66,7 @@ def test_two_grpo_steps_keep_the_invariants_then_resume(ray_session, base_overri
     assert profiled == ["update_step2_rank0.txt", "update_step2_rank1.txt"]
     rows = read_metrics(run_dir)
     assert rows[0]["step"] == 0 and "val/accuracy" in rows[0]  # validation before training
-    # the start-up's phases in order (on the CPU no trainers' own lap: the engines start beside them)
-    phases = [k for k in rows[0] if k.startswith("time/start_")]
-    assert phases == [f"time/start_{p}_s" for p in ("prepare", "ray", "engines", "validation")]
-    assert all(rows[0][k] > 0 for k in phases) and sum(rows[0][k] for k in phases) < rows[1]["time/run_s"]
+    assert_start_phases(rows)
     steps = [r for r in rows if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
