@@ -65,8 +65,8 @@ _fired = False  # the alarm ended the item under way (even if the function caugh
 _touched = False  # reward.fn set SIGALRM's handler or the real-time timer itself during the item
 _set_timer, _set_handler = signal.setitimer, signal.signal  # the pool's own: reward.fn's are watched
 ALARM_TAKEN = (
-    "reward.fn set SIGALRM's handler or timer itself (signal.alarm, setitimer or signal.signal), which replaces "
-    "the pool's alarm: it ran on past the limit; leave timeouts to reward.timeout_s"
+    "{who} set SIGALRM's handler or timer itself (signal.alarm, setitimer or signal.signal), which replaces "
+    "the pool's alarm: it ran on past the limit; leave timeouts to {key}"
 )
 
 
@@ -142,7 +142,9 @@ def _call_one(fn: Callable, item, timeout_key: str) -> Result:
         return value, kind, said
     if _fired:
         return None, "timeouts", timed_out + " (reward.fn caught the timeout)" * (kind == "ok")
-    return None, "timeouts", f"{timed_out} ({ALARM_TAKEN if touched else 'it ran past the limit before the alarm'})"
+    who = "reward.fn" if timeout_key.startswith("reward") else "the tool"  # (the pool runs tools too)
+    why = ALARM_TAKEN.format(who=who, key=timeout_key) if touched else "it ran past the limit before the alarm"
+    return None, "timeouts", f"{timed_out} ({why})"
 
 
 DAEMONIC = (  # (a multiprocessing.Pool in a reward function: the twelfth catalogue's t114)
