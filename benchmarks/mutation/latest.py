@@ -88,9 +88,8 @@ def table(latest: dict[str, tuple[str, dict, dict]]) -> str:
 def mutated_modules() -> list[str]:
     """The files pyproject.toml's `[tool.mutmut] only_mutate` names (its globs expanded), as they are now."""
     patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mutmut"]["only_mutate"]
-    return sorted(
-        {p.relative_to(REPO).as_posix() for pattern in patterns for p in REPO.glob(pattern) if p.name != "__init__.py"}
-    )
+    files = {p for pattern in patterns for p in REPO.glob(pattern) if p.suffix == ".py" and p.name != "__init__.py"}
+    return sorted(p.relative_to(REPO).as_posix() for p in files)  # (not mutmut's .meta and .spans beside them)
 
 
 def main() -> None:
