@@ -94,9 +94,9 @@ class ModelShape:
 
 
 def hub_config(repo_id: str) -> str:
-    """A hub id's config.json in the Hugging Face cache; else `check_hub_reachable`'s error (the
-    sixteenth catalogue's t101: "no config.json there" read as if a folder existed), or "" when the
-    hub is reachable (the plan does not download)."""
+    """A hub id's config.json in the Hugging Face cache ("": not a hub id); not cached, an error that says
+    so: `check_hub_reachable`'s (offline, or no network), else that the plan downloads nothing (the
+    sixteenth catalogue's t101: "no config.json there" read as if a folder existed)."""
     from huggingface_hub import try_to_load_from_cache
 
     from rlpost.models.loading import check_hub_reachable
