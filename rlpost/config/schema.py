@@ -216,7 +216,8 @@ class RolloutConfig:
         0.0,
         "vllm on a GPU: the KV cache's size in GiB, set instead of derived from "
         "`gpu_memory_utilization` by profiling (which fails when another process on the GPU frees "
-        "memory meanwhile, as engines started together on one GPU do). 0 = derived. (Colocated runs "
+        "memory meanwhile, as engines started together on one GPU do). 0 = derived. Set, a colocated "
+        "engine loads beside the trainer instead of after it (a shorter start-up). (Colocated runs "
         "that share a GPU can still fail vLLM's check at sleep: benchmarks/real_model/.)",
         ge=0,
     )
