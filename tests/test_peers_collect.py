@@ -1,5 +1,6 @@
 """benchmarks/peers/collect_peers.py on a folder as peers.sh leaves it: verl's validation lines as
-verl 0.9.1 prints them (numpy scalars), its actor's memory key, and a job left out with its reason."""
+verl 0.9.1 prints them (numpy scalars), its actor's memory key, a job left out with its reason, and
+a random-weight shape named."""
 
 from __future__ import annotations
 
@@ -56,3 +57,13 @@ def test_a_job_left_out_is_gone_from_the_figures_and_its_reason_kept(folder, mon
     monkeypatch.setattr("sys.argv", [*argv[:-1], "s0/verl"])
     with pytest.raises(SystemExit, match="want FOLDER/JOB=REASON"):
         collect.main()
+
+
+def test_a_shapes_folder_says_its_weights_were_random(folder):
+    """SHAPE=1.5b (peers.sh): throughput of a random-weight shape; the seed's record says so."""
+    collect = load_benchmark("benchmarks/peers/collect_peers.py")
+    assert collect.one_seed(folder, 3, [0.4])["shape"] is None  # (a peers.sh before SHAPE wrote no shape.txt)
+    (folder / "shape.txt").write_text("")
+    assert collect.one_seed(folder, 3, [0.4])["shape"] is None  # SmolLM2 itself
+    (folder / "shape.txt").write_text("1.5b\n")
+    assert collect.one_seed(folder, 3, [0.4])["shape"] == "1.5b"

@@ -210,6 +210,7 @@ def one_seed(folder: Path, skip: int, targets: list[float], leave_out: dict | No
         "folder": folder.name, "commit": read("commit.txt"), "date": read("date.txt"),
         "machine": machine_of(read("machine.txt")), "versions": json.loads(read("versions.json") or "{}"),
         "task": {k: v for k, v in task.items() if k != "settings"}, "settings": task["settings"], "jobs": jobs,
+        "shape": read("shape.txt") or None,  # SHAPE=: random weights of that shape, not SmolLM2 (throughput only)
     }  # fmt: skip
 
 

@@ -13,7 +13,9 @@
 # builds a tokens x tokens mask, 18 s a step on an H200, README.md); rlpost_split (1 trainer GPU + 1 vLLM GPU, one step off-policy),
 # rlpost_colocate_w2, trl_w2, verl_w2 (2 GPUs, the same global batch).
 # Env: STEPS (15: fits one H100's call with a margin, README.md), VAL_EVERY (5: the same for the three; the recipe's
-# is 10), RLPOST_EXTRA (overrides added to every rlpost job, e.g. trainer.profile_step=8), SHARED (rlpost overrides that
+# is 10), RLPOST_EXTRA (overrides added to every rlpost job, e.g. trainer.profile_step=8), SHAPE (1.5b, 7b, ...: benchmarks/random_model.py's
+# shape with random weights and SmolLM2's tokenizer instead of SmolLM2, for throughput; W=/tmp/peers/<shape>s$SEED
+# keeps its folder apart), SHARED (rlpost overrides that
 # the peers follow too, through task.json: trainer.micro_batch_size=512 is TRL's per_device_train_batch_size), LIMIT (seconds for the whole call, 575), OUT (/tmp/out). A job stops at STEPS or when its time is up, whichever comes first: its framework's cap
 # (CAP_RLPOST 170 s, CAP_TRL 150 s, CAP_VERL 300 s), less than what the call has left after RESERVE (100 s) for each
 # later job of its lane; a stopped job's steps and validations so far still count.
@@ -42,7 +44,7 @@ install() {  # vLLM's set (once per machine), then the peers' wheels each in a f
 
 describe() {  # the machine and every version, for collect_peers.py
   { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; echo "$(nproc) CPU cores"; } > "$W/machine.txt" 2>&1
-  echo "${COMMIT:-unknown}" > "$W/commit.txt"; date -u +%FT%TZ > "$W/date.txt"
+  echo "${COMMIT:-unknown}" > "$W/commit.txt"; date -u +%FT%TZ > "$W/date.txt"; echo "${SHAPE:-}" > "$W/shape.txt"
   PYTHONPATH=$PYTHONPATH:$TRL_SITE:$VERL_SITE python3 - > "$W/versions.json" <<'PY'
 import importlib.metadata as md, json
 names = ["torch", "transformers", "vllm", "ray", "trl", "verl", "tensordict", "TransferQueue", "accelerate", "datasets"]
@@ -59,12 +61,17 @@ prepare() {  # the GGUF converted once; the task's rows for this seed; prompt id
   MODEL=$(python3 -c "from rlpost.models.loading import resolve_path; print(resolve_path('smollm2-135m-instruct', '$CACHE'))" | tail -1)
   python3 benchmarks/peers/export_task.py --out "$TASK" --seed "$SEED" --steps "$STEPS" --check-tokenizer "$MODEL" \
     model.cache_dir=$CACHE ${SHARED:-} > "$W/export.log" 2>&1 || { cat "$W/export.log"; exit 4; }
+  if [ -n "${SHAPE:-}" ]; then  # throughput only: a Qwen2 shape, random weights, SmolLM2's tokenizer (the same prompts)
+    [ -f /tmp/shapes/$SHAPE/config.json ] || python3 benchmarks/random_model.py --shape "$SHAPE" --out /tmp/shapes/$SHAPE \
+      --tokenizer "$MODEL" > "$W/shape.log" 2>&1 || { cat "$W/shape.log"; exit 4; }
+    MODEL=/tmp/shapes/$SHAPE
+  fi
 }
 
 job_cmd() {  # job_cmd NAME: the command line of one job (run from the repository root)
   local rl=(python3 -m rlpost.cli train +recipe=smollm2_sums run.seed=$SEED trainer.total_steps=$STEPS
     trainer.val_every=$VAL_EVERY trainer.start_pass_k=0 trainer.save_on_signal=false model.cache_dir=$CACHE
-    logger.progress_bar=false logger.plot=false run.dir=$W/$1 ${SHARED:-} ${RLPOST_EXTRA:-})
+    logger.progress_bar=false logger.plot=false run.dir=$W/$1 ${SHAPE:+model.path=$MODEL} ${SHARED:-} ${RLPOST_EXTRA:-})
   local trl=(benchmarks/peers/trl_grpo.py --task "$TASK" --model "$MODEL" --out "$W/$1" --steps "$STEPS" --seed "$SEED"
     --val-every "$VAL_EVERY")
   local verl=(env PYTHONPATH=$VERL_SITE:$PYTHONPATH TASK="$TASK" MODEL="$MODEL" OUTDIR="$W/$1" STEPS="$STEPS" SEED="$SEED"
