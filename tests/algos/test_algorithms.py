@@ -107,8 +107,11 @@ def test_reinforce_pp_estimators_hand_computed():
             "group_ids": torch.tensor([0, 0, 1, 1]),
         }
     )
-    algo = type("A", (), {"gamma": 1.0})
-    returns = torch.tensor([[0.9, 1.0, 0.0], [0.0, 0.0, 0.0], [0.3, 0.5, 0.5], [0.0, 2.0, 2.0]])
+    algo = type("A", (), {"gamma": 0.9})  # (at 1.0 an estimator that ignored gamma would pass)
+    # G_t = r_t + 0.9 G_t+1 over each row's loss tokens (a token outside the mask passes G on unchanged)
+    returns = torch.tensor(
+        [[-0.1 + 0.9, 1.0, 0.0], [0.0, 0.0, 0.0], [-0.2 + 0.9 * 0.45, 0.9 * 0.5, 0.5], [0.0, 1.8, 2.0]]
+    )
     picked = returns[mask].double()
     expected = torch.where(mask, (returns - picked.mean()) / (picked.std() + 1e-6), 0.0)
     assert torch.allclose(ADVANTAGES["reinforce_pp"](batch, algo).double(), expected.double(), atol=1e-6)
@@ -188,6 +191,23 @@ def test_gae_with_lambda_one_is_returns_minus_values_and_is_whitened():
     picked = torch.tensor([0.8, 0.6, 0.4, 0.4], dtype=torch.float64)
     assert torch.allclose(whitened[mask].double(), (picked - picked.mean()) / (picked.std() + 1e-6), atol=1e-6)
     assert torch.allclose(targets, returns.float())  # the critic's targets are not whitened
+
+
+def test_the_registered_gae_reads_gamma_and_lambda_each_in_its_place():
+    """gamma 0.9 and lambda 0.5, worked by hand: swapped, or either ignored, the advantages differ (the
+    lambda = 1 test above holds whatever the estimator does with them)."""
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]])
+    values = torch.tensor([[0.2, 0.4, 0.6], [0.1, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    # row 0: deltas 0.9*0.4 - 0.2 = 0.16, 0.9*0.6 - 0.4 = 0.14, 1 - 0.6 = 0.4; A_t = delta_t + 0.45 A_t+1
+    a2 = 0.4
+    a1 = 0.14 + 0.45 * a2
+    a0 = 0.16 + 0.45 * a1
+    picked = torch.tensor([a0, a1, a2, 0.5 - 0.1], dtype=torch.float64)
+    batch = Batch({"token_rewards": rewards, "values": values, "loss_mask": mask})
+    whitened, targets = ADVANTAGES["gae"](batch, type("A", (), {"gamma": 0.9, "lam": 0.5}))
+    assert torch.allclose(whitened[mask].double(), (picked - picked.mean()) / (picked.std() + 1e-6), atol=1e-6)
+    assert torch.allclose(targets[mask].double(), picked + values[mask].double(), atol=1e-6)
 
 
 def test_clipped_value_loss_hand_computed():

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 from hypothesis import assume, event, given, settings
@@ -6,6 +8,23 @@ from hypothesis import strategies as st
 from rlpost.data.batch import Batch
 from rlpost.data.microbatch import padding_fraction, plan_shards, plan_step, shard_batch, split_shard
 from tests.helpers import examples
+
+
+def assert_warranted(e: ValueError, n: int, world: int) -> None:
+    """A refusal names a rank with fewer rows than the micro-batches another rank needs: only then can
+    no split even the counts out (a rank balanced by tokens may hold fewer than n // world rows)."""
+    found = re.fullmatch(r"cannot give every rank (\d+) micro-batches: a rank has only (\d+) rows; .*", str(e))
+    assert found, str(e)
+    target, rows = int(found[1]), int(found[2])
+    assert 1 <= rows < target <= -(-n // world), (n, world, str(e))
+
+
+def test_ranks_are_evened_out_under_a_token_budget():
+    """Two ranks, a 100-token padded budget: rank 0 (rows 0, 3, 4: 100, 10, 10 tokens) cuts into 2
+    micro-batches, rank 1 (90, 60, 10) into 3, so rank 0's [3, 4] is split to give both 3."""
+    widths = [(1, 99), (1, 89), (1, 59), (1, 9), (1, 9), (1, 9)]
+    lengths = [100, 90, 60, 10, 10, 10]
+    assert plan_shards(lengths, 2, max_tokens=100, widths=widths) == [[[0], [3], [4]], [[1], [2], [5]]]
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -20,7 +39,8 @@ def test_plan_covers_every_row_once_with_equal_micro_batch_counts(lengths, world
     try:
         plan = plan_shards(lengths, world, budget, rows)
     except ValueError as e:  # only when a rank has fewer rows than the others have micro-batches
-        assert "micro-batches" in str(e) and (budget or rows)  # one micro-batch a rank always fits
+        assert_warranted(e, len(lengths), world)
+        assert budget or rows  # one micro-batch a rank always fits
         if not budget:  # rows alone: ranks of n // world or one more rows, ceil(rows of a rank / rows) each
             most = -(-(-(-len(lengths) // world)) // rows)
             assert len(lengths) // world < most, (len(lengths), world, rows)
@@ -51,7 +71,7 @@ def test_a_padded_layouts_budget_counts_its_padding(widths, world, budget):
     try:
         plan = plan_shards(lengths, world, budget, 0, widths)
     except ValueError as e:  # a rank with fewer rows than the micro-batches the budget asks of another
-        assert "micro-batches" in str(e)
+        assert_warranted(e, len(lengths), world)
         event("refused")
         return
     assert sorted(i for rank in plan for mb in rank for i in mb) == list(range(len(lengths)))

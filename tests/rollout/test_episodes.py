@@ -42,7 +42,8 @@ class ScriptedEngine:
 
 
 class ScriptedEnv:
-    """Answers `R<turn>` as a tool result with reward 0.5, ends on a turn that says `done`."""
+    """Answers `R<turn>` as a tool result with reward 0.5 (one tool call, which erred), ends on a
+    turn that says `done`."""
 
     tools = []
 
@@ -50,7 +51,9 @@ class ScriptedEnv:
         self.seen = getattr(self, "seen", []) + [turn]
         if turn.text == "done":
             return EnvStep(done=True, reward=1.0)
-        return EnvStep(messages=[{"role": "tool", "content": f"R{turn.index}"}], reward=0.5, tool_calls=1)
+        return EnvStep(
+            messages=[{"role": "tool", "content": f"R{turn.index}"}], reward=0.5, tool_calls=1, tool_errors=1
+        )
 
 
 def suffix(index: int) -> list[int]:
@@ -102,6 +105,7 @@ def test_token_in_token_out_with_loss_only_on_the_model_tokens():
     assert torch.equal(batch["rollout_logprobs"][0, :n], expected_lp)
     assert batch["last_turn_start"].tolist() == [n - len(turn3), 0]
     assert batch["env_turns"].tolist() == [3, 1] and batch["env_tool_calls"].tolist() == [2, 0]
+    assert batch["env_tool_errors"].tolist() == [2, 0]  # summed over the turns, as the calls are
     assert batch["env_reward"].tolist() == [2.0, 1.0] and batch["weight_version"].tolist() == [7, 7]
     assert batch["prompt_ids"].tolist() == [prompts[0], [TOK.pad_token_id] + prompts[1]]  # left-padded
     # each round's contexts: the prompt and everything so far, as tokens; the turns the env saw
@@ -128,6 +132,21 @@ def test_each_limit_ends_the_episode():
     # a suffix that leaves no room for a model token ends the episode before it
     tight = run_episodes(engine, TOK, [ids("A=")], [ScriptedEnv()], SamplingParams(n=1, max_tokens=budget - 1), 9, 60.0)
     assert tight["response_mask"].sum().item() == 2 and tight["env_turns"].tolist() == [1]
+
+
+def test_episodes_of_one_round_are_each_cut_at_their_own_budget():
+    """Two episodes whose first turns differ in length share the second round, which asks the engine
+    for the larger of their budgets left: rlpost cuts each to its own, so no response passes
+    `max_tokens` (the engine above cuts at what it is asked, which one episode alone never tells)."""
+    engine = ScriptedEngine(
+        {"A=": [ids("x") + [EOS]] * 10, "B=": [ids("yyy") + [EOS]] + [ids("zzzzzzzzzz") + [EOS]] * 9}
+    )
+    budget = 4 + len(suffix(0)) + 3
+    params = SamplingParams(n=1, max_tokens=budget)
+    out = run_episodes(engine, TOK, [ids("A="), ids("B=")], [ScriptedEnv(), ScriptedEnv()], params, 9, 60.0)
+    # A: 2 + suffix + 2 tokens, then no room for another suffix; B: 4 + suffix + its second turn cut to 3
+    assert out["response_mask"].sum(-1).tolist() == [budget - 3, budget]
+    assert engine.calls[1][1].max_tokens == 5  # round 2 asks for A's 5 left, where B has 3
 
 
 def test_n_episodes_per_prompt_in_generate_order():

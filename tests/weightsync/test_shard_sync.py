@@ -113,3 +113,16 @@ def test_four_shards_each_hold_a_quarter():
     assert not isinstance(sent, Exception) and all(s.readback == len(named) for s in received)
     rows = torch.cat([s.params["embed.weight"] for s in shards])
     assert torch.equal(rows, dict(named)["embed.weight"])
+
+
+def test_a_receivers_stats_are_its_slowest_shards_times_and_fewest_read_back():
+    """`SyncStats.of_shards`: a tensor-parallel engine synced when its slowest shard was done, and
+    verified what every shard read back (the fewest), whichever shard comes first."""
+    from rlpost.weightsync.sync import SyncStats
+
+    fast = SyncStats(4, 1000, 0.5, 12, readback=12, header_s=0.1, verify_s=0.2)
+    slow = SyncStats(4, 1000, 0.9, 12, readback=7, header_s=0.3, verify_s=0.4)
+    for shards in ([fast, slow], [slow, fast]):
+        merged = SyncStats.of_shards(shards)
+        assert (merged.version, merged.bytes, merged.tensors) == (4, 1000, 12)
+        assert (merged.seconds, merged.readback, merged.header_s, merged.verify_s) == (0.9, 7, 0.3, 0.4)

@@ -39,7 +39,9 @@ def weights():
     ]
 
 
-def sync(named, engines, version=3, sender_version=None, bucket_bytes=64, verify=True):
+def sync(named, engines, version=3, sender_version=None, bucket_bytes=64, verify=True, sent=None):
+    """One sync of `named` from a sender to `engines` (`sent`: the tensors the sender is handed, when
+    they differ from its manifest's)."""
     port = free_port()
     world = 1 + len(engines)
     manifest = manifest_of(named)
@@ -49,7 +51,7 @@ def sync(named, engines, version=3, sender_version=None, bucket_bytes=64, verify
         return send_weights(
             group,
             manifest,
-            iter([t for _, t in named]),
+            iter([t for _, t in sent or named]),
             sender_version if sender_version is not None else version,
             bucket_bytes,
             verify,
@@ -87,6 +89,16 @@ def test_manifest_mismatch_names_the_tensor_on_both_sides(verify):
     assert isinstance(received, WeightSyncError) and "'embed.weight'" in str(received)
     assert "[10, 4]" in str(received) and "[5, 4]" in str(received)
     assert isinstance(sent, WeightSyncError) and "rank 1 refused" in str(sent)
+
+
+@pytest.mark.parametrize("wrong", [torch.zeros(5, 4), torch.zeros(10, 4, dtype=torch.bfloat16)])
+def test_the_sender_refuses_a_tensor_its_manifest_does_not_describe(wrong):
+    """The trainer's export hands over a tensor of another shape or dtype than the manifest's: the
+    sender names it before packing it (alone in its group: it sends nothing a receiver would wait for)."""
+    named = weights()
+    (sent,) = sync(named, [], sent=[(n, wrong if n == "embed.weight" else t) for n, t in named])
+    assert isinstance(sent, WeightSyncError) and "'embed.weight'" in str(sent), sent
+    assert f"is {list(wrong.shape)} {wrong.dtype}, its manifest says [10, 4] float32" in str(sent)
 
 
 def test_one_refusing_receiver_fails_the_sync_on_every_rank_without_a_hang():
