@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlpost.config import ConfigError, load_config
-from rlpost.controller.setup import check_reward_values
+from rlpost.controller.reward_checks import check_reward_values
 from rlpost.data.dataset import PromptRow
 from rlpost.rewards import RewardInput
 from rlpost.rewards.pool import RewardPool

@@ -29,7 +29,7 @@ def test_rlpost_data_refuses_the_data_keys_its_task_does_not_read(tmp_path, caps
 def test_the_reward_pools_keys_with_rlposts_own_scorer_are_refused_before_the_actors():
     """t16: reward.timeout_s=0.001 reward.num_workers=64 with reward.fn=arithmetic were taken and
     ignored (rlpost's scorers run in the controller). A user's function reads them: not refused."""
-    from rlpost.controller.setup import check_reward_values
+    from rlpost.controller.reward_checks import check_reward_values
 
     cfg = load_config(["+recipe=quickstart", "reward.fn=arithmetic", "reward.timeout_s=0.001", "reward.num_workers=64"])
     with pytest.raises(ConfigError) as info:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rlpost.config import ConfigError, load_config
-from rlpost.controller.setup import check_positions, check_reward_values
+from rlpost.controller.reward_checks import check_reward_values
+from rlpost.controller.setup import check_positions
 from rlpost.data.dataset import PromptRow, load_prompts
 from rlpost.rewards import RewardInput, get_reward_fn
 from rlpost.rewards.pool import RewardPool

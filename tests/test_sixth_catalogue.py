@@ -75,7 +75,7 @@ def test_warnings_made_errors_everywhere_are_refused_before_ray_starts(monkeypat
 
 def test_a_reward_that_ends_its_process_on_the_first_try_stops_the_run(tmp_path):  # r04
     from rlpost.config import load_config
-    from rlpost.controller.setup import check_reward_values
+    from rlpost.controller.reward_checks import check_reward_values
     from rlpost.data.dataset import PromptRow
 
     (tmp_path / "r_exit.py").write_text("import os\ndef score(sample):\n    os._exit(3)\n")

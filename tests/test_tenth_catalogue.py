@@ -143,7 +143,7 @@ def test_a_reward_model_length_below_a_samples_is_said_before_the_first_step():
 
 def test_a_builtin_rewards_keyword_value_is_tried_before_the_actors():
     """t77: keys were checked, values not: every sample of step 1 failed, and a 1-step run exited 0."""
-    from rlpost.controller.setup import check_builtin_kwargs
+    from rlpost.controller.reward_checks import check_builtin_kwargs
 
     with pytest.raises(ConfigError, match=r"^reward.kwargs=\{'method': 'bogus'\}: reward.fn=gsm8k refuses them on a "
                        r"first try: gsm8k method must be 'strict' or 'flexible', got 'bogus'$"):  # fmt: skip

@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig
-from rlpost.config.rules_mode import given
 from rlpost.controller.alerts import setting_warnings
 from rlpost.controller.checkpoint import check_data_place
 from rlpost.controller.plan import lora_rank_refusal
+from rlpost.controller.reward_checks import check_reward_values
 from rlpost.controller.scoring import not_loaded
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
 from rlpost.data.row_warnings import conflict_warning, overlap_warning, short_cap_warning, unknown_token_warning
@@ -21,8 +21,8 @@ from rlpost.envs import EpisodeRow, make_env
 from rlpost.envs.base import env_factory
 from rlpost.models.checks import cut_short, meta_model, weight_mismatch
 from rlpost.models.loading import resolve_path
-from rlpost.rewards import REWARDS, RewardInput
-from rlpost.rewards.base import TRUSTED, check_call, is_trusted
+from rlpost.rewards import REWARDS
+from rlpost.rewards.base import is_trusted
 from rlpost.rewards.pool import RewardPool
 
 
@@ -294,23 +294,6 @@ def check_eos(cfg: TrainConfig, tokenizer, model_path: str) -> None:
         )
 
 
-def check_builtin_kwargs(fn: str, kwargs: dict) -> None:
-    """`reward.kwargs` go to an explicitly named reward function: with `auto`, or one of rlpost's
-    scorers that does not take them, refused before any actor starts (every sample would fail)."""
-    if kwargs and fn == "auto":
-        raise ConfigError(f"reward.kwargs={kwargs} go to an explicitly named reward.fn, and reward.fn=auto names none")
-    if fn in REWARDS:
-        try:
-            check_call(REWARDS.get(fn), kwargs, fn)  # as the reward pool checks a user's function
-        except TypeError as e:
-            raise ConfigError(str(e)) from None
-    if fn in REWARDS and kwargs:  # their values, on a first try (cat10's t77: every sample of step 1 failed)
-        try:
-            REWARDS.get(fn)(RewardInput("1 + 1 =", "2", "2", fn), **kwargs)
-        except (ValueError, TypeError, KeyError) as e:
-            raise ConfigError(f"reward.kwargs={kwargs}: reward.fn={fn} refuses them on a first try: {e}") from None
-
-
 def reward_pool(cfg: TrainConfig) -> RewardPool:
     """The run's reward pool. A user's reward file (`path.py:name`) runs in its first worker now,
     so what the file raises as it runs stops the run before a model is built or loaded; the
@@ -326,48 +309,6 @@ def reward_pool(cfg: TrainConfig) -> RewardPool:
         pool.close()
         raise
     return pool
-
-
-def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool: RewardPool | None = None) -> None:
-    """A reward function of the user's (not rlpost's own scorers) scores one sample before any actor
-    starts: the first training row, its ground truth as the response. A function that cannot be
-    loaded or returns something that is no number stops the run here, naming `reward.fn`, not
-    after the actors started; one that raises or times out on that sample is said and counted as
-    the run goes (it may fail on this made-up response only). Multi-turn runs score in their
-    environment. In the run's `pool` (kept open: its worker has run the user's file once and
-    scores with it from then on), else in a pool of one worker for the try."""
-    r = cfg.reward
-    check_builtin_kwargs(r.fn, dict(r.kwargs))
-    pool_keys = given(r, "timeout_s", "num_workers", "memory_mb")  # (config may not import rewards: checked here)
-    if r.fn in TRUSTED and pool_keys:  # (the fourteenth catalogue's t16: taken and ignored)
-        raise ConfigError(
-            f"{', '.join('reward.' + k for k in pool_keys)}: read only by the reward pool, which runs your own "
-            f"functions, and reward.fn={r.fn} is rlpost's own scorer (run in the controller): leave them out"
-        )
-    untrusted = [row for row in rows if not is_trusted(r.fn, row.data_source)]
-    if not untrusted or cfg.env.name:
-        return
-    row, own = untrusted[0], pool is None
-    pool = RewardPool(r.fn, r.kwargs, 1, r.timeout_s, r.memory_mb, r.error_score) if own else pool
-    try:
-        pool.load()  # (the run's has: a no-op) the file's own error, as the start's
-        scores = pool.score([RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source)])
-    except RuntimeError as e:
-        raise not_loaded(r.fn, e, r.memory_mb) from None
-    finally:
-        if own:
-            pool.close()
-    if not scores.error_rows:
-        return
-    tried = f"reward.fn={r.fn!r} on a first try (a training row, its ground truth {row.ground_truth!r} as the response)"
-    error = scores.first_error.removeprefix("sample 0: ")
-    if scores.counts["bad_values"]:
-        raise ConfigError(
-            f"{tried}: {error}\nA reward function must return a number (int, float, a numpy or torch scalar)"
-        )
-    if scores.counts["crashes"]:  # the process went (os._exit, a crash in native code): every sample would too
-        raise ConfigError(f"{tried}: {error}\nThe function ended its process; it must return a number")
-    log(f"warning: {tried} failed: {error.strip().splitlines()[-1]}; such samples score reward.error_score")
 
 
 def resolve_critic_path(cfg: TrainConfig, policy_path: str) -> str:

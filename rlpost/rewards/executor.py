@@ -61,6 +61,7 @@ class Scores:
 _running = False  # an item is under way: only then may the alarm end it
 _started = 0.0  # when it started (time.monotonic)
 _timeout_s = 0.0  # the chunk's timeout per item
+_memory_mb = 0  # the worker's address-space cap (0: none)
 _fired = False  # the alarm ended the item under way (even if the function caught ItemTimeout and returned)
 _touched = False  # reward.fn set SIGALRM's handler or the real-time timer itself during the item
 _set_timer, _set_handler = signal.setitimer, signal.signal  # the pool's own: reward.fn's are watched
@@ -136,7 +137,7 @@ def _call_one(fn: Callable, item, timeout_key: str) -> Result:
     except BaseException:  # noqa: BLE001  (user code: any failure is counted, with its traceback; a sys.exit(),
         _running = False  # a KeyboardInterrupt or another BaseException it raises ends the call, not the worker: t14)
         said = traceback.format_exc(limit=-8).rstrip("\n")
-        value, kind, said = None, "errors", said + DAEMONIC * ("daemonic processes are not allowed" in said)
+        value, kind, said = None, "errors", said + hint(said, timeout_key)
     overran, touched = time.monotonic() - _started >= _timeout_s, _alarm_back()
     if kind == "timeouts" or not (_fired or overran):
         return value, kind, said
@@ -151,6 +152,17 @@ DAEMONIC = (  # (a multiprocessing.Pool in a reward function: the twelfth catalo
     " (the reward runs in a worker process that may not start processes of its own: score in threads, or let "
     "reward.num_workers set how many processes score at once)"
 )
+CAPPED = " (each worker process may use {key}={mb} MiB of address space: raise it, or 0 for no cap)"
+
+
+def hint(said: str, timeout_key: str) -> str:
+    """What rlpost's own worker adds to a failure it caused: a process started inside it, a MemoryError
+    under its memory cap (the seventeenth catalogue's t44b), named by the pool's key."""
+    if "daemonic processes are not allowed" in said:
+        return DAEMONIC
+    if said.splitlines()[-1].startswith("MemoryError") and _memory_mb > 0:
+        return CAPPED.format(key=timeout_key.replace("timeout_s", "memory_mb"), mb=_memory_mb)
+    return ""
 
 
 HANGS_AFTER = 3  # timeouts in a row in one chunk: the function hangs; the rest of the chunk is not run
@@ -186,6 +198,8 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
     # one item at a time: no thread pools (under the memory cap, OpenBLAS spins when it cannot
     # allocate the buffers of one thread per core)
     os.environ.update({k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+    global _memory_mb
+    _memory_mb = memory_mb
     if memory_mb > 0:
         import resource
 

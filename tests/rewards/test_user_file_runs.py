@@ -5,7 +5,7 @@ the first try before the actors runs in the run's own reward pool, whose workers
 import pytest
 
 from rlpost.config import ConfigError, load_config
-from rlpost.controller.setup import check_reward_values
+from rlpost.controller.reward_checks import check_reward_values
 from rlpost.controller.workers import Workers
 from rlpost.data.dataset import PromptRow
 from rlpost.rewards import RewardInput

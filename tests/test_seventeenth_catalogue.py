@@ -1,0 +1,57 @@
+"""Faults the seventeenth bad-input catalogue found (tries by someone who did not write the code, on
+204e4c2 onwards; /work/cat17_report.md): each test here fails on the code before its fix."""
+
+import pytest
+
+from rlpost.config import ConfigError, load_config
+from rlpost.controller.reward_checks import check_reward_values
+from rlpost.data.dataset import PromptRow
+
+ROW = PromptRow([1], "2+2=", "4", "arithmetic")
+
+
+def first_try(tmp_path, body: str, *overrides: str):
+    (tmp_path / "r.py").write_text(body)
+    cfg = load_config(["+recipe=quickstart", f"reward.fn={tmp_path / 'r.py'}:score", *overrides])
+    said: list[str] = []
+    check_reward_values(cfg, [ROW], said.append)
+    return said
+
+
+@pytest.mark.parametrize(
+    "body, last",
+    [  # t47: a field RewardInput lacks; t42: a process pool in the worker; a name never defined; a missing module
+        ("def score(s):\n    return float(s.answer == s.response)\n", "'RewardInput' object has no attribute 'answer'"),
+        (
+            "import multiprocessing\n\ndef score(s):\n    with multiprocessing.Pool(1) as p:\n        return 1.0\n",
+            "daemonic processes are not allowed to have children",
+        ),
+        ("def score(s):\n    return float(ground_truth == s.response)\n", "NameError: name 'ground_truth' is not"),
+        ("def score(s):\n    import no_such_module_x\n    return 1.0\n", "No module named 'no_such_module_x'"),
+    ],
+)
+def test_a_first_try_that_fails_whatever_the_response_stops_the_run_before_the_actors(tmp_path, body, last):
+    """t42, t47: the first try's failure was only warned of, and the run started Ray and the actors
+    and trained every step on samples that all failed to score."""
+    with pytest.raises(ConfigError) as info:
+        first_try(tmp_path, body)
+    assert f"reward.fn='{tmp_path / 'r.py'}:score' on a first try" in str(info.value) and last in str(info.value)
+    assert str(info.value).endswith(
+        "This fails whatever the response (a sample has prompt, response, ground_truth, data_source)"
+    )
+
+
+def test_a_first_try_that_fails_on_the_response_is_still_only_said(tmp_path):
+    """A function that fails on some responses (here: one it cannot parse) goes on, counted."""
+    said = first_try(tmp_path, "def score(s):\n    return float(int(s.response.split()[1]))\n")
+    assert len(said) == 1 and said[0].startswith("warning: ") and "IndexError" in said[0]
+
+
+def test_a_memory_error_under_the_cap_names_the_cap(tmp_path):
+    """t44, t44b: a reward asking for 6 GiB under reward.memory_mb=4096 failed with a bare
+    `MemoryError` on every sample, after the actors started; now it stops at the first try, naming the cap."""
+    with pytest.raises(ConfigError) as info:
+        first_try(tmp_path, "def score(s):\n    b = bytearray(6 * 1024**3)\n    return 1.0\n", "reward.memory_mb=4096")
+    assert "MemoryError (each worker process may use reward.memory_mb=4096 MiB of address space: raise it, or 0" in str(
+        info.value
+    )
