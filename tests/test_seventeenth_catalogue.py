@@ -55,3 +55,17 @@ def test_a_memory_error_under_the_cap_names_the_cap(tmp_path):
     assert "MemoryError (each worker process may use reward.memory_mb=4096 MiB of address space: raise it, or 0" in str(
         info.value
     )
+
+
+def test_tiny_keys_beside_a_model_folder_are_said_to_be_unused():
+    """t05: `model.tiny.hidden_size=64` with `model.path` a folder trained the folder's model without
+    a word. Said, not refused: gpu_quickstart sets them for its tiny model and may be given another."""
+    from rlpost.controller.alerts import tiny_keys_warning
+
+    cfg = load_config(["+recipe=quickstart", "model.path=org/model", "model.tiny.hidden_size=64"], this_machine=False)
+    assert tiny_keys_warning(cfg) == (
+        "warning: model.tiny.hidden_size=64: read only when model.path=tiny builds the tiny model, and "
+        "model.path=org/model: they are not used"
+    )
+    assert tiny_keys_warning(load_config(["+recipe=quickstart", "model.path=org/model"], this_machine=False)) is None
+    assert tiny_keys_warning(load_config(["+recipe=quickstart", "model.tiny.hidden_size=64"])) is None  # tiny: read

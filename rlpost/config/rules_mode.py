@@ -112,6 +112,20 @@ def stale_groups_read_when_async(cfg):
     return unread(given(cfg.algo, "stale_groups"), "algo.", "read only with algo.async_rollouts=true: set it")
 
 
+@rule("logger.backends")
+def wandb_keys_need_wandb(cfg):  # (the seventeenth catalogue's t02: wandb_mode=online with no W&B tracker)
+    if "wandb" not in cfg.logger.backends:
+        why = f"read only by the wandb tracker, and logger.backends={list(cfg.logger.backends)} has none: add wandb"
+        return unread(given(cfg.logger, "project", "wandb_mode"), "logger.", why)
+
+
+@rule("trainer.val_every")
+def val_greedy_needs_validation(cfg):  # (t02)
+    if not cfg.trainer.val_every:
+        why = "read only by validation, and trainer.val_every=0: set it"
+        return unread(given(cfg.rollout, "val_greedy"), "rollout.", why)
+
+
 @rule("algo.name")
 def filter_rounds_need_a_filter(cfg):
     from rlpost.algos.algorithms import ALGORITHMS

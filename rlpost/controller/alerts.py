@@ -184,3 +184,17 @@ class Alerts:
             if kind not in self.said:
                 self.said.add(kind)
                 self.log(message)
+
+
+def tiny_keys_warning(cfg: TrainConfig) -> str | None:
+    """`model.tiny.*` build the tiny model only (the seventeenth catalogue's t05: taken and ignored
+    beside a model folder). Said, not refused: a recipe (gpu_quickstart) sets them for its own tiny
+    model, and a user may give that recipe another model."""
+    from rlpost.config.rules_mode import changed
+
+    if "tiny" in (cfg.model.path, cfg.reward.model.path) or not (keys := changed(cfg.model.tiny)):
+        return None
+    return (
+        f"warning: {', '.join('model.tiny.' + k for k in keys)}: read only when model.path=tiny builds the tiny "
+        f"model, and model.path={cfg.model.path}: they are not used"
+    )

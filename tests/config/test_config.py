@@ -196,6 +196,8 @@ VIOLATIONS = {
     "critic_keys_need_a_critic": [["critic.optim.lr=0.5"], ["critic.value_clip=0.2"]],  # (quickstart: grpo)
     "reward_model_keys_need_a_model": [["reward.model.weight=2"], ["reward.model.sigmoid=true"]],
     "stale_groups_read_when_async": [["algo.stale_groups=drop"]],  # (the fourteenth catalogue's t13-t16)
+    "wandb_keys_need_wandb": [["logger.wandb_mode=online"], ["logger.project=mine"]],  # (the seventeenth's t02)
+    "val_greedy_needs_validation": [["trainer.val_every=0", "rollout.val_greedy=false"]],
     "filter_rounds_need_a_filter": [["algo.max_filter_rounds=9"]],
     "is_threshold_needs_a_correction": [["algo.rollout_is=none", "algo.rollout_is_threshold=5"]],
     "kl_horizon_needs_a_target": [["algo.kl_coef=0.1", "algo.kl_horizon=500"]],

@@ -180,13 +180,20 @@ def seen(monkeypatch):
 
 
 def test_the_bar_the_trackers_and_the_console_get_the_runs_settings(tmp_path, seen, monkeypatch):
-    c = Scripted(tmp_path, 1, "logger.project=p1", "logger.wandb_mode=disabled", "trainer.total_steps=4")
+    c = Scripted(
+        tmp_path,
+        1,
+        "logger.backends=[jsonl,wandb]",
+        "logger.project=p1",
+        "logger.wandb_mode=disabled",
+        "trainer.total_steps=4",
+    )
     run_steps(c, c.stop)
     bar = seen["bars"][0]
     assert bar == {"total": 4, "initial": 1, "desc": "grpo", "dynamic_ncols": True, "disable": True}
     assert seen["bar"].n == 4  # one a step, from the step resumed at
     ((args, kwargs),) = seen["trackers"]
-    assert args == (["jsonl"], tmp_path, "p1", "disabled")
+    assert args == (["jsonl", "wandb"], tmp_path, "p1", "disabled")
     assert kwargs["config"]["logger"]["project"] == "p1" and kwargs["config"]["trainer"]["total_steps"] == 4
     assert kwargs["write"] == seen["Bar"].write  # trackers and alerts write above the bar, not into it
     assert len(seen["written"]) == 1 and "every response of step 2 reached" in seen["written"][0]  # said once
