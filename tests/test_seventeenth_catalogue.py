@@ -69,3 +69,61 @@ def test_tiny_keys_beside_a_model_folder_are_said_to_be_unused():
     )
     assert tiny_keys_warning(load_config(["+recipe=quickstart", "model.path=org/model"], this_machine=False)) is None
     assert tiny_keys_warning(load_config(["+recipe=quickstart", "model.tiny.hidden_size=64"])) is None  # tiny: read
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [  # t13: a / for the dot; t15: YAML's colon; t19: Hydra's own settings in a value
+        ("trainer/total_steps=3", "'trainer/total_steps=3': write trainer.total_steps=3 (rlpost's keys are joined"),
+        ("trainer.total_steps:3", "'trainer.total_steps:3': write KEY=VALUE, not KEY:VALUE: trainer.total_steps=3"),
+        ("run.dir=runs/${hydra:job.num}", "${hydra:...} reads Hydra's own run settings, which rlpost does not use"),
+    ],
+)
+def test_overrides_in_another_tools_form_are_named(override, said):
+    with pytest.raises(ConfigError) as info:
+        load_config(["+recipe=quickstart", override], this_machine=False)
+    assert str(info.value).startswith(said) or said in str(info.value), str(info.value)
+
+
+def test_a_file_name_cut_at_its_comma_is_named_with_the_quoting_that_keeps_it(tmp_path, monkeypatch):
+    """t29: `data.train_files=[/x/with,comma.jsonl]` (unquoted) was "/x/with: no such file"."""
+    from rlpost.controller.setup import data_sources
+
+    (tmp_path / "with,comma.jsonl").write_text('{"prompt": "1+1=", "ground_truth": "2"}\n')
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(["+recipe=quickstart", "data.task=", "data.train_files=[with,comma.jsonl]"], this_machine=False)
+    with pytest.raises(ConfigError) as info:
+        data_sources(cfg)
+    assert str(info.value) == (
+        "data.train_files: 'with', 'comma.jsonl' are one file, with,comma.jsonl, cut at its comma: quote its name: "
+        "\"data.train_files=['with,comma.jsonl']\""
+    )
+    cfg = load_config(["+recipe=quickstart", "data.task=", "data.train_files=['with,comma.jsonl']"], this_machine=False)
+    assert data_sources(cfg)[0] == ["with,comma.jsonl"]
+
+
+def test_a_chat_prompt_that_ends_with_the_assistant_is_continued():
+    """t30b: a prefill (`[user, assistant "The answer is"]`) was closed as a turn and a new assistant
+    turn opened after it: the model never continued it."""
+    from rlpost.data.dataset import render_prompt
+    from rlpost.tiny.model import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    prefill = [{"role": "user", "content": "Add."}, {"role": "assistant", "content": "The answer is"}]
+    assert render_prompt(prefill, tok) == "user: Add.\nassistant: The answer is"
+    assert render_prompt(prefill[:1], tok) == "user: Add.\nassistant: "  # a new turn, as before
+
+
+@pytest.mark.parametrize("name, what", [("r.pyc", "compiled Python"), ("", "a folder"), ("notpy", "not a .py file")])
+def test_a_reward_path_that_is_not_python_source_is_named_as_a_path(tmp_path, name, what):
+    """t51-t53: `reward.fn=/x/r.pyc:score` (a folder, a file without .py) was "not a registered reward"."""
+    from rlpost.rewards.base import check_reward_fn
+
+    path = tmp_path / name if name else tmp_path
+    if name:
+        path.write_text("def score(s):\n    return 1.0\n")
+    with pytest.raises(ValueError) as info:
+        check_reward_fn(f"{path}:score")
+    assert str(info.value) == (
+        f"reward.fn='{path}:score': {path} is {what}; give the function's .py source: path/to/file.py:NAME"
+    )

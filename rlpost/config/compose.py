@@ -127,6 +127,27 @@ def typing_slip(bad: str, overrides: list[str]) -> str | None:
     )
 
 
+def check_forms(overrides: list[str]) -> None:
+    """Overrides written in another tool's form, named before Hydra reads them (the seventeenth
+    catalogue): a / for the dot (Hydra's config-group path: t13), KEY:VALUE (YAML's colon: t15), and
+    Hydra's own `${hydra:...}` settings, which rlpost never sets (t19)."""
+    for o in overrides:
+        key, eq, value = o.lstrip("+~").partition("=")
+        if eq and "/" in key and key.replace("/", ".") in ALL_KEYS:
+            raise ConfigError(
+                f"{o!r}: write {key.replace('/', '.')}={value} (rlpost's keys are joined with dots; a / picks a "
+                "Hydra config group)"
+            )
+        colon = re.fullmatch(r"([\w.]+):(.*)", key) if not eq else None
+        if colon and colon[1] in ALL_KEYS:
+            raise ConfigError(f"{o!r}: write KEY=VALUE, not KEY:VALUE: {colon[1]}={colon[2].strip()}")
+        if "${hydra:" in value:
+            raise ConfigError(
+                f"{o!r}: ${{hydra:...}} reads Hydra's own run settings, which rlpost does not use; a sweep (-m) puts "
+                "each job into a numbered folder under run.dir by itself: give run.dir a plain path"
+            )
+
+
 def _unknown_keys(node, prefix: str = "") -> list[str]:
     """Keys of a composed config that the schema does not have (`+key=` bypasses Hydra's check)."""
     out = []
@@ -187,6 +208,7 @@ def compose(overrides: list[str]) -> TrainConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    check_forms(list(overrides))
     _register_schema_and_recipes()
     GlobalHydra.instance().clear()
     try:

@@ -33,7 +33,22 @@ def data_sources(cfg: TrainConfig) -> tuple[list[str], list[str]]:
         folder = Path(cfg.model.cache_dir).expanduser() / "data" / task_cache_name(cfg.data)
         cached_task(folder, lambda: task_rows(cfg.data))
         return [str(folder / "train.jsonl")], [str(folder / "val.jsonl")]
+    for key in ("train_files", "val_files"):
+        check_commas(list(getattr(cfg.data, key)), f"data.{key}")
     return list(cfg.data.train_files), list(cfg.data.val_files)
+
+
+def check_commas(files: list[str], key: str) -> None:
+    """A file name with a comma, given unquoted in a list, is cut there into two items (the seventeenth
+    catalogue's t29: "no such file" for its first half): named, with the quoting that keeps it whole."""
+    for i, first in enumerate(files):
+        for j in range(i + 1, len(files)):
+            name = ",".join(files[i : j + 1])
+            if not Path(first).expanduser().exists() and Path(name).expanduser().exists():
+                raise ConfigError(
+                    f"{key}: {', '.join(map(repr, files[i : j + 1]))} are one file, {name}, cut at its comma: "
+                    f"quote its name: \"{key}=['{name}']\""
+                )
 
 
 def check_reward_routing(rows: list[PromptRow], reward_fn: str) -> None:

@@ -246,10 +246,14 @@ def number_text(value: numbers.Real | decimal.Decimal, where: str) -> str:
 
 def render_prompt(prompt, tokenizer, tools: list[dict] | None = None) -> str:
     """A string prompt as it is; chat messages through the chat template, with the `tools` (JSON
-    schemas) the template advertises to the model."""
+    schemas) the template advertises to the model. Messages that end with the assistant's are a
+    prefill, which the response continues (the seventeenth catalogue's t30b: a new turn was opened)."""
     if isinstance(prompt, str):
         return prompt
-    return tokenizer.apply_chat_template(prompt, tools=tools or None, tokenize=False, add_generation_prompt=True)
+    prefill = bool(prompt) and isinstance(prompt[-1], dict) and prompt[-1].get("role") == "assistant"
+    return tokenizer.apply_chat_template(
+        prompt, tools=tools or None, tokenize=False, add_generation_prompt=not prefill, continue_final_message=prefill
+    )
 
 
 def prompt_ids(prompt, tokenizer, tools, where: str) -> tuple[str, list[int]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 from rlpost.data.userfile import check_file, load_from_file
@@ -89,6 +90,10 @@ def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:
         return load_user_fn(spec)
     if spec.endswith(".py"):
         raise ValueError(f"reward.fn={spec!r} names a file, not its function: give reward.fn={spec}:NAME")
+    path = Path(spec.rpartition(":")[0] or spec).expanduser()
+    if "/" in spec and path.exists():  # (the seventeenth catalogue's t51-t53: "not a registered reward")
+        what = "a folder" if path.is_dir() else "compiled Python" if path.suffix == ".pyc" else "not a .py file"
+        raise ValueError(f"reward.fn={spec!r}: {path} is {what}; give the function's .py source: path/to/file.py:NAME")
     return REWARDS.get(spec)
 
 

@@ -180,14 +180,8 @@ def seen(monkeypatch):
 
 
 def test_the_bar_the_trackers_and_the_console_get_the_runs_settings(tmp_path, seen, monkeypatch):
-    c = Scripted(
-        tmp_path,
-        1,
-        "logger.backends=[jsonl,wandb]",
-        "logger.project=p1",
-        "logger.wandb_mode=disabled",
-        "trainer.total_steps=4",
-    )
+    wandb = ("logger.backends=[jsonl,wandb]", "logger.project=p1", "logger.wandb_mode=disabled")
+    c = Scripted(tmp_path, 1, *wandb, "trainer.total_steps=4")
     run_steps(c, c.stop)
     bar = seen["bars"][0]
     assert bar == {"total": 4, "initial": 1, "desc": "grpo", "dynamic_ncols": True, "disable": True}
