@@ -127,3 +127,39 @@ def test_a_reward_path_that_is_not_python_source_is_named_as_a_path(tmp_path, na
     assert str(info.value) == (
         f"reward.fn='{path}:score': {path} is {what}; give the function's .py source: path/to/file.py:NAME"
     )
+
+
+def test_an_encoder_model_is_refused_before_the_actors(tmp_path):
+    """t79: a BERT folder (`model_type: bert`) passed the start; the actors loaded it (110 lines of
+    transformers' report) and died on "cannot find the decoder layers of BertLMHeadModel"."""
+    from transformers import BertConfig
+
+    from rlpost.controller.setup import check_weights
+
+    BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64).save_pretrained(
+        tmp_path
+    )
+    cfg = load_config(["+recipe=quickstart"], this_machine=False)
+    cfg.model.path = str(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        check_weights(cfg, str(tmp_path))
+    assert str(info.value) == (
+        f"model.path='{tmp_path}': its config.json makes a BertLMHeadModel (model_type bert), whose decoder layers "
+        "rlpost does not find (model.layers, transformer.h or model.decoder.layers): rlpost trains decoder-only "
+        "causal LMs such as Qwen2 and Llama"
+    )
+
+
+def test_a_model_folder_without_tokenizer_files_is_named(tmp_path):
+    """t82: transformers 5 built an empty tokenizer from config.json's model_type, every prompt became
+    no tokens, and rlpost blamed its own cached task file: "row 0: field 'prompt' is empty"."""
+    from rlpost.models.loading import ModelFileError, load_tokenizer
+    from tests.helpers import save_tiny_model
+
+    save_tiny_model(tmp_path, hidden=32, intermediate=64)
+    assert load_tokenizer(str(tmp_path)).get_vocab()  # as saved: a vocabulary
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"):
+        (tmp_path / name).unlink(missing_ok=True)
+    with pytest.raises(ModelFileError) as info:
+        load_tokenizer(str(tmp_path))
+    assert str(info.value).startswith(f"{tmp_path} has no tokenizer files (tokenizer.json, tokenizer_config.json")

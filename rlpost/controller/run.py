@@ -69,12 +69,16 @@ def workers_died(cfg: TrainConfig, controller: Controller, dead: list[str], rest
     newest = complete_checkpoints(controller.run_dir)[-1:]
     why = (str(e).strip().splitlines() or [""])[0][:200]
     left = f"after {restarts} restarts; " if restarts else ""
+    go_on = (  # (with none, nothing to go on from: the seventeenth catalogue's t71)
+        f"Its newest complete checkpoint: {newest[0]}; to go on from it, run the same command with "
+        f"trainer.resume=auto run.dir={controller.run_dir} (trainer.max_restarts=N restarts by itself)"
+        if newest
+        else "No checkpoint was written, so nothing to go on from: run it again (here with run.overwrite=true); "
+        "trainer.save_every=N and trainer.max_restarts=N let a run go on after this"
+    )
     return WorkersDied(
         f"{', '.join(dead) or 'a Ray worker or node of the run'} died ({type(e).__name__}: {why}); the run stopped "
-        f"{left}after step {controller.step}. Its newest complete checkpoint: "
-        f"{newest[0] if newest else 'none (trainer.save_every=N writes them)'}; to go on from it, run the same "
-        f"command with trainer.resume=auto run.dir={controller.run_dir} (trainer.max_restarts=N restarts by itself)"
-        + episodes_hint(cfg, dead)
+        f"{left}after step {controller.step}. {go_on}" + episodes_hint(cfg, dead)
     )
 
 

@@ -19,7 +19,7 @@ from rlpost.data.row_warnings import conflict_warning, overlap_warning, short_ca
 from rlpost.data.tasks import cached_task, task_cache_name, task_rows
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.envs.base import env_factory
-from rlpost.models.checks import cut_short, meta_model, weight_mismatch
+from rlpost.models.checks import architecture_problem, cut_short, meta_model, weight_mismatch
 from rlpost.models.loading import resolve_path
 from rlpost.rewards import REWARDS
 from rlpost.rewards.base import is_trusted
@@ -268,6 +268,8 @@ def check_weights(cfg: TrainConfig, model_path: str) -> None:
     if short:
         again = " (model.path=tiny: delete that folder and it is built again)" if cfg.model.path == "tiny" else ""
         raise ConfigError(f"model.path={cfg.model.path!r}: {short}; fetch or copy it again{again}")
+    if problem := architecture_problem(model_path, cfg.model.trust_remote_code):
+        raise ConfigError(f"model.path={cfg.model.path!r}: {problem}")
     problem = weight_mismatch(model_path, cfg.model.trust_remote_code)
     if problem:
         raise ConfigError(

@@ -89,3 +89,27 @@ def weight_mismatch(path: str, trust_remote_code: bool = False) -> str | None:
                 "config.json these weights were saved with (or the weights of this config)"
             )
     return None
+
+
+def architecture_problem(path: str, trust_remote_code: bool = False) -> str | None:
+    """Why rlpost cannot train the model of `path`'s config.json (no decoder layers where it shards them:
+    an encoder such as BERT, the seventeenth catalogue's t79, died in the actors after Ray started), or
+    None; also None where the meta model cannot be built (the loader says why then)."""
+    from rlpost.trainer.fsdp import decoder_layers
+
+    if not (Path(path).expanduser() / "config.json").is_file():
+        return None
+    try:
+        model = meta_model(path, trust_remote_code)
+    except Exception:  # noqa: BLE001  (a check before the loader: what it cannot read, the loader says)
+        return None
+    try:
+        decoder_layers(model)
+    except ValueError:
+        kind = getattr(model.config, "model_type", "?")
+        return (
+            f"its config.json makes a {type(model).__name__} (model_type {kind}), whose decoder layers rlpost does "
+            "not find (model.layers, transformer.h or model.decoder.layers): rlpost trains decoder-only causal LMs "
+            "such as Qwen2 and Llama"
+        )
+    return None

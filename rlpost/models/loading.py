@@ -83,6 +83,13 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
             f"the tokenizer files in {path} cannot be read ({why}): tokenizer.json or tokenizer_config.json is "
             "damaged or cut short; copy the model's files again"
         ) from None
+    if len(tokenizer.get_vocab()) <= len(tokenizer.all_special_tokens):  # a folder without tokenizer files:
+        # transformers 5 builds one of its special tokens only from config.json's model_type, and every prompt
+        # became no tokens (the seventeenth catalogue's t82)
+        raise ModelFileError(
+            f"{path} has no tokenizer files (tokenizer.json, tokenizer_config.json, or the vocabulary files of the "
+            "model's tokenizer): copy them from the model its weights came from"
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

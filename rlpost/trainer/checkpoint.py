@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -122,7 +123,10 @@ def load_checkpoint(engine, folder: str) -> None:
             f"checkpoint {folder}: trainable parameters {missing[:3]} not in it, or keys "
             f"{result.unexpected_keys[:3]} the model does not have"
         )
-    extra = rank_state(engine, folder, layerwise)
+    try:  # (a damaged per-rank file: the seventeenth catalogue's t57, a traceback after the actors started)
+        extra = rank_state(engine, folder, layerwise)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as e:
+        raise ValueError(unreadable(f"{engine.name} per-rank", str(e), type(e).__name__)) from None
     torch.set_rng_state(extra["rng"])
     engine.scheduler.load_state_dict(extra["scheduler"])
     if layerwise:

@@ -190,6 +190,20 @@ def test_actors_dead_with_no_restart_left_end_the_run_naming_them_and_how_to_go_
     assert fake.calls.count(("shutdown",)) == restarts + 1
 
 
+def test_actors_dead_in_a_run_without_checkpoints_are_not_told_to_resume(tmp_path):
+    """The seventeenth catalogue's t71: with no checkpoint the message still said "to go on from it, run
+    the same command with trainer.resume=auto", which starts the run again from step 0 in its folder."""
+    from types import SimpleNamespace
+
+    controller = SimpleNamespace(run_dir=tmp_path, step=2)
+    said = str(run_module.workers_died(TrainConfig(), controller, ["trainer 0"], 0, RuntimeError("gone")))
+    assert said == (
+        "trainer 0 died (RuntimeError: gone); the run stopped after step 2. No checkpoint was written, so nothing to "
+        "go on from: run it again (here with run.overwrite=true); trainer.save_every=N and trainer.max_restarts=N "
+        "let a run go on after this"
+    )
+
+
 def test_a_dead_rollout_actor_of_a_run_with_episodes_names_the_environment(tmp_path):
     """The eleventh catalogue's t34: `os._exit` in `env.step` killed the rollout actor; the message
     advised a resume or restarts, which fail the same way, and did not name env.name."""
@@ -200,13 +214,13 @@ def test_a_dead_rollout_actor_of_a_run_with_episodes_names_the_environment(tmp_p
     episodes.env.name = "my_envs.py:Maze"
     said = str(run_module.workers_died(episodes, controller, ["rollout 0"], 0, RuntimeError("gone")))
     assert said.endswith(
-        "(trainer.max_restarts=N restarts by itself). The rollout actors run env.name=my_envs.py:Maze's episodes: an "
+        "let a run go on after this. The rollout actors run env.name=my_envs.py:Maze's episodes: an "
         "episode step that ends its process (os._exit, a crash in native code) kills the actor the same way after "
         "every restart"
     )
     trainer = str(run_module.workers_died(episodes, controller, ["trainer 0"], 0, RuntimeError("gone")))
     plain = str(run_module.workers_died(TrainConfig(), controller, ["rollout 0"], 0, RuntimeError("gone")))
-    assert trainer.endswith("restarts by itself)") and plain.endswith("restarts by itself)")
+    assert trainer.endswith("let a run go on after this") and plain.endswith("let a run go on after this")
 
 
 def test_a_hangup_stops_the_run_as_sigterm_does_unless_nohup_ignores_it():

@@ -282,3 +282,17 @@ def test_a_damaged_checkpoint_is_said_as_one_not_as_another_model(tmp_path):
     said = refusal_loading(folder, 32, tmp_path)
     assert said.startswith("its trainer state could not be read (") and "does not fit" not in said
     assert "a file of it may be damaged; trainer.resume=auto passes over it to the run's checkpoint before it" in said
+
+
+def test_a_damaged_per_rank_file_is_said_as_a_damaged_checkpoint(tmp_path):
+    """The seventeenth catalogue's t57: `trainer_rank0.pt` zeroed in its second half (its size kept)
+    ended a resume in a 64-line traceback (`OSError: [Errno 22] Invalid argument`) from torch.load;
+    said as damaged, resume=auto passes over it as over a damaged `.distcp` file."""
+    folder = saved_checkpoint(tmp_path, hidden=32)
+    (part,) = folder.glob("trainer_rank0.pt")
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2 :] = bytes(len(data) - len(data) // 2)
+    part.write_bytes(bytes(data))
+    said = refusal_loading(folder, 32, tmp_path)
+    assert said.startswith("its trainer per-rank state could not be read (") and "does not fit" not in said
+    assert "a file of it may be damaged; trainer.resume=auto passes over it to the run's checkpoint before it" in said
