@@ -163,3 +163,41 @@ def test_a_model_folder_without_tokenizer_files_is_named(tmp_path):
     with pytest.raises(ModelFileError) as info:
         load_tokenizer(str(tmp_path))
     assert str(info.value).startswith(f"{tmp_path} has no tokenizer files (tokenizer.json, tokenizer_config.json")
+
+
+def test_an_export_of_a_tiny_run_whose_cache_is_gone_makes_no_warm_up(tmp_path, capsys):
+    """t87: with model.cache_dir cleaned, `rlpost export` built the tiny model again with its warm-up
+    (1200 steps: over 5 minutes here) to export weights the checkpoint holds, every one of them."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlpost.cli import main
+    from rlpost.config import to_yaml
+    from rlpost.controller.checkpoint import save
+    from rlpost.roles.actor import ActorWorker
+    from rlpost.tiny.build import untrained_tiny
+    from rlpost.weightsync.transport import free_port
+
+    run, cache = tmp_path / "run", tmp_path / "cache"  # the cache: empty, as after a clean-up
+    cfg = load_config(["+recipe=quickstart", f"model.cache_dir={cache}", f"run.dir={run}", "data.train_batch_size=8"])
+    run.mkdir()
+    (run / "config.yaml").write_text(to_yaml(cfg))
+    model, tokenizer = untrained_tiny(cfg.model, cfg.data)  # the run's model, trained below
+    model.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    worker = ActorWorker(cfg, str(tmp_path / "base"), 0, 1, "127.0.0.1", free_port())
+    try:
+        with torch.no_grad():
+            for p in worker.model.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        trained = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+        save(run, 2, {"step": 2}, [SimpleNamespace(call=lambda m, *a: getattr(worker, m)(*a))], keep=0)
+    finally:
+        worker.shutdown()
+    assert main(["export", str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert "made again without the warm-up (the checkpoint holds every weight)" in capsys.readouterr().out
+    exported = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "hf").named_parameters())
+    assert exported.keys() == trained.keys() and all(torch.equal(exported[n], trained[n]) for n in trained)
+    assert not cache.exists() or not any(cache.iterdir())  # nothing built into the cache

@@ -5,6 +5,7 @@ folder it made, nor files in an empty one it was given."""
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
 from rlpost.controller.checkpoint import run_config, select
@@ -80,12 +81,20 @@ def check_base_model(cfg, run_dir: Path) -> None:
 
 def write_export(cfg, folder: Path, out_dir: Path, dtype: str, log=print) -> None:
     """The checkpoint `folder` of the run of `cfg`, as a Hugging Face model folder in `out_dir`."""
-    from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer
     from rlpost.models.lora import export_merged
-    from rlpost.tiny.build import resolve_model_path
+    from rlpost.tiny.build import resolve_model_path, tiny_model_dir, untrained_tiny
 
-    base = resolve_model_path(cfg.model, cfg.data, log=log)
     trust = cfg.model.trust_remote_code
+    if cfg.model.path == "tiny" and cfg.model.lora.rank == 0 and not tiny_model_dir(cfg.model, cfg.data).is_dir():
+        # (the seventeenth catalogue's t87: the cache was cleaned, and the export spent minutes on a warm-up)
+        log("the run's tiny model is gone from model.cache_dir: its shape and tokenizer are made again without the "
+            "warm-up (the checkpoint holds every weight)")  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            model, tokenizer = untrained_tiny(cfg.model, cfg.data)
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            return write_full(folder, tmp, out_dir, dtype, trust, log)
+    base = resolve_model_path(cfg.model, cfg.data, log=log)
     if cfg.model.lora.rank > 0:
         adapter = folder / "adapter"
         if not (adapter / "adapter_model.safetensors").is_file():
@@ -95,14 +104,21 @@ def write_export(cfg, folder: Path, out_dir: Path, dtype: str, log=print) -> Non
         log(f"merging {adapter} into {base}")
         export_merged(base, adapter, out_dir, dtype, trust)
     else:
-        import torch.distributed.checkpoint as dcp
+        write_full(folder, base, out_dir, dtype, trust, log)
 
-        sharded = folder / "trainer"
-        if not (sharded / ".metadata").is_file():
-            raise FileNotFoundError(f"{sharded / '.metadata'} not found: not a complete trainer checkpoint")
-        log(f"loading {sharded} into {base}")
-        model = load_causal_lm(base, "float32", trust_remote_code=trust)
-        state = {"model": model.state_dict()}
-        dcp.load(state, checkpoint_id=str(sharded))  # in place, into the model's own tensors
-        model.to(DTYPES[dtype]).save_pretrained(out_dir)
-        load_tokenizer(base, trust).save_pretrained(out_dir)
+
+def write_full(folder: Path, base: str, out_dir: Path, dtype: str, trust: bool, log=print) -> None:
+    """A full fine-tune's checkpoint `folder` loaded into the model of `base` (its shape and tokenizer)."""
+    import torch.distributed.checkpoint as dcp
+
+    from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer
+
+    sharded = folder / "trainer"
+    if not (sharded / ".metadata").is_file():
+        raise FileNotFoundError(f"{sharded / '.metadata'} not found: not a complete trainer checkpoint")
+    log(f"loading {sharded} into {base}")
+    model = load_causal_lm(base, "float32", trust_remote_code=trust)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(sharded))  # in place, into the model's own tensors
+    model.to(DTYPES[dtype]).save_pretrained(out_dir)
+    load_tokenizer(base, trust).save_pretrained(out_dir)

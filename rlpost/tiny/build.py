@@ -94,34 +94,34 @@ def check_writable(folder: Path, key: str) -> None:
         ) from None
 
 
+def untrained_tiny(model_cfg, data_cfg):
+    """(the tiny model with its seed's initial weights, its character tokenizer)."""
+    from transformers import Qwen2ForCausalLM
+
+    from rlpost.data.tasks import MULTIPLY
+    from rlpost.tiny.model import TOOL_CHARS, build_char_tokenizer, tiny_qwen2_config
+
+    t = model_cfg.tiny
+    torch.manual_seed(t.seed)
+    tokenizer = build_char_tokenizer(extra_chars=TOOL_CHARS if tiny_task(data_cfg) == MULTIPLY else "")
+    sizes = (t.hidden_size, t.num_layers, t.num_heads, t.num_kv_heads, t.intermediate_size, t.max_position)
+    config = tiny_qwen2_config(len(tokenizer), *sizes, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    return Qwen2ForCausalLM(config), tokenizer
+
+
 def build_tiny_model(model_cfg, data_cfg, final: Path, device: str = "cpu", log=print) -> None:
     """A Qwen2-style model and character tokenizer, warmed up on the run's offline task: arithmetic
     by a sloppy teacher (`model.tiny.warmup_carry_slip`), or multiply by a teacher that calls the
     calculator on a share of the problems (`model.tiny.warmup_tool_share`); then measured on the
     held-out problems (`START_EVAL`), written to a temporary folder and renamed to `final` when
     complete."""
-    from transformers import Qwen2ForCausalLM
-
     from rlpost.data.tasks import MULTIPLY, carry_slip, task_split
-    from rlpost.tiny.model import TOOL_CHARS, build_char_tokenizer, tiny_qwen2_config
     from rlpost.tiny.warmup import answer_example, calculator_trace, warm_up
 
     t, task = model_cfg.tiny, tiny_task(data_cfg)
     start = time.time()
-    torch.manual_seed(t.seed)
-    tokenizer = build_char_tokenizer(extra_chars=TOOL_CHARS if task == MULTIPLY else "")
-    config = tiny_qwen2_config(
-        len(tokenizer),
-        t.hidden_size,
-        t.num_layers,
-        t.num_heads,
-        t.num_kv_heads,
-        t.intermediate_size,
-        t.max_position,
-        tokenizer.pad_token_id,
-        tokenizer.eos_token_id,
-    )
-    model = Qwen2ForCausalLM(config).to(device)
+    model, tokenizer = untrained_tiny(model_cfg, data_cfg)
+    model.to(device)
     train_rows, val_rows = task_split(task, data_cfg.arithmetic_digits, data_cfg.val_size)
     if task == MULTIPLY:
         example = lambda row, rng: calculator_trace(tokenizer, row, rng, t.warmup_tool_share)  # noqa: E731
