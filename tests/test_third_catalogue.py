@@ -10,7 +10,8 @@ import pytest
 from rlpost.cli import main
 from rlpost.config import ConfigError, load_config
 from rlpost.controller.alerts import no_signal, setting_warnings
-from rlpost.controller.setup import check_builtin_kwargs, check_lora_targets
+from rlpost.controller.reward_checks import check_builtin_kwargs
+from rlpost.controller.setup import check_lora_targets
 from rlpost.data.dataset import DataError, check_row
 from rlpost.data.tasks import arithmetic_pairs
 from tests.helpers import save_tiny_model
