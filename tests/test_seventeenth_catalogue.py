@@ -201,3 +201,71 @@ def test_an_export_of_a_tiny_run_whose_cache_is_gone_makes_no_warm_up(tmp_path, 
     exported = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "hf").named_parameters())
     assert exported.keys() == trained.keys() and all(torch.equal(exported[n], trained[n]) for n in trained)
     assert not cache.exists() or not any(cache.iterdir())  # nothing built into the cache
+
+
+def test_a_negative_rule_weight_with_nothing_to_weigh_it_against_is_refused():
+    """t118: `reward.rule_weight=-1` without a reward model trained the model to be wrong, without a word."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["+recipe=quickstart", "reward.rule_weight=-1"], this_machine=False)
+    assert "reward.rule_weight=-1 and no weighted reward model: the run would be rewarded for wrong answers" in str(
+        info.value
+    )
+
+
+def test_a_tool_env_given_a_plain_function_names_the_decorator():
+    """t122: `ToolEnv([adder], options)` with `adder` not decorated: "'function' object has no attribute 'name'"."""
+    from rlpost.config.sections import EnvConfig
+    from rlpost.envs import ToolEnv
+
+    def adder(a: int, b: int) -> str:
+        return str(a + b)
+
+    with pytest.raises(TypeError) as info:
+        ToolEnv([adder], EnvConfig())
+    assert str(info.value) == (
+        "ToolEnv's tools are made with @tool (from rlpost.envs import tool): adder is a function, not a Tool: put "
+        "@tool above its def"
+    )
+
+
+@pytest.mark.parametrize("answer", ["None", '{"messages": [], "done": True}'])
+def test_an_environment_whose_step_answers_no_envstep_stops_the_run_at_its_first_try(tmp_path, answer):
+    """t121, t123: a `step` returning None (a forgotten return) or a dict passed the start; every episode of
+    every step ended on the error, and the run exited 0."""
+    from rlpost.controller.setup import check_env
+
+    (tmp_path / "env.py").write_text(
+        f"class E:\n    tools = []\n\n    def step(self, turn):\n        return {answer}\n\n\n"
+        "def factory(row, options):\n    return E()\n"
+    )
+    cfg = load_config(["+recipe=quickstart", f"env.name={tmp_path / 'env.py'}:factory"], this_machine=False)
+    with pytest.raises(ConfigError) as info:
+        check_env(cfg, ROW)
+    said = str(info.value)
+    assert said.startswith(f"env.name='{tmp_path / 'env.py'}:factory': its step, tried on a first turn whose text is")
+    assert "not an EnvStep: every episode would end there; return an EnvStep" in said
+
+
+def test_an_environment_whose_step_raises_on_the_stand_in_turn_goes_on(tmp_path):
+    """A step that raises on a made-up turn may not on the model's: left to the episodes to count."""
+    from rlpost.controller.setup import check_env
+
+    (tmp_path / "env.py").write_text(
+        "class E:\n    tools = []\n\n    def step(self, turn):\n        raise ValueError(turn.text)\n\n\n"
+        "def factory(row, options):\n    return E()\n"
+    )
+    cfg = load_config(["+recipe=quickstart", f"env.name={tmp_path / 'env.py'}:factory"], this_machine=False)
+    assert check_env(cfg, ROW) is not None
+
+
+def test_rlposts_own_scorer_that_cannot_score_the_rows_stops_the_run_before_the_actors():
+    """t137: `reward.fn=reasoning_gym` on the quickstart's arithmetic rows failed on every sample ("'int'
+    object is not subscriptable"), only warned at the first try, and trained on zeros."""
+    cfg = load_config(["+recipe=quickstart", "reward.fn=reasoning_gym"], this_machine=False)
+    with pytest.raises(ConfigError) as info:
+        check_reward_values(cfg, [PromptRow([1], "13+21=", "034", "arithmetic")])
+    assert str(info.value).startswith(
+        "reward.fn=reasoning_gym cannot score the first training row (its ground truth '034' as the response): "
+        "ValueError: ground truth '034' is not a reasoning-gym entry (JSON with its 'dataset')"
+    )
+    check_reward_values(load_config(["+recipe=quickstart", "reward.fn=arithmetic"], this_machine=False), [ROW])

@@ -321,10 +321,16 @@ def reward_model_scorer(cfg):
 
 @rule("reward.rule_weight")
 def something_scores(cfg):
-    if cfg.reward.rule_weight == 0 and not (cfg.reward.model.path and cfg.reward.model.weight):
+    weighed = cfg.reward.model.path and cfg.reward.model.weight
+    if cfg.reward.rule_weight == 0 and not weighed:
         return (
             "reward.rule_weight=0 and no weighted reward model (reward.model.path, reward.model.weight): "
             "every sample would score 0"
+        )
+    if cfg.reward.rule_weight < 0 and not weighed:  # (the seventeenth catalogue's t118: trained to be wrong)
+        return (
+            f"reward.rule_weight={cfg.reward.rule_weight:g} and no weighted reward model: the run would be rewarded "
+            "for wrong answers; give a positive weight (a negative one weighs the rule against a reward model)"
         )
 
 

@@ -50,6 +50,8 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool
             f"functions, and reward.fn={r.fn} is rlpost's own scorer (run in the controller): leave them out"
         )
     untrusted = [row for row in rows if not is_trusted(r.fn, row.data_source)]
+    if r.fn in REWARDS and rows and not cfg.env.name:
+        check_own_scorer(r.fn, dict(r.kwargs), rows[0])
     if not untrusted or cfg.env.name:
         return
     row, own = untrusted[0], pool is None
@@ -77,6 +79,20 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool
         fields = ", ".join(f.name for f in dataclasses.fields(RewardInput))
         raise ConfigError(f"{tried}: {error}\nThis fails whatever the response (a sample has {fields})")
     log(f"warning: {tried} failed: {last}; such samples score reward.error_score")
+
+
+def check_own_scorer(fn: str, kwargs: dict, row: PromptRow) -> None:
+    """rlpost's scorer named by `reward.fn`, on the first training row with its ground truth as the
+    response: one that raises there cannot score these rows, which are another task's (the seventeenth
+    catalogue's t137: reward.fn=reasoning_gym on arithmetic rows trained on zeros after the actors started)."""
+    try:
+        REWARDS.get(fn)(RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source), **kwargs)
+    except Exception as e:  # noqa: BLE001  (rlpost's own scorer, in this process: what it raises is the answer)
+        raise ConfigError(
+            f"reward.fn={fn} cannot score the first training row (its ground truth {row.ground_truth[:60]!r} as the "
+            f"response): {type(e).__name__}: {e}; these rows look like another task's: choose their scorer, or "
+            "reward.fn=auto (by each row's data_source)"
+        ) from None
 
 
 FAILS_ON_EVERY_SAMPLE = (  # a first try's failures that no response causes: the run would score nothing

@@ -188,7 +188,28 @@ def check_env(cfg: TrainConfig, row: PromptRow):
             f"env.name={cfg.env.name!r}: the factory returned {type(env).__name__}, not an environment (an object "
             "with a step(turn) method and a tools list: docs/environments.md)"
         )
+    if ".py:" in cfg.env.name:  # the user's `step`, tried once (the seventeenth catalogue's t121, t123)
+        check_first_step(cfg, factory(EpisodeRow(row.prompt_text, row.ground_truth, row.data_source), cfg.env), row)
     return env
+
+
+def check_first_step(cfg: TrainConfig, env, row: PromptRow) -> None:
+    """A user's environment answers a stand-in first turn (the row's ground truth as the model's text,
+    on an environment of its own): an answer that is no EnvStep ends every episode, so it stops the
+    run here; one that raises may depend on the text, and is left to the episodes to count."""
+    from rlpost.envs.base import Turn
+    from rlpost.rollout.episodes import step_problem
+
+    try:
+        answer = env.step(Turn(row.ground_truth, (), 0))
+    except Exception:  # noqa: BLE001  (the user's step on a made-up turn: counted in the episodes if it recurs)
+        return
+    if problem := step_problem(answer):
+        raise ConfigError(
+            f"env.name={cfg.env.name!r}: its step, tried on a first turn whose text is the first training row's "
+            f"ground truth ({row.ground_truth!r}), {problem}: every episode would end there; return an EnvStep "
+            "(from rlpost.envs import EnvStep: docs/environments.md)"
+        )
 
 
 def tool_budget_warning(cfg: TrainConfig, env, tokenizer) -> str | None:

@@ -176,6 +176,13 @@ class ToolEnv:
     `error: ...`, which the model reads."""
 
     def __init__(self, tools: list[Tool], options):
+        for t in tools:  # (a plain function was "'function' object has no attribute 'name'": the seventeenth's t122)
+            if not isinstance(t, Tool):
+                name = getattr(t, "__name__", repr(t))
+                raise TypeError(
+                    f"ToolEnv's tools are made with @tool (from rlpost.envs import tool): {name} is a "
+                    f"{type(t).__name__}, not a Tool: put @tool above its def"
+                )
         self.tools, self.parse, self.timeout_s = tools, PARSERS.get(options.tool_parser), options.tool_timeout_s
         self.by_name = {t.name: t for t in tools}
         self.pool = tool_pool(tools, options.workers, options.tool_memory_mb)

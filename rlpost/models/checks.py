@@ -95,8 +95,6 @@ def architecture_problem(path: str, trust_remote_code: bool = False) -> str | No
     """Why rlpost cannot train the model of `path`'s config.json (no decoder layers where it shards them:
     an encoder such as BERT, the seventeenth catalogue's t79, died in the actors after Ray started), or
     None; also None where the meta model cannot be built (the loader says why then)."""
-    from rlpost.trainer.fsdp import decoder_layers
-
     if not (Path(path).expanduser() / "config.json").is_file():
         return None
     try:
@@ -113,3 +111,18 @@ def architecture_problem(path: str, trust_remote_code: bool = False) -> str | No
             "such as Qwen2 and Llama"
         )
     return None
+
+
+def decoder_layers(model) -> list:
+    """The repeated transformer blocks of a Hugging Face causal LM (inside a peft wrapper too)."""
+    if hasattr(model, "get_base_model"):  # peft.PeftModel: the transformers model it wraps
+        model = model.get_base_model()
+    for path in ("model.layers", "transformer.h", "model.decoder.layers"):
+        module = model
+        try:
+            for part in path.split("."):
+                module = getattr(module, part)
+        except AttributeError:
+            continue
+        return list(module)
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")

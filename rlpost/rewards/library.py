@@ -58,7 +58,15 @@ def gym_answer(response: str) -> str:
 
 @REWARDS.register("reasoning_gym")
 def reasoning_gym_score(sample: RewardInput) -> float:
-    entry = json.loads(sample.ground_truth)
+    try:
+        entry = json.loads(sample.ground_truth)
+    except ValueError:
+        entry = None
+    if not (isinstance(entry, dict) and "dataset" in entry):  # (rows of another task: the seventeenth's t137)
+        raise ValueError(
+            f"ground truth {sample.ground_truth[:60]!r} is not a reasoning-gym entry (JSON with its 'dataset'), as "
+            "rows made by data.task=reasoning_gym hold: score these rows with their own task's reward.fn (or auto)"
+        )
     return float(gym_scorer(entry["dataset"])(gym_answer(sample.response), entry))
 
 

@@ -9,20 +9,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-
-def decoder_layers(model) -> list[torch.nn.Module]:
-    """The repeated transformer blocks of a Hugging Face causal LM (inside a peft wrapper too)."""
-    if hasattr(model, "get_base_model"):  # peft.PeftModel: the transformers model it wraps
-        model = model.get_base_model()
-    for path in ("model.layers", "transformer.h", "model.decoder.layers"):
-        module = model
-        try:
-            for part in path.split("."):
-                module = getattr(module, part)
-        except AttributeError:
-            continue
-        return list(module)
-    raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+from rlpost.models.checks import decoder_layers
 
 
 def shard_model(model: torch.nn.Module, device: torch.device, compute_dtype: torch.dtype, cpu_offload: bool = False):

@@ -254,6 +254,7 @@ VIOLATIONS = {
     "groups_to_compare": [["rollout.n=1"], ["rollout.n=1", "algo.name=rloo"]],
     "something_scores": [
         ["reward.rule_weight=0"],
+        ["reward.rule_weight=-1"],  # (the seventeenth catalogue's t118)
         ["reward.rule_weight=0", "reward.model.path=tiny", "reward.model.weight=0"],
     ],
 }

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from rlpost.config import ConfigError, load_config
-from rlpost.controller import setup
+from rlpost.controller import reward_checks
+from rlpost.controller.reward_checks import check_reward_values
 from rlpost.controller.setup import (
     check_env,
     check_lora_targets,
     check_reward_routing,
-    check_reward_values,
     check_row_counts,
     data_sources,
     env_tools,
@@ -32,6 +32,9 @@ from tests.helpers import save_tiny_model
 OWN = ["+recipe=quickstart", "data.task=", "data.train_files=[t.jsonl]", "data.train_batch_size=4"]
 OWN += ["data.max_prompt_length=8", "data.default_data_source=arithmetic"]
 ENV = """
+from rlpost.envs import EnvStep
+
+
 class Tool:
     def __init__(self, schema):
         self.schema = schema
@@ -43,7 +46,7 @@ class Env:
         self.turns = options.max_turns
 
     def step(self, turn):
-        return None
+        return EnvStep(done=True)
 
 
 def make(row, options):
@@ -224,7 +227,7 @@ def test_rlposts_own_scorers_are_not_tried_in_a_reward_worker(monkeypatch):
     def no_pool(*args):
         raise AssertionError(f"a reward pool was started for {args[0]}")
 
-    monkeypatch.setattr(setup, "RewardPool", no_pool)
+    monkeypatch.setattr(reward_checks, "RewardPool", no_pool)
     row = PromptRow([1], "1+1=", "2", "arithmetic")
     check_reward_values(load_config(OWN, this_machine=False), [row])  # auto: the row's source is rlpost's
     named = load_config([*OWN, "reward.fn=gsm8k"], this_machine=False)

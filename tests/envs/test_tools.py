@@ -158,7 +158,8 @@ def test_a_tool_that_crashes_hangs_or_overeats_is_answered_and_its_worker_replac
     step = env.step(calls(*(call("misbehave", how=h) for h in ("exit", "memory", "blocked", "swallow", "ok"))))
     assert [m["content"] for m in step.messages] == [
         "error: the tool misbehave crashed: the tool worker died (exit code 3)",
-        "error: MemoryError",
+        "error: MemoryError (each worker process may use env.tool_memory_mb=512 MiB of address space: raise it, or 0 "
+        "for no cap)",
         "error: the tool misbehave timed out after 0.5 s",
         "error: the tool misbehave timed out after 0.5 s",
         "fine",

@@ -67,7 +67,8 @@ def rank_main(rank, world, port, base_dir, compute_dtype, out_dtype, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        from rlpost.trainer.fsdp import decoder_layers, shard_model
+        from rlpost.models.checks import decoder_layers
+        from rlpost.trainer.fsdp import shard_model
 
         model = lora_model(base_dir)
         res = {
