@@ -269,3 +269,15 @@ def test_rlposts_own_scorer_that_cannot_score_the_rows_stops_the_run_before_the_
         "ValueError: ground truth '034' is not a reasoning-gym entry (JSON with its 'dataset')"
     )
     check_reward_values(load_config(["+recipe=quickstart", "reward.fn=arithmetic"], this_machine=False), [ROW])
+
+
+def test_a_new_key_of_a_mapping_without_its_plus_is_told_the_plus():
+    """t133: `reward.kwargs.method=flexible` was "unknown config key ... did you mean: reward.kwargs?"."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["+recipe=quickstart", "reward.fn=gsm8k", "reward.kwargs.method=flexible"], this_machine=False)
+    assert str(info.value) == (
+        "unknown config key 'reward.kwargs.method': reward.kwargs is a mapping, whose new keys are added with +: "
+        "+reward.kwargs.method=VALUE"
+    )
+    cfg = load_config(["+recipe=quickstart", "reward.fn=gsm8k", "+reward.kwargs.method=flexible"], this_machine=False)
+    assert cfg.reward.kwargs == {"method": "flexible"}

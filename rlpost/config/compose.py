@@ -17,6 +17,9 @@ from rlpost.config.rules import range_text, validate
 from rlpost.config.schema import ConfigError, TrainConfig, iter_fields
 
 ALL_KEYS = [k for k, _ in iter_fields()]
+MAPPINGS = [
+    k for k, f in iter_fields() if f.type in ("dict", dict)
+]  # reward.kwargs, data.gym.config: keys of their own
 
 
 def closest_keys(key: str, n: int = 3) -> list[str]:
@@ -46,6 +49,8 @@ def unknown_key(key: str) -> str:
     """One line for a key the config does not have: the closest keys, or how a recipe is chosen."""
     if key == "recipe":
         return "unknown config key 'recipe'; a recipe is chosen with +recipe=NAME (the + adds it)"
+    if (parent := key.rpartition(".")[0]) in MAPPINGS:  # (the seventeenth catalogue's t133)
+        return f"unknown config key '{key}': {parent} is a mapping, whose new keys are added with +: +{key}=VALUE"
     hint = closest_keys(key)
     return f"unknown config key '{key}'" + (f"; did you mean: {', '.join(hint)}?" if hint else "")
 
