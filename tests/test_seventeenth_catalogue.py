@@ -281,3 +281,19 @@ def test_a_new_key_of_a_mapping_without_its_plus_is_told_the_plus():
     )
     cfg = load_config(["+recipe=quickstart", "reward.fn=gsm8k", "+reward.kwargs.method=flexible"], this_machine=False)
     assert cfg.reward.kwargs == {"method": "flexible"}
+
+
+def test_more_reward_processes_than_cores_are_said():
+    """t157: `reward.num_workers=64` on 2 cores: step 1 took 93 s, said only as "still running" lines."""
+    from rlpost.controller.alerts import worker_count_warning
+
+    mine = ["+recipe=quickstart", "reward.fn=/x/r.py:score"]
+    cfg = load_config([*mine, "reward.num_workers=64"], this_machine=False)
+    assert worker_count_warning(cfg, cores=2) == (
+        "warning: reward.num_workers=64 on a machine of 2 CPU cores: 64 processes each run /x/r.py:score's file and "
+        "share the cores; reward.num_workers=2 or fewer is faster"
+    )
+    assert worker_count_warning(cfg, cores=64) is None
+    assert worker_count_warning(load_config([*mine, "reward.num_workers=2"], this_machine=False), cores=2) is None
+    builtin = load_config(["+recipe=quickstart", "reward.num_workers=64"], this_machine=False)
+    assert worker_count_warning(builtin, cores=2) is None  # rlpost's own scorers run in the controller

@@ -198,3 +198,18 @@ def tiny_keys_warning(cfg: TrainConfig) -> str | None:
         f"warning: {', '.join('model.tiny.' + k for k in keys)}: read only when model.path=tiny builds the tiny "
         f"model, and model.path={cfg.model.path}: they are not used"
     )
+
+
+def worker_count_warning(cfg: TrainConfig, cores: int | None = None) -> str | None:
+    """More reward processes than this machine has cores (the seventeenth catalogue's t157: 64 on 2 cores,
+    each importing torch at once, made step 1 take 93 s with only "still running" lines to say so)."""
+    import os
+
+    cores = cores or os.cpu_count() or 1
+    n = cfg.reward.num_workers
+    if ".py:" not in cfg.reward.fn or n <= cores:
+        return None
+    return (
+        f"warning: reward.num_workers={n} on a machine of {cores} CPU cores: {n} processes each run {cfg.reward.fn}'s "
+        f"file and share the cores; reward.num_workers={cores} or fewer is faster"
+    )

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig
-from rlpost.controller.alerts import setting_warnings, tiny_keys_warning
+from rlpost.controller.alerts import setting_warnings, tiny_keys_warning, worker_count_warning
 from rlpost.controller.checkpoint import check_data_place
 from rlpost.controller.plan import lora_rank_refusal
 from rlpost.controller.reward_checks import check_reward_values
@@ -120,7 +120,7 @@ def load_data(
     warnings = [overlap_warning(train.rows, val.rows), conflict_warning(train.rows)]
     warnings.append(unknown_token_warning(train.rows + val.rows, tokenizer))
     warnings.append(short_cap_warning(train.rows, tokenizer, cfg.rollout.max_response_length))
-    warnings += [tool_budget_warning(cfg, env, tokenizer), tiny_keys_warning(cfg)]
+    warnings += [tool_budget_warning(cfg, env, tokenizer), tiny_keys_warning(cfg), worker_count_warning(cfg)]
     for warning in [*setting_warnings(cfg), *warnings]:
         if warning:
             log(warning)
