@@ -229,7 +229,7 @@ def test_resume_auto_without_a_checkpoint_over_another_runs_steps_is_refused(tmp
     with pytest.raises(ConfigError) as info:
         claim_run_dir(cfg_in(tmp_path, "trainer.resume=auto"), log=lambda *_: None)
     assert str(info.value) == (
-        f"run.dir={str(tmp_path)!r} holds another run's steps (metrics.jsonl, checkpoints/), and no complete "
+        f"run.dir={str(tmp_path)!r} holds another run's steps (metrics.jsonl), and no complete "
         "checkpoint to go on from (trainer.resume=auto would start afresh over them): choose another run.dir, or set "
         "run.overwrite=true to delete that run's logs and start again"
     )

@@ -297,3 +297,17 @@ def test_more_reward_processes_than_cores_are_said():
     assert worker_count_warning(load_config([*mine, "reward.num_workers=2"], this_machine=False), cores=2) is None
     builtin = load_config(["+recipe=quickstart", "reward.num_workers=64"], this_machine=False)
     assert worker_count_warning(builtin, cores=2) is None  # rlpost's own scorers run in the controller
+
+
+def test_a_refusal_names_what_the_folder_holds_and_offers_no_resume_without_a_checkpoint(tmp_path):
+    """t152: a folder of a run without checkpoints was said to hold "metrics.jsonl, checkpoints/" and
+    told to resume with trainer.resume=auto, which would find nothing to resume."""
+    from rlpost.controller.run_dir import another_run
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    said = another_run(tmp_path, "/o/checkpoints/step_4", tmp_path.parent / "o", fresh=False)
+    assert said.startswith(f"run.dir={str(tmp_path)!r} holds another run's steps (metrics.jsonl), and trainer.resume=")
+    assert "resume it with" not in said and said.endswith(
+        "and no complete checkpoint to go on from: choose another run.dir, or set run.overwrite=true to delete that "
+        "run's logs and start again"
+    )

@@ -84,14 +84,16 @@ def claim_run_dir(cfg: TrainConfig, log=print, restart: bool = False) -> Path:
 
 def another_run(run_dir: Path, resume: str, elsewhere: Path | None, fresh: bool) -> str:
     """Why a run folder that holds another run's steps is refused, and what to do."""
-    said = f"run.dir={str(run_dir)!r} holds another run's steps (metrics.jsonl, checkpoints/)"
+    there = [name for name in ("metrics.jsonl", "checkpoints/") if (run_dir / name).exists()]  # (cat17's t152)
+    said = f"run.dir={str(run_dir)!r} holds another run's steps ({', '.join(there) or 'its logs'})"
     if elsewhere:
         said += f", and trainer.resume={resume} is a checkpoint of {elsewhere}: its steps would be written into "
         said += "that run's logs"
-    if fresh:
+    if fresh or not complete_checkpoints(run_dir):  # nothing there to resume: no resume offered
+        afresh = " (trainer.resume=auto would start afresh over them)" * fresh
         return (
-            f"{said}, and no complete checkpoint to go on from (trainer.resume=auto would start afresh over them): "
-            "choose another run.dir, or set run.overwrite=true to delete that run's logs and start again"
+            f"{said}, and no complete checkpoint to go on from{afresh}: choose another run.dir, or set "
+            "run.overwrite=true to delete that run's logs and start again"
         )
     return (
         f"{said}: resume it with trainer.resume=auto, choose another run.dir, or set run.overwrite=true to delete that "
