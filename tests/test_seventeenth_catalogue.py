@@ -311,3 +311,11 @@ def test_a_refusal_names_what_the_folder_holds_and_offers_no_resume_without_a_ch
         "and no complete checkpoint to go on from: choose another run.dir, or set run.overwrite=true to delete that "
         "run's logs and start again"
     )
+
+
+def test_deleting_a_whole_section_is_refused():
+    """t131: `~trainer` reset every trainer key to the schema's default, `trainer.total_steps=2` given on
+    the same command line too, without a word."""
+    with pytest.raises(ConfigError) as info:
+        load_config(["+recipe=quickstart", "~trainer", "trainer.total_steps=2"], this_machine=False)
+    assert str(info.value).startswith("'~trainer': a whole section cannot be deleted (its keys, the recipe's and this")

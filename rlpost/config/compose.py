@@ -138,6 +138,12 @@ def check_forms(overrides: list[str]) -> None:
     Hydra's own `${hydra:...}` settings, which rlpost never sets (t19)."""
     for o in overrides:
         key, eq, value = o.lstrip("+~").partition("=")
+        if o.startswith("~") and key not in ALL_KEYS and any(k.startswith(key + ".") for k in ALL_KEYS):
+            raise ConfigError(  # (t131: every key of the section went back to its default, those given too)
+                f"{o!r}: a whole section cannot be deleted (its keys, the recipe's and this command line's, would go "
+                f"back to their defaults): give the keys of {key} the values you want (their defaults: "
+                "docs/configuration.md)"
+            )
         if eq and "/" in key and key.replace("/", ".") in ALL_KEYS:
             raise ConfigError(
                 f"{o!r}: write {key.replace('/', '.')}={value} (rlpost's keys are joined with dots; a / picks a "
