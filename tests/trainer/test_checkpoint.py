@@ -296,3 +296,18 @@ def test_a_damaged_per_rank_file_is_said_as_a_damaged_checkpoint(tmp_path):
     said = refusal_loading(folder, 32, tmp_path)
     assert said.startswith("its trainer per-rank state could not be read (") and "does not fit" not in said
     assert "a file of it may be damaged; trainer.resume=auto passes over it to the run's checkpoint before it" in said
+
+
+def test_a_damaged_metadata_file_is_said_once_without_torchs_tracebacks(tmp_path, caplog):
+    """The seventeenth catalogue's t59: a damaged `trainer/.metadata` was handled, but each rank printed
+    torch.distributed.checkpoint's two logged tracebacks (49 lines) before rlpost's message."""
+    folder = saved_checkpoint(tmp_path, hidden=32)
+    meta = folder / "trainer" / ".metadata"
+    data = bytearray(meta.read_bytes())
+    data[len(data) // 2 :] = bytes(len(data) - len(data) // 2)
+    meta.write_bytes(bytes(data))
+    caplog.clear()
+    said = refusal_loading(folder, 32, tmp_path)
+    assert said.startswith("its trainer state could not be read (CheckpointException: ")
+    logged = [r.getMessage() for r in caplog.records if r.pathname.endswith("state_dict_loader.py")]
+    assert logged == []  # DCP's own lines (with exc_info): "Global metadata is not found. Falling back ..."
