@@ -189,14 +189,15 @@ def check_env(cfg: TrainConfig, row: PromptRow):
             "with a step(turn) method and a tools list: docs/environments.md)"
         )
     if ".py:" in cfg.env.name:  # the user's `step`, tried once (the seventeenth catalogue's t121, t123)
-        check_first_step(cfg, factory(EpisodeRow(row.prompt_text, row.ground_truth, row.data_source), cfg.env), row)
+        check_first_step(cfg, env, row)  # (what the start reads of `env` after it is its tools)
     return env
 
 
 def check_first_step(cfg: TrainConfig, env, row: PromptRow) -> None:
-    """A user's environment answers a stand-in first turn (the row's ground truth as the model's text,
-    on an environment of its own): an answer that is no EnvStep ends every episode, so it stops the
-    run here; one that raises may depend on the text, and is left to the episodes to count."""
+    """A user's environment answers a stand-in first turn (the row's ground truth as the model's text;
+    the environment is the start's own, never an episode's): an answer that is no EnvStep ends every
+    episode, so it stops the run here; one that raises may depend on the text, and is left to the
+    episodes to count."""
     from rlpost.envs.base import Turn
     from rlpost.rollout.episodes import step_problem
 
