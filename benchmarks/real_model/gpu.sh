@@ -44,7 +44,7 @@
 #   bash benchmarks/real_model/gpu.sh x2a    # a 2-GPU machine, three calls: GPU tests; one_7b across the calls (detached.sh);
 #                                            # issue 36's gap seeds 1, 3, 8 beside it (jobs_x2a.txt): as run on 047843f
 #   bash benchmarks/real_model/gpu.sh x2b    # the same with jobs_x2b.txt (one_7b at 6144 tokens a micro-batch): as run on e3669c4
-#   bash benchmarks/real_model/gpu.sh x2c    # not yet run: one call, seed 3's gap pair to step 33 on the code that logs the
+#   bash benchmarks/real_model/gpu.sh x2c    # one call (one GPU is enough): seed 3's merged-LoRA run to step 33 on the code that logs the
 #                                            # token at the largest gap (jobs_x2c.txt; issue 36 item 4)
 #   bash benchmarks/real_model/gpu.sh async_c  # not yet run: issue 41 on a 2-GPU machine, 2-6 numbers, 30 steps (jobs_async_c.txt)
 #   bash benchmarks/real_model/gpu.sh x4n    # several calls: the GPU tests, the 0.5B split 1 + 1 run with and without expandable
