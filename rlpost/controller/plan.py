@@ -169,12 +169,14 @@ def micro_batch_tokens(cfg: TrainConfig) -> int:
 
 
 def logit_tokens(cfg: TrainConfig, tokens: int) -> float:
-    """The tokens of a micro-batch of `tokens` whose logits are computed: all of them in the packed
-    layout (one forward over the packed rows), the responses' share of full-length rows in the
-    padded and shared-prompt layouts (their forwards keep the logits of the response positions
-    only). Measured on SmolLM2 (49k vocabulary, padded: 46-token prompts, 128 rows) on an H200:
-    34.2 GiB at 128-token responses, 9.7 at 14 (`benchmarks/multi_gpu/scale_h200x4.json`)."""
-    if resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation, cfg.trainer.device) == "packed":
+    """The most tokens of a micro-batch of `tokens` whose logits are computed. The log-probs pass
+    `logits_to_keep`, so no prompt position reaches the LM head (`trainer/logprobs.py`): a
+    micro-batch of rows holds at most a full response per row, the responses' share of full-length
+    rows; a token budget of packed rows (short prompts) may be nearly all response tokens. Measured
+    on SmolLM2 (49k vocabulary, padded: 46-token prompts, 128 rows) on an H200: 34.2 GiB at
+    128-token responses, 9.7 at 14 (`benchmarks/multi_gpu/scale_h200x4.json`)."""
+    packed = resolve_layout(cfg.trainer.layout, cfg.model.attn_implementation, cfg.trainer.device) == "packed"
+    if packed and cfg.trainer.max_tokens_per_microbatch:
         return float(tokens)
     r = cfg.rollout.max_response_length
     return tokens * r / (cfg.data.max_prompt_length + r)

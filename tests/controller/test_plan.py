@@ -105,7 +105,7 @@ def test_settings_that_move_memory(tmp_path):
     assert padded["activations"] == pytest.approx(3 * (100 + 256) * 36 * s.activation_bytes_per_token(2))
     assert padded["logits"] == pytest.approx(3 * 256 * 151936 * 22)  # full-length rows, the responses' logits
     packed = trainer_plan(cfg_of(path, *rows, "model.attn_implementation=rlpost_varlen"), s)
-    assert packed["logits"] == pytest.approx(3 * (100 + 256) * 151936 * 22)  # every token's logits
+    assert packed["logits"] == pytest.approx(3 * 256 * 151936 * 22)  # packed rows too keep the responses' only
     lora = trainer_plan(cfg_of(path, "model.lora.rank=8", "algo.kl_coef=0.001"), s)
     adapter = 36 * 8 * (2 * (h := 2048) * 2 + 2 * (h + 256) + 3 * (h + 11008))
     assert lora["reference"] == 0 and lora["gradients"] == pytest.approx(4 * adapter / 2)
