@@ -319,3 +319,82 @@ def test_deleting_a_whole_section_is_refused():
     with pytest.raises(ConfigError) as info:
         load_config(["+recipe=quickstart", "~trainer", "trainer.total_steps=2"], this_machine=False)
     assert str(info.value).startswith("'~trainer': a whole section cannot be deleted (its keys, the recipe's and this")
+
+
+def test_a_training_file_whose_rows_are_all_in_another_is_named(tmp_path):
+    """t148: a byte-identical copy of a training file (or a part of an "all" file listed beside it)
+    trained every row twice without a word; rows sharing only some lines are no copy."""
+    import json
+
+    from rlpost.data.dataset import load_prompts
+    from rlpost.data.row_warnings import copy_warning
+    from rlpost.tiny.model import build_char_tokenizer
+
+    def write(name, sums):
+        path = tmp_path / name
+        path.write_text(
+            "".join(json.dumps({"prompt": f"{a}+{b}=", "ground_truth": str(a + b)}) + "\n" for a, b in sums)
+        )
+        return str(path)
+
+    rows = [(1, 2), (3, 4), (5, 6)]
+    train, copy, part, other = (
+        write("t.jsonl", rows),
+        write("c.jsonl", rows),
+        write("p.jsonl", rows[1:]),
+        write("o.jsonl", [(3, 4), (7, 8)]),
+    )
+    tok = build_char_tokenizer()
+
+    def warning(*sources):
+        loaded = load_prompts(list(sources), tok, 64)
+        return copy_warning(loaded.rows, loaded.files)
+
+    said = "is in {} too, so those rows are trained on at least twice as often as the rest: list one of the two files"
+    assert warning(train, copy) == f"warning: every row of {train} (prompt and ground truth) " + said.format(copy)
+    assert warning(part, other, train) == f"warning: every row of {part} (prompt and ground truth) " + said.format(
+        train
+    )
+    assert warning(train, other) is None and warning(train) is None
+    answers = write("a.jsonl", [(1, 2), (3, 5)])  # the same prompts, other answers: conflict_warning's, not a copy
+    assert warning(answers, train) is None
+
+
+def test_chat_rows_for_the_tiny_model_are_said():
+    """t144: chat-message rows given to the tiny model (warmed up on `13+21=`) trained on rewards of
+    0 with only the generic uniform-rewards warning."""
+    from rlpost.controller.alerts import tiny_chat_warning
+
+    cfg = load_config(["+recipe=quickstart"])
+    assert tiny_chat_warning(cfg, 80) == (
+        "warning: 80 prompts are chat messages, and model.path=tiny was warmed up on plain prompts (13+21=) only: it "
+        "reads them through a chat template it never saw, so expect rewards near 0; give string prompts, or a chat "
+        "model (model.path=smollm2-135m-instruct)"
+    )
+    assert tiny_chat_warning(cfg, 0) is None
+    assert tiny_chat_warning(load_config(["+recipe=quickstart", "model.path=org/m"], this_machine=False), 80) is None
+
+
+def test_the_start_says_a_copied_file_and_chat_rows_for_the_tiny_model(tmp_path):
+    """t144 and t148 through `load_data`, the start's own reading of the files."""
+    import json
+
+    from rlpost.controller.setup import load_data
+    from rlpost.tiny.model import build_char_tokenizer
+
+    chat = "".join(
+        json.dumps({"prompt": [{"role": "user", "content": f"{a}+{a}="}], "ground_truth": str(2 * a)}) + "\n"
+        for a in range(1, 9)
+    )
+    for name in ("t.jsonl", "c.jsonl"):
+        (tmp_path / name).write_text(chat)
+    (tmp_path / "v.jsonl").write_text(json.dumps({"prompt": "9+9=", "ground_truth": "18"}) + "\n")
+    train, copy, val = (str(tmp_path / n) for n in ("t.jsonl", "c.jsonl", "v.jsonl"))
+    cfg = load_config(
+        ["+recipe=quickstart", "data.task=", f"data.train_files=[{train},{copy}]", f"data.val_files=[{val}]"]
+        + ["data.train_batch_size=4", "data.max_prompt_length=64", "reward.fn=arithmetic"]
+    )
+    said: list[str] = []
+    load_data(cfg, build_char_tokenizer(), log=said.append)
+    assert f"warning: every row of {train} (prompt and ground truth) is in {copy} too" in "\n".join(said)
+    assert "warning: 16 prompts are chat messages, and model.path=tiny was warmed up" in "\n".join(said)

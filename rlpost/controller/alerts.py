@@ -200,6 +200,19 @@ def tiny_keys_warning(cfg: TrainConfig) -> str | None:
     )
 
 
+def tiny_chat_warning(cfg: TrainConfig, chat_rows: int) -> str | None:
+    """Chat-message prompts given to the tiny model (the seventeenth catalogue's t144): it was warmed
+    up on plain prompts (`13+21=`) and reads chat through a stand-in template it never saw, so its
+    rewards stay near 0 with only the generic warning about uniform groups to say why."""
+    if cfg.model.path != "tiny" or not chat_rows:
+        return None
+    return (
+        f"warning: {chat_rows} prompts are chat messages, and model.path=tiny was warmed up on plain prompts "
+        "(13+21=) only: it reads them through a chat template it never saw, so expect rewards near 0; give "
+        "string prompts, or a chat model (model.path=smollm2-135m-instruct)"
+    )
+
+
 def worker_count_warning(cfg: TrainConfig, cores: int | None = None) -> str | None:
     """More reward processes than this machine has cores (the seventeenth catalogue's t157: 64 on 2 cores,
     each importing torch at once, made step 1 take 93 s with only "still running" lines to say so)."""

@@ -9,13 +9,19 @@ import json
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig
-from rlpost.controller.alerts import setting_warnings, tiny_keys_warning, worker_count_warning
+from rlpost.controller.alerts import setting_warnings, tiny_chat_warning, tiny_keys_warning, worker_count_warning
 from rlpost.controller.checkpoint import check_data_place
 from rlpost.controller.plan import lora_rank_refusal
 from rlpost.controller.reward_checks import check_reward_values
 from rlpost.controller.scoring import not_loaded
 from rlpost.data.dataset import DataError, PromptLoader, PromptRow, load_prompts
-from rlpost.data.row_warnings import conflict_warning, overlap_warning, short_cap_warning, unknown_token_warning
+from rlpost.data.row_warnings import (
+    conflict_warning,
+    copy_warning,
+    overlap_warning,
+    short_cap_warning,
+    unknown_token_warning,
+)
 from rlpost.data.tasks import cached_task, task_cache_name, task_rows
 from rlpost.envs import EpisodeRow, make_env
 from rlpost.envs.base import env_factory
@@ -118,6 +124,8 @@ def load_data(
     env = check_env(cfg, train.rows[0])
     check_reward_values(cfg, train.rows, log, pool)
     warnings = [overlap_warning(train.rows, val.rows), conflict_warning(train.rows)]
+    warnings.append(copy_warning(train.rows, train.files))
+    warnings.append(tiny_chat_warning(cfg, train.chat + val.chat))
     warnings.append(unknown_token_warning(train.rows + val.rows, tokenizer))
     warnings.append(short_cap_warning(train.rows, tokenizer, cfg.rollout.max_response_length))
     warnings += [tool_budget_warning(cfg, env, tokenizer), tiny_keys_warning(cfg), worker_count_warning(cfg)]

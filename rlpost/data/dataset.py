@@ -23,7 +23,7 @@ import json
 import math
 import numbers
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlpost.data.json_layout import columns_layout, not_rows, one_value_a_key
@@ -282,6 +282,8 @@ class LoadResult:
     rows: list[PromptRow]
     dropped_too_long: int
     defaulted: int = 0  # rows without a data_source of their own, given `default_data_source`
+    chat: int = 0  # rows whose prompt is chat messages
+    files: dict[str, range] = field(default_factory=dict)  # each source's rows: rows[span]
 
 
 def load_prompts(
@@ -291,7 +293,7 @@ def load_prompts(
     `tools_of(row)`: the tool schemas a row's chat-message prompt advertises (multi-turn runs).
     `scorer(data_source)`: the name of rlpost's own scorer of those rows (which compares answers
     with the ground truth: an empty one is refused), or None (the user's function)."""
-    rows, dropped, defaulted = [], 0, 0
+    rows, dropped, defaulted, chats, files = [], 0, 0, 0, {}
     for source in sources:
         kept, shortest_dropped = len(rows), None
         for i, raw in enumerate(read_rows(source)):
@@ -318,13 +320,14 @@ def load_prompts(
             if not ids or not text.strip():  # (spaces only: a cell or template that rendered nothing, cat16's t130)
                 raise DataError(f"{source}: row {i}: field 'prompt' is empty{' (spaces only)' * bool(ids)}")
             rows.append(PromptRow(ids, text, row["ground_truth"], row["data_source"] or default_data_source))
-            defaulted += not row["data_source"]
+            defaulted, chats = defaulted + (not row["data_source"]), chats + chat
+        files[source] = range(kept, len(rows))
         if len(rows) == kept and shortest_dropped is not None:
             raise DataError(
                 f"{source}: every prompt is longer than data.max_prompt_length={max_prompt_length} tokens "
                 f"(the shortest has {shortest_dropped}); raise data.max_prompt_length"
             )
-    return LoadResult(rows, dropped, defaulted)
+    return LoadResult(rows, dropped, defaulted, chats, files)
 
 
 class PromptLoader:

@@ -4,6 +4,8 @@ tokenizer cannot read. Each a warning (or None); `controller/setup.py` says them
 
 from __future__ import annotations
 
+import itertools
+
 from rlpost.data.dataset import PromptRow
 
 
@@ -32,6 +34,21 @@ def conflict_warning(rows: list[PromptRow]) -> str | None:
             f"warning: {len(conflicts)} training prompts appear with different ground truths, so the reward "
             f"contradicts itself on them (the first: {prompt[:80]!r} with {', '.join(map(repr, found[:3]))})"
         )
+    return None
+
+
+def copy_warning(rows: list[PromptRow], files: dict[str, range]) -> str | None:
+    """A training file whose rows (prompt and ground truth) all come again in another listed file: a
+    copy under another name, or a part of an "all" file listed beside it (the seventeenth catalogue's
+    t148). Its rows are trained on twice as often as the rest; said with both names."""
+    content = {src: {(rows[i].prompt_text, rows[i].ground_truth) for i in span} for src, span in files.items()}
+    for a, b in itertools.combinations(content, 2):
+        part, whole = (a, b) if content[a] <= content[b] else (b, a)
+        if content[part] and content[part] <= content[whole]:
+            return (
+                f"warning: every row of {part} (prompt and ground truth) is in {whole} too, so those rows are "
+                "trained on at least twice as often as the rest: list one of the two files"
+            )
     return None
 
 
