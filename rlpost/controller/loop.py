@@ -85,9 +85,10 @@ class Controller:
             self.trainers, self.critics, self.rollouts = w.trainers, w.critics, w.rollouts
             if cfg.trainer.resume != "none":
                 self._resume()
+                self.workers.lap("resume")  # the checkpoint loaded
             trim_logs(self.run_dir, self.step)  # rows of steps this run will write (again) go
             self.sync_weights()  # the rollouts start from exactly the trainer's weights, verified
-            self.workers.lap("engines")  # the rollout engines up (on the CPU every actor) and the first sync
+            self.workers.lap("sync")  # the first sync: the whole model, every tensor checksummed
         except BaseException:
             self.shutdown()  # no actors or placement group outlive a failed start
             raise

@@ -126,6 +126,7 @@ class Workers:
         if stop is not None:  # a first SIGTERM stops a step's slow scoring, not only after it (cat7's s60)
             self.batches.interrupted = lambda: stop.signal is not None
         self.weights = WeightSync(cfg, p, self.trainers, self.rollouts, log)
+        self.lap("engines")  # the rollout engines up (on the CPU every actor) and the sync's process groups joined
         if stop is not None:
             stop.check()  # a signal after the start's last wait
             stop.starting = False
