@@ -27,127 +27,16 @@ the allocator's fragmentation come on top (`CONTEXT_GIB`, checked with a margin)
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 from rlpost.config import Colocation, ConfigError, TrainConfig
+from rlpost.controller.model_shape import ModelShape, model_shape, shape_of  # noqa: F401 (plan's callers read them here)
 from rlpost.controller.step import old_logprobs_in_update
 from rlpost.trainer.logprobs import resolve_layout
 
 GIB = 2**30
 CONTEXT_GIB = 1.0  # the CUDA context, NCCL's buffers and the allocator's slack, per process
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    hidden: int
-    layers: int
-    intermediate: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    tied: bool
-
-    @property
-    def kv_width(self) -> int:
-        return self.kv_heads * (self.hidden // self.heads)
-
-    def module_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) of each linear layer of a decoder layer."""
-        h, kv, i = self.hidden, self.kv_width, self.intermediate
-        return {
-            "q_proj": (h, h),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (h, h),
-            "gate_proj": (h, i),
-            "up_proj": (h, i),
-            "down_proj": (i, h),
-        }
-
-    @property
-    def layer_params(self) -> int:
-        linear = sum(a * b for a, b in self.module_shapes().values())
-        return linear + self.hidden + 2 * self.kv_width + 2 * self.hidden  # q/k/v biases, two norms
-
-    @property
-    def root_params(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-
-    @property
-    def params(self) -> int:
-        return self.layers * self.layer_params + self.root_params
-
-    def lora_params(self, rank: int, targets: list) -> int:
-        names = LORA_MODULES if "all-linear" in targets else [m for m in LORA_MODULES if m in targets]
-        return self.layers * sum(rank * (a + b) for m, (a, b) in self.module_shapes().items() if m in names)
-
-    def activation_bytes_per_token(self, dtype_bytes: int) -> int:
-        """What one decoder layer keeps for the backward pass, per token: the inputs of its
-        linear layers and attention (6 h + 2 kv in the compute dtype), the MLP's 4 products, and
-        the two norms' float32 inputs."""
-        h = self.hidden
-        return dtype_bytes * (6 * h + 2 * self.kv_width + 4 * self.intermediate) + 2 * 4 * h
-
-
-def hub_config(repo_id: str) -> str:
-    """A hub id's config.json in the Hugging Face cache ("": not a hub id); not cached, an error that says
-    so: `check_hub_reachable`'s (offline, or no network), else that the plan downloads nothing (the
-    sixteenth catalogue's t101: "no config.json there" read as if a folder existed)."""
-    from huggingface_hub import try_to_load_from_cache
-
-    from rlpost.models.loading import check_hub_reachable
-
-    try:
-        cached = try_to_load_from_cache(repo_id, "config.json")
-    except ValueError:  # not a hub id
-        return ""
-    if isinstance(cached, str):
-        return cached
-    check_hub_reachable(repo_id)
-    raise FileNotFoundError(
-        f"model.path={repo_id!r} is not in the Hugging Face cache: the memory plan reads the model's config.json "
-        f"and downloads nothing; `huggingface-cli download {repo_id} config.json` fills the cache"
-    )
-
-
-def model_shape(path: str) -> ModelShape:
-    """The shape of the model in the local folder `path` (its `config.json`)."""
-    file = Path(path).expanduser() / "config.json"
-    if not file.is_file() and not Path(path).expanduser().exists():  # a hub id: its config in the cache
-        file = Path(hub_config(path))
-    if not file.is_file():
-        raise FileNotFoundError(f"model.path={path!r}: no config.json there; the memory plan needs the model's folder")
-    c = json.loads(file.read_text())
-    c = c.get("text_config", c)
-    try:
-        return ModelShape(
-            hidden=c["hidden_size"],
-            layers=c["num_hidden_layers"],
-            intermediate=c["intermediate_size"],
-            vocab=c["vocab_size"],
-            heads=c["num_attention_heads"],
-            kv_heads=c.get("num_key_value_heads", c["num_attention_heads"]),
-            tied=bool(c.get("tie_word_embeddings", False)),
-        )
-    except KeyError as e:
-        raise ValueError(f"{file}: no {e} (the memory plan reads decoder-only transformer configs)") from None
-
-
-def shape_of(cfg: TrainConfig, path: str | None = None) -> ModelShape:
-    """The policy's shape: `model.tiny` for the tiny model, else the config.json of the local
-    folder `path` (default `model.path`)."""
-    path = path or cfg.model.path
-    if path == "tiny":
-        from rlpost.tiny.model import build_char_tokenizer
-
-        t = cfg.model.tiny
-        vocab = len(build_char_tokenizer())
-        return ModelShape(t.hidden_size, t.num_layers, t.intermediate_size, vocab, t.num_heads, t.num_kv_heads, True)
-    return model_shape(path)
 
 
 def lora_rank_refusal(rank: int, where: str, hidden: int | None) -> str | None:
@@ -165,7 +54,36 @@ def micro_batch_tokens(cfg: TrainConfig) -> int:
     """The most tokens one micro-batch can hold: the token budget, or full-length rows."""
     t = cfg.trainer
     longest = cfg.data.max_prompt_length + cfg.rollout.max_response_length
-    return t.max_tokens_per_microbatch or t.micro_batch_size * longest
+    if t.max_tokens_per_microbatch:  # a longer sequence goes alone in its micro-batch (the 18th catalogue's t38)
+        return max(t.max_tokens_per_microbatch, longest)
+    return t.micro_batch_size * longest
+
+
+def dense_mask_bytes(cfg: TrainConfig, tokens: int, dtype_bytes: int) -> float:
+    """Packed rows without a varlen kernel (sdpa, eager): transformers builds a dense [T, T]
+    block-diagonal mask over the micro-batch's T tokens, and its additive form in the compute dtype
+    (the 18th catalogue's t06: not counted, the plan offered 262144-token micro-batches)."""
+    attn = cfg.model.attn_implementation
+    packed = resolve_layout(cfg.trainer.layout, attn, cfg.trainer.device) == "packed"
+    varlen = attn.startswith("flash_attention") or attn == "rlpost_varlen"
+    return float(tokens) ** 2 * (1 + dtype_bytes) if packed and not varlen else 0.0
+
+
+def side_models(cfg: TrainConfig, shape: ModelShape) -> dict[str, float]:
+    """What the critic and the reward model keep on each trainer GPU, which they share with the
+    actor (`placement.py`; the 18th catalogue's t37): the critic its float32 shards, gradients and
+    (not offloaded) Adam's moments; the reward model a whole copy in the compute dtype."""
+    from rlpost.algos.algorithms import ALGORITHMS
+
+    w = cfg.trainer.world_size
+    out = {"critic": 0.0, "reward_model": 0.0}
+    if "critic" in ALGORITHMS.get(cfg.algo.name).roles:
+        c = shape_of(cfg, cfg.critic.model_path) if cfg.critic.model_path else shape
+        out["critic"] = (8 + (8 if cfg.critic.optim.offload == "none" else 0)) * c.params / w
+    if cfg.reward.model.path:
+        r = shape_of(cfg, cfg.reward.model.path) if cfg.reward.model.path != cfg.model.path else shape
+        out["reward_model"] = DTYPE_BYTES[cfg.model.dtype] * r.params
+    return out
 
 
 def logit_tokens(cfg: TrainConfig, tokens: int) -> float:
@@ -205,17 +123,20 @@ def trainer_plan(cfg: TrainConfig, shape: ModelShape) -> dict[str, float]:
         "adam": adam,
         "gradients": 4 * trainable / w,
         "gathered": b * (2 * shape.layer_params + shape.root_params) + 4 * (shape.layer_params if not lora else 0),
-        "activations": tokens * shape.layers * shape.activation_bytes_per_token(b),
+        "activations": tokens * shape.layers * shape.activation_bytes_per_token(b) + dense_mask_bytes(cfg, tokens, b),
         "logits": logit_tokens(cfg, tokens) * shape.vocab * (b + 5 * 4),
+        **side_models(cfg, shape),
     }
     if o.offload == "cpu":  # FSDP's CPU offload: weights and gradients live on the host too
         parts["weights"] = parts["gradients"] = 0.0
     if cfg.trainer.param_offload and not old_logprobs_in_update(cfg):
         parts["reference"] = 0.0  # on the device for its own pass only, not in the update's
+    others = parts["critic"] + parts["reward_model"]
     resident = (0.0 if cfg.trainer.param_offload else parts["weights"] + parts["reference"]) + (
         adam if o.offload == "none" else 0.0
     )
-    kept = parts["weights"] + parts["reference"] + parts["gradients"] + (adam if o.offload == "none" else 0.0)
+    resident += others
+    kept = parts["weights"] + parts["reference"] + parts["gradients"] + (adam if o.offload == "none" else 0.0) + others
     passes = parts["gathered"] + parts["activations"] + parts["logits"]  # forward and backward
     # layerwise: the moments' device slots exist during the optimizer step only, after the backward
     apart = o.offload == "layerwise"
@@ -245,6 +166,8 @@ KNOBS = {
     "activations": "trainer.micro_batch_size or trainer.max_tokens_per_microbatch",
     "logits": "trainer.micro_batch_size or trainer.max_tokens_per_microbatch",
     "gathered": "a smaller model (the gathered layers do not shard)",
+    "critic": "trainer.world_size (more ranks) or critic.optim.offload",
+    "reward_model": "a smaller reward model (reward.model.path: a whole copy a trainer GPU)",
 }
 
 
@@ -279,7 +202,8 @@ def check_plan(cfg: TrainConfig, plan: dict, log=print) -> None:
                     "trainer.optim.offload=layerwise)"
                 )
             else:
-                largest = max(("weights", "reference", "adam", "gradients", "gathered"), key=lambda part: t[part])
+                fixed_parts = ("weights", "reference", "adam", "gradients", "gathered", "critic", "reward_model")
+                largest = max(fixed_parts, key=lambda part: t[part])
                 knob = f"{KNOBS[largest]} (the largest part: {largest}, {t[largest] / GIB:.1f} GiB)"
             raise ConfigError(
                 f"the memory plan does not fit: {where} ({room / GIB:.1f} GiB after the CUDA contexts); "

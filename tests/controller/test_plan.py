@@ -90,7 +90,8 @@ def test_settings_that_move_memory(tmp_path):
     assert layerwise["fixed"] == pytest.approx(fixed) and base["fixed"] == pytest.approx(
         base["peak"] - passes + base["gathered"]
     )
-    few = ["trainer.optim.offload=layerwise", "trainer.max_tokens_per_microbatch=64"]
+    few = ["trainer.optim.offload=layerwise", "trainer.max_tokens_per_microbatch=64", "data.max_prompt_length=16"]
+    few.append("rollout.max_response_length=16")  # a sequence of 32 tokens: the budget of 64 is the micro-batch
     few_tokens = trainer_plan(cfg_of(path, *few), s)
     assert few_tokens["peak"] == pytest.approx(base["weights"] + base["gradients"] + layerwise["adam"])
     ref = ["algo.kl_coef=0.001", "trainer.param_offload=true"]  # the reference in the update only when it scores there

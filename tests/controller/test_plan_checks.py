@@ -31,7 +31,8 @@ def cfg_of(*overrides):
 def plan_of(awake_gib: float, gpus: dict, **gib) -> dict:
     """A plan of parts given in GiB: weights, reference, adam, gradients, gathered, activations,
     logits and resident; its peak is their sum (all but resident), its fixed part the peak at no tokens."""
-    parts = dict.fromkeys(("weights", "reference", "adam", "gradients", "gathered", "activations", "logits"), 0.0)
+    names = ("weights", "reference", "adam", "gradients", "gathered", "activations", "logits", "critic", "reward_model")
+    parts = dict.fromkeys(names, 0.0)
     parts.update({k: v * GIB for k, v in gib.items() if k != "resident"})
     peak, fixed = sum(parts.values()), sum(parts.values()) - parts["activations"] - parts["logits"]
     trainer = {**parts, "peak": peak, "fixed": fixed, "resident": gib["resident"] * GIB, "slots_apart": 0.0}
@@ -231,10 +232,13 @@ def test_the_trainers_peak_adds_adams_slots_only_when_they_live_apart():
     """Exact bytes: without offload the moments are kept with the weights and the passes come on top;
     layerwise, the larger of the passes and the slots comes on top of the rest."""
     for offload in ("none", "layerwise"):
-        t = trainer_plan(cfg_of("trainer.max_tokens_per_microbatch=1", f"trainer.optim.offload={offload}"), SHAPE)
+        short = ["data.max_prompt_length=1", "rollout.max_response_length=1"]  # sequences of 2 tokens
+        t = trainer_plan(
+            cfg_of("trainer.max_tokens_per_microbatch=1", f"trainer.optim.offload={offload}", *short), SHAPE
+        )
         kept = t["weights"] + t["reference"] + t["gradients"] + (t["adam"] if offload == "none" else 0)
         passes = t["gathered"] + t["activations"] + t["logits"]
-        assert t["adam"] > passes  # (one token a micro-batch: the slots are the larger)
+        assert t["adam"] > passes  # (two tokens a micro-batch: the slots are the larger)
         assert t["peak"] == kept + (max(passes, t["adam"]) if offload == "layerwise" else passes)
 
 
