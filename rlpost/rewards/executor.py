@@ -13,7 +13,7 @@ worker dies inside its chunk, scores the rest of it again one item per message, 
 at fault is found and its neighbours still count; `call` runs one item on the next idle worker,
 from any number of threads (a tool call).
 
-`rlpost.rewards.pool.RewardPool` scores a batch's samples with one (`_scorer`, `checked`).
+`rlpost.rewards.pool.RewardPool` scores a batch's samples with one (`pool._scorer`, `checked`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from rlpost.rewards.base import REWARDS, RewardInput, check_call, get_reward_fn
-from rlpost.rewards.values import BadValue, checked
+from rlpost.rewards.values import BadValue
 
 ERROR_KINDS = ("errors", "timeouts", "bad_values", "crashes")  # `reward/<kind>` (errors: all of them)
 GRACE_S = 2.0  # on top of the timeouts: pickling, a busy machine
@@ -168,8 +167,9 @@ def hint(said: str, timeout_key: str) -> str:
 HANGS_AFTER = 3  # timeouts in a row in one chunk: the function hangs; the rest of the chunk is not run
 
 
-def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str) -> list[Result]:
-    """Every item in turn, each within `timeout_s` (SIGALRM must be handled by `_alarm`). After
+def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str, done=None) -> list[Result]:
+    """Every item in turn, each within `timeout_s` (SIGALRM must be handled by `_alarm`), counted in
+    `done` (shared with the parent, which so tells a worker its alarm cannot stop). After
     `HANGS_AFTER` timeouts in a row the function is taken to hang on everything: the items left
     count as timeouts without running, so a chunk costs at most that many timeouts, not one per
     item (a reward that hangs on every sample took `timeout_s` a sample, an hour a step)."""
@@ -185,12 +185,14 @@ def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str) ->
                 )
                 return out + [(None, "timeouts", skipped)] * (len(items) - len(out))
             out.append(_call_one(fn, item, timeout_key))
+            if done is not None:
+                done.value += 1
         return out
     finally:
         _set_timer(signal.ITIMER_REAL, 0)
 
 
-def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: str) -> None:
+def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: str, done=None) -> None:
     # Ctrl-C and SIGTERM (sent to the whole process group by `timeout` or Slurm) are the
     # parent's to handle; it ends this process, and so does its exit (the pipe closes)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -216,25 +218,9 @@ def _worker(conn, setup: Callable[[], Callable], memory_mb: int, timeout_key: st
     while True:
         try:
             items, timeout_s = conn.recv()
-            conn.send(_run_chunk(fn, items, timeout_s, timeout_key))
+            conn.send(_run_chunk(fn, items, timeout_s, timeout_key, done))
         except (EOFError, OSError):  # the parent closed the pipe (it stopped, or replaced this worker)
             return
-
-
-def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:
-    """The reward pool's function, built in the worker: `reward.fn`, or the scorer of each
-    sample's `data_source` (`auto`)."""
-    fn = get_reward_fn(spec)
-    if fn is not None:
-        check_call(fn, kwargs, spec)
-
-    def score(sample: RewardInput) -> float:
-        if fn is None and sample.data_source not in REWARDS:
-            raise KeyError(f"no reward function registered for data_source {sample.data_source!r}; set reward.fn")
-        scorer = fn if fn is not None else REWARDS.get(sample.data_source)
-        return checked(scorer(sample, **(kwargs if fn is not None else {})))
-
-    return score
 
 
 # ------------------------------------------------------------------------------- in the parent
@@ -257,6 +243,7 @@ class WorkerPool:
         self.ctx = mp.get_context("spawn")  # the parent may have Ray's or torch's threads: never fork it
         self.procs: list = [None] * workers
         self.conns: list = [None] * workers
+        self.done: list = [None] * workers  # items each worker has finished of its chunk (shared)
         self.ready = [False] * workers
         self.idle: queue.SimpleQueue[int] = queue.SimpleQueue()  # for `call`
         for i in range(workers):
@@ -264,7 +251,8 @@ class WorkerPool:
 
     def _start(self, i: int) -> None:
         parent, child = self.ctx.Pipe()
-        args = (child, self.setup, self.memory_mb, self.timeout_key)
+        self.done[i] = self.ctx.Value("i", 0, lock=False)
+        args = (child, self.setup, self.memory_mb, self.timeout_key, self.done[i])
         proc = self.ctx.Process(target=_worker, args=args, daemon=True)
         proc.start()
         child.close()
@@ -297,6 +285,7 @@ class WorkerPool:
         """To worker `i` once it is ready; one not started yet is started, one that died in between
         replaced."""
         self.wait_ready(i)
+        self.done[i].value = 0
         try:
             self.conns[i].send((items, timeout_s))
         except OSError:  # BrokenPipeError: the worker is gone
@@ -337,47 +326,63 @@ class WorkerPool:
         for i, chunk in enumerate(chunks):
             if chunk and self.procs[i] is None:
                 self._start(i)  # all at once: they start in parallel
-        waiting = {}
+        waiting, moved = {}, {}  # conn -> (worker, its chunk); worker -> (items done, when that last changed)
         for i, chunk in enumerate(chunks):
             if chunk:
                 self._send(i, [items[j] for j in chunk], timeout_s)
-                waiting[self.conns[i]] = (i, chunk, time.monotonic() + len(chunk) * timeout_s + GRACE_S)
+                waiting[self.conns[i]], moved[i] = (i, chunk), (0, time.monotonic())
         start = time.monotonic()
         report = start + self.report_s
         while waiting:
             if interrupted is not None and interrupted():
-                for i, *_ in waiting.values():
+                for i, _ in waiting.values():
                     self._replace(i)
                 raise Interrupted(f"{self.name}: {len(waiting)} of {k} workers stopped at their share")
             if time.monotonic() >= report:
-                left, took = sum(len(chunk) for _, chunk, _ in waiting.values()), time.monotonic() - start
-                self.log(  # (a worker sends its share back whole: how much of it is done is not known here)
-                    f"{self.name}: {len(waiting)} of {k} workers still scoring their share ({left} of {len(items)} "
-                    f"items) after {took:.0f} s ({self.timeout_key}={timeout_s:g} each; a function that hangs costs "
-                    f"{HANGS_AFTER} of them a worker)"
-                )
+                self._say_waiting(waiting, len(items), time.monotonic() - start, timeout_s)
                 report += self.report_s
-            deadline = min(min(d for *_, d in waiting.values()), report, time.monotonic() + 1.0)
-            for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
-                i, chunk, _ = waiting.pop(conn)
+            for conn in wait(list(waiting), timeout=max(0.0, min(report, time.monotonic() + 1.0) - time.monotonic())):
+                i, chunk = waiting.pop(conn)
                 try:
                     results[chunk.start : chunk.stop] = conn.recv()
                 except (EOFError, OSError):  # the worker died inside the chunk: find the culprit
                     self._replace(i)
-                    results[chunk.start : chunk.stop] = [self._one(i, items[j], timeout_s) for j in chunk]
-            for conn, (i, chunk, d) in list(waiting.items()):
-                if time.monotonic() >= d and not conn.poll():  # hung where the alarm cannot reach
+                    results[chunk.start : chunk.stop] = self._again(i, items, chunk, timeout_s)
+            for conn, (i, chunk) in list(waiting.items()):
+                count = self.done[i].value
+                if count != moved[i][0]:
+                    moved[i] = count, time.monotonic()
+                elif time.monotonic() - moved[i][1] > timeout_s + GRACE_S and not conn.poll():  # no alarm reached it
                     waiting.pop(conn)
-                    self.log(  # (a stopped process, or one stuck in native code: the eleventh catalogue's t31)
-                        f"{self.name}: a worker did not answer for its share's {len(chunk)} items in "
-                        f"{len(chunk) * timeout_s + GRACE_S:g} s ({self.timeout_key}={timeout_s:g} each), where its "
-                        "own alarm could not stop it (a stopped process, one stuck in native code, or reward.fn "
-                        "cancelled the alarm): replaced, "
-                        "and its items scored again one at a time"
+                    self.log(  # (a stopped process, or one stuck in native code: cat11's t31, cat18's t45)
+                        f"{self.name}: a worker finished no item in {timeout_s + GRACE_S:g} s ({self.timeout_key}="
+                        f"{timeout_s:g} each; {count} of its {len(chunk)} done), where its own alarm could not stop "
+                        "it (a stopped process, one stuck in native code, or reward.fn cancelled the alarm): "
+                        "replaced, and its items scored again one at a time"
                     )
                     self._replace(i)
-                    results[chunk.start : chunk.stop] = [self._one(i, items[j], timeout_s) for j in chunk]
+                    results[chunk.start : chunk.stop] = self._again(i, items, chunk, timeout_s)
         return results
+
+    def _say_waiting(self, waiting: dict, total: int, took: float, timeout_s: float) -> None:
+        left = sum(len(chunk) - self.done[i].value for i, chunk in waiting.values())
+        self.log(
+            f"{self.name}: {len(waiting)} of {len(self.procs)} workers still scoring their share ({left} of {total} "
+            f"items left) after {took:.0f} s ({self.timeout_key}={timeout_s:g} each; a function that hangs costs "
+            f"{HANGS_AFTER} of them a worker)"
+        )
+
+    def _again(self, i: int, items: list, chunk: range, timeout_s: float) -> list[Result]:
+        """The items of `chunk` one at a time on worker `i` (replaced where it dies or hangs), after
+        the chunk failed; after `HANGS_AFTER` timeouts in a row the rest count as timeouts unrun, so
+        a function stuck where no alarm reaches costs a few timeouts, not one per item."""
+        out: list[Result] = []
+        for j in chunk:
+            if len(out) >= HANGS_AFTER and all(kind == "timeouts" for _, kind, _ in out[-HANGS_AFTER:]):
+                unrun = f"not run: the {HANGS_AFTER} items before it timed out ({self.timeout_key}={timeout_s:g})"
+                return out + [(None, "timeouts", unrun)] * (len(chunk) - len(out))
+            out.append(self._one(i, items[j], timeout_s))
+        return out
 
     def close(self) -> None:
         for conn in self.conns:

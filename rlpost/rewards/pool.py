@@ -9,10 +9,27 @@ import functools
 import itertools
 import math
 import traceback
+from typing import Callable
 
-from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, get_reward_fn, is_trusted
-from rlpost.rewards.executor import Result, Scores, WorkerPool, _scorer
+from rlpost.rewards.base import REWARDS, TRUSTED, RewardInput, check_call, get_reward_fn, is_trusted
+from rlpost.rewards.executor import Result, Scores, WorkerPool
 from rlpost.rewards.values import BadValue, checked
+
+
+def _scorer(spec: str, kwargs: dict) -> Callable[[RewardInput], float]:
+    """The reward pool's function, built in the worker: `reward.fn`, or the scorer of each
+    sample's `data_source` (`auto`)."""
+    fn = get_reward_fn(spec)
+    if fn is not None:
+        check_call(fn, kwargs, spec)
+
+    def score(sample: RewardInput) -> float:
+        if fn is None and sample.data_source not in REWARDS:
+            raise KeyError(f"no reward function registered for data_source {sample.data_source!r}; set reward.fn")
+        scorer = fn if fn is not None else REWARDS.get(sample.data_source)
+        return checked(scorer(sample, **(kwargs if fn is not None else {})))
+
+    return score
 
 
 class RewardPool:

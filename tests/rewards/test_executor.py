@@ -242,25 +242,55 @@ def test_a_stop_signal_gives_up_a_batch_under_way_and_the_workers_are_replaced(u
         p.close()
 
 
-def test_a_stopped_worker_is_replaced_after_its_share_and_said(user_file, capsys):
+def test_a_stopped_worker_is_replaced_after_one_timeout_without_progress_and_said(user_file, capsys):
     """The eleventh catalogue's t31: a SIGSTOPped reward worker held its share for 50 s (16 items x
-    3 s), then its items were scored again, and nothing was said."""
+    3 s), then its items were scored again, and nothing was said. The eighteenth's t45: it was still
+    held for its whole share's timeouts (256 x 3 s); now for one item's timeout without progress."""
     import os
     import signal
+    import time
 
     p = pool(f"{user_file}:length", workers=1, timeout_s=0.5)
     try:
         p.load()
         os.kill(p.pool.procs[0].pid, signal.SIGSTOP)
-        out = p.score([sample("x" * i) for i in range(4)])
-        assert out.scores == [0.0, 1.0, 2.0, 3.0] and out.counts["errors"] == 0  # again, on a fresh worker
+        began = time.monotonic()
+        out = p.score([sample("x" * (i % 4)) for i in range(40)])  # a share of 40: 22 s before
+        took = time.monotonic() - began
+        assert out.scores == [float(i % 4) for i in range(40)] and out.counts["errors"] == 0  # again, fresh worker
     finally:
         p.close()
+    assert took < 12
     assert (
-        "reward: a worker did not answer for its share's 4 items in 4 s (reward.timeout_s=0.5 each), where its own "
+        "reward: a worker finished no item in 2.5 s (reward.timeout_s=0.5 each; 0 of its 40 done), where its own "
         "alarm could not stop it (a stopped process, one stuck in native code, or reward.fn cancelled the alarm): "
         "replaced, and its items scored again one at a time\n"
     ) in capsys.readouterr().out
+
+
+def test_a_function_stuck_where_no_alarm_reaches_costs_a_few_timeouts_not_one_per_item(tmp_path):
+    """The eighteenth catalogue's t45, scored again one at a time: each item on a fresh worker got its
+    timeout and grace (10 items: 7 s for the share, then 25 s); after 3 such timeouts the rest are
+    counted as timeouts without running."""
+    import time
+
+    path = tmp_path / "stuck.py"
+    path.write_text(
+        "import signal, time\n\ndef score(sample):\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as native code that holds the GIL\n"
+        "    time.sleep(60)\n    return 1.0\n"
+    )
+    p = pool(f"{path}:score", workers=1, timeout_s=0.5)
+    try:
+        p.load()
+        began = time.monotonic()
+        out = p.score([sample("x")] * 10)
+        took = time.monotonic() - began
+    finally:
+        p.close()
+    assert out.counts["timeouts"] == 10 and out.scores == [-1.0] * 10
+    assert took < 16  # 2.5 s without progress, then 3 items of 2.5 s
+    assert out.first_error.startswith("sample 0: timed out after reward.timeout_s=0.5 (killed)")
 
 
 def test_a_bare_except_still_times_out_and_any_base_exception_is_an_error(user_file):
