@@ -85,3 +85,45 @@ def test_a_token_budget_below_one_sequence_plans_the_sequence():
     longer sequence alone in its micro-batch."""
     cfg = load_config(["+recipe=quickstart", "trainer.max_tokens_per_microbatch=1"])
     assert micro_batch_tokens(cfg) == cfg.data.max_prompt_length + cfg.rollout.max_response_length
+
+
+def test_reward_kwargs_that_make_the_first_try_fail_are_refused(tmp_path):
+    """t11: a value of the wrong type (`+reward.kwargs.scale=abc`) failed the first try, was only
+    warned about, and the run trained on failed rewards; kwargs the function scores with go on."""
+    from rlpost.config import ConfigError
+    from rlpost.controller.reward_checks import check_reward_values
+    from rlpost.data.dataset import PromptRow
+
+    (tmp_path / "r.py").write_text("def score(s, scale=1.0):\n    return float(s.response == s.ground_truth) * scale\n")
+    row = PromptRow([1], "2+2=", "4", "arithmetic")
+
+    def first_try(value):
+        cfg = load_config(
+            ["+recipe=quickstart", f"reward.fn={tmp_path / 'r.py'}:score", f"+reward.kwargs.scale={value}"]
+        )
+        said: list[str] = []
+        check_reward_values(cfg, [row], said.append)
+        return said
+
+    with pytest.raises(ConfigError, match=r"^reward.kwargs=\{'scale': 'abc'\}: reward.fn=.* failed with them \(TypeE"):
+        first_try("abc")
+    assert first_try(2.0) == []
+
+
+@pytest.mark.parametrize(
+    "recipe, key, was, now",
+    [("quickstart", "data.shuffle", True, False), ("grpo_lora", "model.lora.alpha", 32.0, 512.0)],
+)
+def test_a_resume_with_another_shuffle_or_lora_alpha_is_refused(tmp_path, recipe, key, was, now):
+    """t13, t57: `data.shuffle` changes the epoch's order mid-epoch (as run.seed does, refused);
+    `model.lora.alpha` what the adapter's tensors mean (x16: rewards 0). Both were only noted."""
+    from rlpost.config import ConfigError, to_yaml
+    from rlpost.controller import checkpoint
+
+    run = tmp_path / "run"
+    checkpoint.save(run, 3, {"step": 3}, [], keep=0)
+    (run / "config.yaml").write_text(to_yaml(load_config([f"+recipe={recipe}", f"{key}={was}"])))
+    cfg = load_config([f"+recipe={recipe}", "trainer.resume=auto", f"{key}={now}"])
+    with pytest.raises(ConfigError, match=rf"other settings: {key}={was} there, {now} here"):
+        checkpoint.check_resume(cfg, run)
+    checkpoint.check_resume(load_config([f"+recipe={recipe}", "trainer.resume=auto", f"{key}={was}"]), run)

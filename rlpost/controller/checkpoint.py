@@ -193,7 +193,8 @@ def older_than(folder: Path) -> list[Path]:
     return done[: done.index(folder.resolve())] if folder.resolve() in done else []
 
 
-SHARED = ("model.path", "model.lora.rank", "model.lora.target_modules")  # what a checkpoint's tensors are of
+# what a checkpoint's tensors are of (alpha: the adapter acts as alpha / rank B A, the 18th catalogue's t57)
+SHARED = ("model.path", "model.lora.rank", "model.lora.alpha", "model.lora.target_modules")
 TINY_SHAPE = tuple(  # the tiny model's, when both runs have it
     f"model.tiny.{k}" for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
 )
@@ -235,10 +236,10 @@ def check_resume(cfg, run_dir: Path) -> None:
         was, now = (getattr(c, role).optim.offload for c in (saved, cfg))
         if (was == "layerwise") != (now == "layerwise"):
             differ.append(f"{role}.optim.offload={was!r} there, {now!r} here (layerwise keeps Adam's states apart)")
-    if saved.run.seed != cfg.run.seed:  # the epoch's order and the samples' seeds (the eleventh catalogue's t85)
-        differ.append(
-            f"run.seed={saved.run.seed} there, {cfg.run.seed} here (mid-epoch, prompts would train twice or never)"
-        )
+    for key in ("run.seed", "data.shuffle"):  # the epoch's order (the 11th catalogue's t85, the 18th's t13)
+        if get(saved, key) != get(cfg, key):
+            was, now = get(saved, key), get(cfg, key)
+            differ.append(f"{key}={was} there, {now} here (mid-epoch, prompts would train twice or never)")
     if saved.algo.async_rollouts and not cfg.algo.async_rollouts:  # its drawn-ahead batches: only async reads them
         differ.append("algo.async_rollouts=true there, false here (the prompts it had drawn ahead would never train)")
     if differ:

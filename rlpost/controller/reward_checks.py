@@ -78,7 +78,27 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool
     if any(last.startswith(kind) for kind in FAILS_ON_EVERY_SAMPLE):  # (the seventeenth catalogue's t42, t44, t47)
         fields = ", ".join(f.name for f in dataclasses.fields(RewardInput))
         raise ConfigError(f"{tried}: {error}\nThis fails whatever the response (a sample has {fields})")
+    if r.kwargs and scores_without_kwargs(cfg, row):  # (the eighteenth catalogue's t11: trained on failures)
+        raise ConfigError(
+            f"reward.kwargs={dict(r.kwargs)}: {tried} failed with them ({last}), and scores without them: give "
+            "values of the kinds the function takes"
+        )
     log(f"warning: {tried} failed: {last}; such samples score reward.error_score")
+
+
+def scores_without_kwargs(cfg: TrainConfig, row: PromptRow) -> bool:
+    """Whether the user's `reward.fn` scores the first try's sample when given no `reward.kwargs`
+    (a function that needs them cannot: False)."""
+    r = cfg.reward
+    pool = RewardPool(r.fn, {}, 1, r.timeout_s, r.memory_mb, r.error_score)
+    try:
+        return not pool.score(
+            [RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source)]
+        ).error_rows
+    except RuntimeError:
+        return False
+    finally:
+        pool.close()
 
 
 def check_own_scorer(fn: str, kwargs: dict, row: PromptRow) -> None:
