@@ -48,7 +48,7 @@ def checked_config(overrides: list[str]):
 
     try:
         cfg = load_config(overrides)
-        check_reward_fn(cfg.reward.fn)  # a bad reward.fn fails here, before anything starts
+        check_reward_fn(cfg.reward.fn, cfg.reward.model.score_fn)  # a bad one fails here, before anything starts
     except (ConfigError, FileNotFoundError, KeyError, AttributeError, ValueError) as e:
         hint = " (or sweep over the values with -m/--multirun)" if "Ambiguous value" in str(e) else ""
         if "is not a ListConfig" in str(e):

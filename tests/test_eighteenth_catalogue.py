@@ -127,3 +127,47 @@ def test_a_resume_with_another_shuffle_or_lora_alpha_is_refused(tmp_path, recipe
     with pytest.raises(ConfigError, match=rf"other settings: {key}={was} there, {now} here"):
         checkpoint.check_resume(cfg, run)
     checkpoint.check_resume(load_config([f"+recipe={recipe}", "trainer.resume=auto", f"{key}={was}"]), run)
+
+
+def test_a_reward_models_score_fn_the_file_does_not_define_is_named_before_the_actors(tmp_path):
+    """t42: `reward.model.score_fn=file.py:nosuch` was found only in the reward-model actors, named
+    as reward.fn."""
+    from rlpost.rewards.base import check_reward_fn
+
+    (tmp_path / "rm.py").write_text(
+        "def score(model, tokenizer, prompts, responses):\n    return [0.0] * len(prompts)\n"
+    )
+    with pytest.raises(AttributeError, match=r"^reward.model.score_fn='.*rm.py:nosuch': .*rm.py defines no function"):
+        check_reward_fn("auto", f"{tmp_path / 'rm.py'}:nosuch")
+    check_reward_fn("auto", f"{tmp_path / 'rm.py'}:score")
+
+
+def test_a_score_fn_that_returns_no_list_is_said_as_its_error_not_as_a_death():
+    """t43: a `score_fn` returning one float ended the run as "a Ray worker or node of the run died"
+    with advice about restarts, its TypeError lost."""
+    import ray
+
+    from rlpost.controller.scoring import RewardFailure, Scorer
+    from rlpost.rewards.base import RewardInput
+    from rlpost.roles.reward_model import RewardModelWorker, ScoreFnError
+
+    worker = object.__new__(RewardModelWorker)
+    worker.cfg = load_config(["+recipe=quickstart"]).reward.model
+    worker.model = worker.tokenizer = None
+    worker.user_fn = lambda model, tokenizer, prompts, responses: 0.5
+    with pytest.raises(ScoreFnError, match=r"returned 0.5 \(float\), not one number per sample \(a list of 2\)"):
+        worker.score(["a", "b"], ["c", "d"])
+
+    class Group:  # the reward-model actors' group: their call raised in the actor
+        def __len__(self):
+            return 1
+
+        def submit(self, *args):
+            return "ref"
+
+        def get(self, refs):
+            raise ray.exceptions.RayTaskError("score", "traceback", ScoreFnError("score_fn returned 0.5"))
+
+    scorer = Scorer(load_config(["+recipe=quickstart"]), None, None, Group())
+    with pytest.raises(RewardFailure, match=r"^score_fn returned 0.5$"):
+        scorer.model_scores([RewardInput("p", "r", "1", "arithmetic")])

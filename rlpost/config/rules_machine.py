@@ -28,6 +28,22 @@ def model_type_known(cfg):
     return unknown_model_type("model.path", cfg.model.path, cfg.model.trust_remote_code)
 
 
+@rule("critic.model_path", this_machine=True)
+def critic_folder_has_weights(cfg):
+    """The same for the critic's and the reward model's folders (the eighteenth catalogue's t53, t54:
+    their actors died loading them, after Ray started)."""
+    return folder_without_weights("critic.model_path", cfg.critic.model_path) or unknown_model_type(
+        "critic.model_path", cfg.critic.model_path, cfg.model.trust_remote_code
+    )
+
+
+@rule("reward.model.path", this_machine=True)
+def reward_model_folder_has_weights(cfg):
+    return folder_without_weights("reward.model.path", cfg.reward.model.path) or unknown_model_type(
+        "reward.model.path", cfg.reward.model.path, cfg.model.trust_remote_code
+    )
+
+
 @rule("trainer.device", this_machine=True)
 def cuda_is_there(cfg):
     if cfg.trainer.device == "cuda":

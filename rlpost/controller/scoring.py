@@ -98,7 +98,15 @@ class Scorer:
             for i, part in enumerate(parts)
             if part
         ]
-        return torch.tensor([x for out in self.reward_models.get(refs) for x in out], dtype=torch.float32)
+        import ray
+
+        try:
+            outs = self.reward_models.get(refs)
+        except ray.exceptions.RayTaskError as e:  # the user's score_fn at fault, not a death (cat18's t43)
+            if type(e.cause).__name__ == "ScoreFnError":
+                raise RewardFailure(str(e.cause)) from None
+            raise
+        return torch.tensor([x for out in outs for x in out], dtype=torch.float32)
 
 
 def not_loaded(spec: str, error: RuntimeError, memory_mb: int = 0, started: bool = False) -> ConfigError:

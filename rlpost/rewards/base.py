@@ -97,10 +97,14 @@ def get_reward_fn(spec: str) -> Callable[[RewardInput], float] | None:
     return REWARDS.get(spec)
 
 
-def check_reward_fn(spec: str) -> None:
-    """`reward.fn` checked without running a user's file (`check_file`): the CLI's early check. The
-    file runs in the reward pool's workers, the first of them on a first try before the actors."""
+def check_reward_fn(spec: str, score_fn: str = "") -> None:
+    """`reward.fn` (and a reward model's `score_fn`) checked without running a user's file
+    (`check_file`): the CLI's early check. The file runs in the reward pool's workers, the first of
+    them on a first try before the actors (a `score_fn` in the reward-model actors: checked here,
+    it was found only there, named as reward.fn: the eighteenth catalogue's t42)."""
     if ".py:" in spec:
         check_file(spec, "reward.fn")
     elif spec != "auto":
         get_reward_fn(spec)
+    if ".py:" in score_fn:
+        check_file(score_fn, "reward.model.score_fn")

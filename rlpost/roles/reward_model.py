@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from rlpost.data.userfile import load_from_file
 from rlpost.models.loading import DTYPES, load_tokenizer
-from rlpost.rewards.base import load_user_fn
 from rlpost.rewards.model import classifier_scores
 
 
@@ -19,6 +19,11 @@ def load_reward_model(path: str, kind: str, dtype: str, attn_implementation: str
         path, dtype=DTYPES[dtype], attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
     )
     return model.eval()
+
+
+class ScoreFnError(ValueError):
+    """`reward.model.score_fn` returned no list of one number per sample: the controller says it as
+    the function's error, not as a death of the actor."""
 
 
 class RewardModelWorker:
@@ -35,7 +40,7 @@ class RewardModelWorker:
         self.model.to(self.device)
         if self.model.config.pad_token_id is None:  # the classifier finds each text's last token by it
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.user_fn = load_user_fn(m.score_fn) if m.kind == "causal_lm" else None
+        self.user_fn = load_from_file(m.score_fn, "reward.model.score_fn") if m.kind == "causal_lm" else None
         self.rank = rank
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
@@ -47,9 +52,16 @@ class RewardModelWorker:
                 self.model, self.tokenizer, texts, self.cfg.batch_size, self.cfg.max_length, self.cfg.sigmoid
             )
         with torch.no_grad():
-            scores = [float(s) for s in self.user_fn(self.model, self.tokenizer, prompts, responses)]
+            out = self.user_fn(self.model, self.tokenizer, prompts, responses)
+        try:
+            scores = [float(s) for s in out]
+        except (TypeError, ValueError) as e:  # (one float: "died", its error lost: the 18th catalogue's t43)
+            raise ScoreFnError(
+                f"reward.model.score_fn={self.cfg.score_fn!r} returned {str(out)[:60]} ({type(out).__name__}), not one "
+                f"number per sample (a list of {len(prompts)}): {e}"
+            ) from None
         if len(scores) != len(prompts):
-            raise ValueError(
+            raise ScoreFnError(
                 f"reward.model.score_fn={self.cfg.score_fn!r} returned {len(scores)} scores for {len(prompts)} samples"
             )
         return scores

@@ -243,6 +243,14 @@ VIOLATIONS = {
     ],
     "model_folder_has_weights": [[f"model.path={NO_WEIGHTS}"]],
     "model_type_known": [[f"model.path={ODD_MODELS / 'qwen9'}"]],
+    "critic_folder_has_weights": [
+        ["algo.name=ppo", f"critic.model_path={NO_WEIGHTS}"],
+        ["algo.name=ppo", f"critic.model_path={ODD_MODELS / 'qwen9'}"],
+    ],
+    "reward_model_folder_has_weights": [
+        [f"reward.model.path={NO_WEIGHTS}"],
+        [f"reward.model.path={ODD_MODELS / 'qwen9'}"],
+    ],
     "overwrite_or_resume": [["run.overwrite=true", "trainer.resume=auto"]],
     "critic_folder_exists": [["critic.model_path=/no/such/critic"]],
     "cache_dir_is_a_folder": [[f"model.cache_dir={REPO / 'README.md'}"], ["model.cache_dir="]],
