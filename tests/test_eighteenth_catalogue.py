@@ -171,3 +171,21 @@ def test_a_score_fn_that_returns_no_list_is_said_as_its_error_not_as_a_death():
     scorer = Scorer(load_config(["+recipe=quickstart"]), None, None, Group())
     with pytest.raises(RewardFailure, match=r"^score_fn returned 0.5$"):
         scorer.model_scores([RewardInput("p", "r", "1", "arithmetic")])
+
+
+def test_an_import_error_that_is_no_lack_of_memory_names_no_memory_cap():
+    """t59: any ImportError (a relative import in a package's file, `cannot import name`) was blamed
+    on reward.memory_mb; a relative import is told why it fails."""
+    from rlpost.controller.scoring import not_loaded
+
+    relative = RuntimeError("Traceback ...\nImportError: attempted relative import with no known parent package")
+    said = str(not_loaded("pkg/r.py:score", relative, memory_mb=4096))
+    assert said == (
+        "reward.fn='pkg/r.py:score' could not be loaded: ImportError: attempted relative import with no known parent "
+        "package; rlpost runs the file by itself, not as a module of its package: import its neighbours absolutely "
+        "(from helpers import x: the file's own folder is on the path)"
+    )
+    name = RuntimeError("Traceback ...\nImportError: cannot import name 'x' from 'y'")
+    assert "reward.memory_mb" not in str(not_loaded("r.py:score", name, memory_mb=4096))
+    mapped = RuntimeError("Traceback ...\nImportError: libx.so: failed to map segment from shared object")
+    assert "(under reward.memory_mb=4096" in str(not_loaded("r.py:score", mapped, memory_mb=4096))

@@ -119,13 +119,19 @@ def not_loaded(spec: str, error: RuntimeError, memory_mb: int = 0, started: bool
     lines = str(error).strip().splitlines()
     named = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", line)]
     why = " ".join(line.strip() for line in lines[named[-1] if named else -1 :] if line.strip())[:1000]
-    starved = re.search(r"MemoryError|ImportError|can't start new thread|Cannot allocate memory", str(error))
+    # an import that ran out of memory (numpy's C extensions: "PLEASE READ THIS"), not any ImportError (cat18's t59)
+    memory = r"MemoryError|can't start new thread|cannot allocate memory|failed to map segment|static TLS|PLEASE READ"
     cap = (
         f" (under reward.memory_mb={memory_mb}, each reward worker's memory cap: one this low can stop the file's "
         "imports; raise it, or 0 for none)"
-        if memory_mb and starved
+        if memory_mb and re.search(memory, str(error), re.IGNORECASE)
         else ""
     )
+    if "attempted relative import" in why:
+        cap = (
+            "; rlpost runs the file by itself, not as a module of its package: import its neighbours absolutely "
+            "(from helpers import x: the file's own folder is on the path)"
+        )
     if started:
         return ConfigError(
             f"reward.fn={spec!r}: a reward worker started during the run could not load it: {why}{cap}; it loaded "
