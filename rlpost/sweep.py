@@ -97,10 +97,11 @@ def run_jobs(jobs: list[list[str]], folder, done: set[int], go_on: str) -> int:
     """Each job not `done`, one after another, recorded in `multirun.yaml` as it ends; the sweep's exit code."""
     write_record(folder / "multirun.yaml", jobs, done)  # (before the first job: a stopped sweep is one too)
     for i, job in enumerate(jobs):
+        which = f"sweep job {i} ({i + 1} of {len(jobs)})"  # its folder's number (one numbering: cat18's t33)
         if i in done:
-            print(f"rlpost: sweep job {i + 1} of {len(jobs)}: done before, in {folder / str(i)}", flush=True)
+            print(f"rlpost: {which}: done before, in {folder / str(i)}", flush=True)
             continue
-        print(f"rlpost: sweep job {i + 1} of {len(jobs)}: {' '.join(job)}", flush=True)
+        print(f"rlpost: {which}: {' '.join(job)}", flush=True)
         code, signum = run_job(again_if_unsaved(job, folder / str(i)))
         done |= {i} if code == 0 else set()
         write_record(folder / "multirun.yaml", jobs, done)
@@ -125,7 +126,9 @@ def run_jobs(jobs: list[list[str]], folder, done: set[int], go_on: str) -> int:
 
 
 def without_resume(job: list[str]) -> list[str]:
-    return [o for o in job if o != "trainer.resume=auto"]
+    """`job` without `trainer.resume=auto`, and without `run.overwrite=true`, which would start a
+    done job again and is refused beside a resume (the eighteenth catalogue's t97)."""
+    return [o for o in job if o not in ("trainer.resume=auto", "run.overwrite=true")]
 
 
 def write_record(record, jobs: list[list[str]], done: set[int]) -> None:

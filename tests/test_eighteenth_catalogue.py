@@ -189,3 +189,28 @@ def test_an_import_error_that_is_no_lack_of_memory_names_no_memory_cap():
     assert "reward.memory_mb" not in str(not_loaded("r.py:score", name, memory_mb=4096))
     mapped = RuntimeError("Traceback ...\nImportError: libx.so: failed to map segment from shared object")
     assert "(under reward.memory_mb=4096" in str(not_loaded("r.py:score", mapped, memory_mb=4096))
+
+
+def test_a_sweep_numbers_its_jobs_one_way_and_goes_on_without_overwrite(tmp_path, monkeypatch, capsys):
+    """t33: "sweep job 3 of 4" started, then "sweep job 2 failed" for it; t97: a sweep given
+    run.overwrite=true advised a go-on command with it and trainer.resume=auto, which is refused."""
+    import subprocess
+
+    from rlpost import cli
+
+    class FakeJob:
+        def __init__(self, command):
+            self.command = command
+
+        def wait(self):
+            return 7 if "run.seed=1" in self.command else 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakeJob)
+    sweep = tmp_path / "sweep"
+    argv = ["train", "-m", "+recipe=quickstart", f"run.dir={sweep}", "run.seed=0,1,2", "run.overwrite=true"]
+    assert cli.main(argv) == 7
+    out, err = capsys.readouterr()
+    assert "rlpost: sweep job 1 (2 of 3): +recipe=quickstart run.seed=1" in out
+    assert "sweep job 1 failed (exit 7); jobs 2.. did not run" in err
+    go_on = f"rlpost train -m +recipe=quickstart run.dir={sweep} run.seed=0,1,2 trainer.resume=auto"
+    assert err.rstrip().endswith(go_on)

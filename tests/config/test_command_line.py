@@ -97,7 +97,7 @@ def test_multirun_checks_every_job_then_runs_them_one_by_one_into_numbered_folde
         ]
         for i, t in ((2, 1), (3, 2))
     ]
-    assert "sweep job 1 of 4: done before, in" in capsys.readouterr().out
+    assert "sweep job 0 (1 of 4): done before, in" in capsys.readouterr().out
     assert [j["done"] for j in yaml.safe_load((sweep / "multirun.yaml").read_text())] == [True] * 4
     assert cli.main([*argv[:-1], "trainer.total_steps=5", "trainer.resume=auto"]) == 2  # other jobs: refused
     assert "with other jobs than these" in capsys.readouterr().err
