@@ -2,6 +2,7 @@
 1855153 onwards; /work/cat18_report.md): each test here fails on the code before its fix."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -214,3 +215,18 @@ def test_a_sweep_numbers_its_jobs_one_way_and_goes_on_without_overwrite(tmp_path
     assert "sweep job 1 failed (exit 7); jobs 2.. did not run" in err
     go_on = f"rlpost train -m +recipe=quickstart run.dir={sweep} run.seed=0,1,2 trainer.resume=auto"
     assert err.rstrip().endswith(go_on)
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [  # t85: an append as other tools write it; t86: a line pasted with its comment
+        ("data.train_files+=[b.jsonl]", "'data.train_files+=[b.jsonl]': rlpost has no +=: give the whole value, "),
+        ("trainer.total_steps=3 # steps", "'# steps' is a comment, which a command line does not take: trainer.total_"),
+    ],
+)
+def test_two_more_override_forms_are_named_not_told_to_quote(override, said):
+    from rlpost.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{re.escape(said)}" if said.startswith("'data") else re.escape(said)):
+        load_config(["+recipe=quickstart", override])
+    assert load_config(["+recipe=quickstart", "run.dir='a #1'"]).run.dir == "a #1"  # quoted: a value

@@ -135,7 +135,8 @@ def typing_slip(bad: str, overrides: list[str]) -> str | None:
 def check_forms(overrides: list[str]) -> None:
     """Overrides written in another tool's form, named before Hydra reads them (the seventeenth
     catalogue): a / for the dot (Hydra's config-group path: t13), KEY:VALUE (YAML's colon: t15), and
-    Hydra's own `${hydra:...}` settings, which rlpost never sets (t19)."""
+    Hydra's own `${hydra:...}` settings, which rlpost never sets (t19); the eighteenth's KEY+=VALUE and
+    a pasted `# comment`."""
     for o in overrides:
         key, eq, value = o.lstrip("+~").partition("=")
         if o.startswith("~") and key not in ALL_KEYS and any(k.startswith(key + ".") for k in ALL_KEYS):
@@ -152,6 +153,12 @@ def check_forms(overrides: list[str]) -> None:
         colon = re.fullmatch(r"([\w.]+):(.*)", key) if not eq else None
         if colon and colon[1] in ALL_KEYS:
             raise ConfigError(f"{o!r}: write KEY=VALUE, not KEY:VALUE: {colon[1]}={colon[2].strip()}")
+        if eq and key.endswith("+") and key[:-1] in ALL_KEYS:  # (the eighteenth catalogue's t85)
+            raise ConfigError(f"{o!r}: rlpost has no +=: give the whole value, {key[:-1]}=[every item]")
+        comment = re.search(r"\s+#.*$", value) if eq and key in ALL_KEYS and value[:1] not in "'\"" else None
+        if comment:  # (a line pasted with its comment: t86)
+            raise ConfigError(f"{o!r}: {comment[0].strip()!r} is a comment, which a command line does not take: "
+                              f"{key}={value[: comment.start()]}")  # fmt: skip
         if "${hydra:" in value:
             raise ConfigError(
                 f"{o!r}: ${{hydra:...}} reads Hydra's own run settings, which rlpost does not use; a sweep (-m) puts "
