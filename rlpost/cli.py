@@ -16,6 +16,9 @@ import errno
 import os
 import signal
 import sys
+from pathlib import Path
+
+from rlpost.console import Terminated, raise_terminated
 
 
 def cmd_train(argv: list[str]) -> int:
@@ -135,8 +138,6 @@ def cmd_data(argv: list[str]) -> int:
     parser.add_argument("--digits", type=int, default=None, help="data.arithmetic_digits")
     parser.add_argument("--num-val", type=int, default=None, help="data.val_size")
     args, overrides = parser.parse_known_args(argv)
-    from pathlib import Path
-
     from rlpost.config import ConfigError, compose
     from rlpost.config.rules import check_values
     from rlpost.data.tasks import task_rows, write_jsonl
@@ -162,20 +163,25 @@ def cmd_data(argv: list[str]) -> int:
         there = [p for p in (out, out / "train.jsonl", out / "val.jsonl") if p.is_file()]
         if there:
             raise ConfigError(
-                f"{there[0]} exists; rlpost data writes train.jsonl and val.jsonl into the folder --out and replaces "
-                "no file it did not write: choose another --out, or move those files away"
+                f"{there[0]} exists (an earlier rlpost data's, or yours); rlpost data writes train.jsonl and val.jsonl "
+                "into the folder --out and replaces no file: choose another --out, or move those files away"
             )
         train, val = task_rows(cfg.data)
     except (ConfigError, ValueError) as e:  # a bad key or value; DataError: the task cannot make these rows
         print(f"rlpost data: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    out, previous = Path(args.out), signal.signal(signal.SIGTERM, raise_terminated)
     try:
         print(write_jsonl(train, out / "train.jsonl"), len(train), "rows")
         print(write_jsonl(val, out / "val.jsonl"), len(val), "rows")
+    except Terminated:  # (the file being written goes with it: the eighteenth catalogue's t83)
+        print("rlpost data: stopped by SIGTERM; the files listed above are whole, no other was left", file=sys.stderr)
+        return 143
     except OSError as e:  # a file on the way to --out, no permission, a full disk
         print(f"rlpost data: --out {out}: cannot write there ({e.strerror}); choose another --out", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -202,7 +208,7 @@ def cmd_export(argv: list[str]) -> int:
     from rlpost.config import ConfigError
     from rlpost.controller.export import export
 
-    previous = signal.signal(signal.SIGTERM, _terminated)  # (a SIGTERM left a half-written --out: cat12's t99)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)  # (a SIGTERM left a half-written --out: cat12's t99)
     try:
         export(args.run_dir, args.out, args.step, args.dtype)
     except Terminated:
@@ -218,14 +224,6 @@ def cmd_export(argv: list[str]) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
-
-
-class Terminated(BaseException):
-    """A SIGTERM during a command that cleans up what it made (`_terminated` raises it)."""
-
-
-def _terminated(signum, frame):
-    raise Terminated
 
 
 def cmd_plan(argv: list[str]) -> int:
@@ -302,8 +300,6 @@ def cmd_plot(argv: list[str]) -> int:
         help="the PNG (default: curves.png / compare.png in the first run's folder; x.png for x.json)",
     )
     args = parser.parse_args(argv)
-    from pathlib import Path
-
     from rlpost.metrics.plot import plot_json, plot_runs
 
     jsons = [p for p in args.paths if Path(p).is_file() and p.endswith(".json")]

@@ -85,3 +85,12 @@ def working_folder_gone() -> str | None:
     except FileNotFoundError:
         return "the working directory no longer exists (deleted or moved); cd to a folder that exists and run it again"
     return None
+
+
+class Terminated(BaseException):
+    """A SIGTERM during a command that cleans up what it made (`raise_terminated` raises it): an
+    export's half-made --out (the twelfth catalogue's t99), `rlpost data`'s half-written file (t83)."""
+
+
+def raise_terminated(signum, frame):
+    raise Terminated

@@ -230,3 +230,53 @@ def test_two_more_override_forms_are_named_not_told_to_quote(override, said):
     with pytest.raises(ConfigError, match=f"^{re.escape(said)}" if said.startswith("'data") else re.escape(said)):
         load_config(["+recipe=quickstart", override])
     assert load_config(["+recipe=quickstart", "run.dir='a #1'"]).run.dir == "a #1"  # quoted: a value
+
+
+def test_a_run_folders_json_file_is_plotted_as_its_run(tmp_path):
+    """t19: `rlpost plot RUN/summary.json` drew the summary as a benchmark's table."""
+    from rlpost.metrics.plot import plot_json
+
+    for name, text in (("config.yaml", "{}"), ("metrics.jsonl", ""), ("summary.json", '{"steps": 3, "reward": 1.0}')):
+        (tmp_path / name).write_text(text)
+    with pytest.raises(
+        ValueError, match=rf"summary.json is a file of the run {tmp_path}: give its run folder, {tmp_path}$"
+    ):
+        plot_json(tmp_path / "summary.json")
+
+
+@pytest.mark.parametrize("path", ["Tiny", "tiny/", " TINY "])
+def test_the_tiny_keyword_written_otherwise_is_named(path):
+    """t77: `model.path=Tiny` and `tiny/` were looked up on the hub, with advice to download them."""
+    from rlpost.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"no such folder here; rlpost's own tiny model is model.path=tiny"):
+        load_config(["+recipe=quickstart", f"model.path='{path}'"])
+
+
+def test_a_sigterm_while_rlpost_data_writes_leaves_no_half_file_and_says_so(tmp_path, monkeypatch, capsys):
+    """t83: SIGTERM during `rlpost data`'s write left a hidden temporary file and said nothing;
+    t27: a second `rlpost data` into its own folder read as if the files were not rlpost's."""
+    import tempfile
+
+    from rlpost import cli
+    from rlpost.console import Terminated
+    from rlpost.data import tasks
+
+    real = tempfile.NamedTemporaryFile
+
+    def stopped(*args, **kwargs):
+        f = real(*args, **kwargs)
+        f.write = lambda text: (_ for _ in ()).throw(Terminated())
+        return f
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", stopped)
+    with pytest.raises(Terminated):
+        tasks.write_atomic("rows", tmp_path / "train.jsonl")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(tasks, "write_jsonl", lambda rows, path: (_ for _ in ()).throw(Terminated()))
+    assert cli.main(["data", "arithmetic", "--out", str(tmp_path / "d")]) == 143
+    assert "rlpost data: stopped by SIGTERM; the files listed above are whole" in capsys.readouterr().err
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "train.jsonl").write_text("")
+    assert cli.main(["data", "arithmetic", "--out", str(tmp_path / "d")]) == 2
+    assert "train.jsonl exists (an earlier rlpost data's, or yours)" in capsys.readouterr().err

@@ -24,12 +24,12 @@ def test_rlpost_data_replaces_no_file_it_did_not_write(tmp_path, capsys):
     mine.write_text('{"prompt": "mine", "ground_truth": "1"}\n')
     assert main(["data", "arithmetic", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
-        f"rlpost data: {mine} exists; rlpost data writes train.jsonl and val.jsonl into the folder --out and replaces "
-        "no file it did not write: choose another --out, or move those files away\n"
+        f"rlpost data: {mine} exists (an earlier rlpost data's, or yours); rlpost data writes train.jsonl and "
+        "val.jsonl into the folder --out and replaces no file: choose another --out, or move those files away\n"
     )
     assert mine.read_text() == '{"prompt": "mine", "ground_truth": "1"}\n' and not (tmp_path / "val.jsonl").exists()
     assert main(["data", "arithmetic", "--out", str(mine)]) == 2  # a file as --out: named, not a traceback
-    assert capsys.readouterr().err.startswith(f"rlpost data: {mine} exists; ")
+    assert capsys.readouterr().err.startswith(f"rlpost data: {mine} exists (")
 
 
 def test_more_digits_than_every_pair_can_list_are_refused_at_once(capsys):

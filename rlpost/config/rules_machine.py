@@ -28,6 +28,14 @@ def model_type_known(cfg):
     return unknown_model_type("model.path", cfg.model.path, cfg.model.trust_remote_code)
 
 
+@rule("model.path", this_machine=True)
+def tiny_keyword(cfg):
+    """`Tiny` or `tiny/` for the keyword `tiny` were looked up on the hub (the 18th catalogue's t77)."""
+    path = cfg.model.path
+    if path != "tiny" and path.strip().strip("/").lower() == "tiny" and not Path(path).expanduser().exists():
+        return f"model.path={path!r}: no such folder here; rlpost's own tiny model is model.path=tiny"
+
+
 @rule("critic.model_path", this_machine=True)
 def critic_folder_has_weights(cfg):
     """The same for the critic's and the reward model's folders (the eighteenth catalogue's t53, t54:

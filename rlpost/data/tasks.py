@@ -208,7 +208,7 @@ def write_atomic(text: str, path: Path) -> Path:
         try:
             f.write(text)
             f.flush()
-        except OSError:  # a full disk: the part written goes with it (the eleventh catalogue's t78)
+        except BaseException:  # a full disk (the 11th catalogue's t78), a SIGTERM (the 18th's t83): the part goes
             Path(f.name).unlink(missing_ok=True)
             raise
     os.chmod(f.name, 0o644)  # (a temporary file is the owner's alone)

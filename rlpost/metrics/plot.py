@@ -257,6 +257,8 @@ def plot_json(path: str | Path, out: str | Path | None = None) -> tuple[Path, li
     """The curves and tables of the JSON file `path` (see the module's text); written to `out`
     (default: next to it, `.png` for `.json`)."""
     path = Path(path)
+    if (path.parent / "config.yaml").is_file() and (path.parent / "metrics.jsonl").is_file():  # (cat18's t19)
+        raise ValueError(f"{path} is a file of the run {path.parent}: give its run folder, {path.parent}")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:

@@ -243,6 +243,7 @@ VIOLATIONS = {
     ],
     "model_folder_has_weights": [[f"model.path={NO_WEIGHTS}"]],
     "model_type_known": [[f"model.path={ODD_MODELS / 'qwen9'}"]],
+    "tiny_keyword": [["model.path=Tiny"], ["model.path=tiny/"]],
     "critic_folder_has_weights": [
         ["algo.name=ppo", f"critic.model_path={NO_WEIGHTS}"],
         ["algo.name=ppo", f"critic.model_path={ODD_MODELS / 'qwen9'}"],
