@@ -280,3 +280,39 @@ def test_a_sigterm_while_rlpost_data_writes_leaves_no_half_file_and_says_so(tmp_
     (tmp_path / "d" / "train.jsonl").write_text("")
     assert cli.main(["data", "arithmetic", "--out", str(tmp_path / "d")]) == 2
     assert "train.jsonl exists (an earlier rlpost data's, or yours)" in capsys.readouterr().err
+
+
+def test_an_export_prints_no_start_figure_of_the_base_model(tmp_path, monkeypatch, capsys):
+    """t15a: `rlpost export` printed the untrained base's held-out accuracy as its first line, read
+    as the exported checkpoint's."""
+    from rlpost.controller import export
+    from rlpost.tiny import build
+
+    def resolve(model, data, log=print):
+        log("start model, held-out (256 problems, 16 samples each): greedy accuracy 0.578")
+        log("built the tiny model")
+        return str(tmp_path)
+
+    monkeypatch.setattr(build, "resolve_model_path", resolve)
+    monkeypatch.setattr(build, "tiny_model_dir", lambda model, data: tmp_path)
+    monkeypatch.setattr(export, "write_full", lambda *args, **kwargs: None)
+    export.write_export(load_config(["+recipe=quickstart"]), tmp_path, tmp_path / "out", "float32")
+    assert capsys.readouterr().out == "built the tiny model\n"
+
+
+def test_an_export_of_a_checkpoint_that_cannot_be_read_logs_no_torch_tracebacks(tmp_path, caplog):
+    """t41: an export of a checkpoint a running run deleted gave the right message after 40 lines of
+    torch.distributed.checkpoint's logged tracebacks (the trainer's load was kept from them: cat17's t59);
+    a damaged one ended in DCP's CheckpointException, a BaseException that `rlpost export` did not catch."""
+    from rlpost.controller.export import write_full
+    from tests.helpers import save_tiny_model
+
+    save_tiny_model(tmp_path / "base")
+    (tmp_path / "step_2" / "trainer").mkdir(parents=True)
+    (tmp_path / "step_2" / "trainer" / ".metadata").write_bytes(b"\x80\x04 not a pickle")
+    caplog.clear()
+    with pytest.raises(
+        ValueError, match=r"step_2/trainer could not be read \(CheckpointException: .*export another step"
+    ):
+        write_full(tmp_path / "step_2", str(tmp_path / "base"), tmp_path / "out", "float32", False)
+    assert [r.getMessage() for r in caplog.records if r.pathname.endswith("state_dict_loader.py")] == []

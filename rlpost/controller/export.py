@@ -94,7 +94,8 @@ def write_export(cfg, folder: Path, out_dir: Path, dtype: str, log=print) -> Non
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             return write_full(folder, tmp, out_dir, dtype, trust, log)
-    base = resolve_model_path(cfg.model, cfg.data, log=log)
+    quiet = lambda line: None if str(line).startswith("start model, held-out") else log(line)  # noqa: E731
+    base = resolve_model_path(cfg.model, cfg.data, log=quiet)  # (the base's start figure is not the export's: t15a)
     if cfg.model.lora.rank > 0:
         adapter = folder / "adapter"
         if not (adapter / "adapter_model.safetensors").is_file():
@@ -109,9 +110,13 @@ def write_export(cfg, folder: Path, out_dir: Path, dtype: str, log=print) -> Non
 
 def write_full(folder: Path, base: str, out_dir: Path, dtype: str, trust: bool, log=print) -> None:
     """A full fine-tune's checkpoint `folder` loaded into the model of `base` (its shape and tokenizer)."""
+    import logging
+
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     from rlpost.models.loading import DTYPES, load_causal_lm, load_tokenizer
+    from rlpost.trainer.checkpoint import not_dcp_loader
 
     sharded = folder / "trainer"
     if not (sharded / ".metadata").is_file():
@@ -119,6 +124,17 @@ def write_full(folder: Path, base: str, out_dir: Path, dtype: str, trust: bool, 
     log(f"loading {sharded} into {base}")
     model = load_causal_lm(base, "float32", trust_remote_code=trust)
     state = {"model": model.state_dict()}
-    dcp.load(state, checkpoint_id=str(sharded))  # in place, into the model's own tensors
+    root = logging.getLogger()  # DCP logs its metadata fallbacks with tracebacks (the 18th catalogue's t41)
+    root.addFilter(not_dcp_loader)
+    try:
+        dcp.load(state, checkpoint_id=str(sharded))  # in place, into the model's own tensors
+    except (Exception, CheckpointException) as e:  # noqa: BLE001  (DCP's is a BaseException: a raw traceback)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"{sharded} could not be read ({type(e).__name__}: {first}); a file of it may be damaged or gone: "
+            "export another step (--step)"
+        ) from None
+    finally:
+        root.removeFilter(not_dcp_loader)
     model.to(DTYPES[dtype]).save_pretrained(out_dir)
     load_tokenizer(base, trust).save_pretrained(out_dir)

@@ -97,7 +97,7 @@ def unreadable(name: str, error: str, kind: str) -> str:
     )
 
 
-def _not_dcp_loader(record: logging.LogRecord) -> bool:
+def not_dcp_loader(record: logging.LogRecord) -> bool:
     return not record.pathname.endswith(os.path.join("checkpoint", "state_dict_loader.py"))
 
 
@@ -109,13 +109,13 @@ def load_checkpoint(engine, folder: str) -> None:
     state, options = state_dicts(engine)
     root = logging.getLogger()  # DCP logs each metadata read it falls back from, traceback and all, on the root
     if not engine.cfg.logger.verbose:  # logger: said once below instead (the seventeenth catalogue's t59)
-        root.addFilter(_not_dcp_loader)
+        root.addFilter(not_dcp_loader)
     try:
         dcp.load(state, checkpoint_id=os.path.join(folder, engine.name))
     except (Exception, CheckpointException) as e:  # noqa: BLE001  (DCP's is a BaseException, per rank)
         raise ValueError(unreadable(engine.name, str(e), type(e).__name__)) from None
     finally:
-        root.removeFilter(_not_dcp_loader)
+        root.removeFilter(not_dcp_loader)
     if options.ignore_frozen_params:  # the frozen base stays as loaded from model.path
         options = dataclasses.replace(options, strict=False)
     layerwise = isinstance(engine.optimizer, LayerwiseAdamW)
