@@ -316,3 +316,31 @@ def test_an_export_of_a_checkpoint_that_cannot_be_read_logs_no_torch_tracebacks(
     ):
         write_full(tmp_path / "step_2", str(tmp_path / "base"), tmp_path / "out", "float32", False)
     assert [r.getMessage() for r in caplog.records if r.pathname.endswith("state_dict_loader.py")] == []
+
+
+def test_a_lora_checkpoints_base_that_changed_on_disk_is_refused_on_resume_and_export(tmp_path):
+    """t17, t18: a LoRA run's base model changed on disk after training (noise on every tensor, as
+    another revision): the export merged the adapter into it and a resume trained on it (rewards 0)."""
+    from safetensors.torch import load_file, save_file
+
+    from rlpost.config import ConfigError
+    from rlpost.controller import checkpoint
+    from rlpost.controller.export import write_export
+    from rlpost.controller.setup import model_and_base
+    from rlpost.models.fingerprint import weights_fingerprint
+    from tests.helpers import save_tiny_model
+
+    base = tmp_path / "base"
+    save_tiny_model(base)
+    run = tmp_path / "run"
+    folder = checkpoint.save(run, 2, {"step": 2}, [], keep=0, base=weights_fingerprint(str(base)))
+    cfg = load_config(["+recipe=grpo_lora", f"model.path={base}", f"run.dir={run}", "trainer.resume=auto"])
+    assert model_and_base(cfg, run, log=lambda *_: None) == (str(base), weights_fingerprint(str(base)))
+    weights = load_file(base / "model.safetensors")
+    save_file({k: v + 0.05 * torch.randn_like(v) for k, v in weights.items()}, base / "model.safetensors")
+    with pytest.raises(ConfigError, match=rf"its weights are not those {folder} was trained on \(they changed"):
+        model_and_base(cfg, run, log=lambda *_: None)
+    with pytest.raises(ConfigError, match="give the base model it was trained on"):
+        write_export(cfg, folder, tmp_path / "out", "float32", log=lambda *_: None)
+    fresh = load_config(["+recipe=grpo_lora", f"model.path={base}", f"run.dir={run}"])  # no resume: the new base
+    assert model_and_base(fresh, run, log=lambda *_: None)[1] == weights_fingerprint(str(base))

@@ -84,9 +84,10 @@ def controller_damage(path: Path) -> str | None:
     return f"{path.name} is damaged ({bad} fails its checksum)" if bad else None
 
 
-def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: int) -> Path:
+def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: int, base: str | None = None) -> Path:
     """Every group's checkpoint (the actor's `trainer/`, a critic's `critic/`) and the
-    controller's state into `step_<step>/`, renamed when complete; only `keep` are kept."""
+    controller's state into `step_<step>/`, renamed when complete; only `keep` are kept. `base`: a
+    LoRA run's base weights (`weights_fingerprint`), in `base.json` (`check_base`)."""
     root = checkpoints_dir(run_dir)
     tmp, final = root / f".tmp_step_{step}", root / f"step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -95,6 +96,8 @@ def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: i
         for group in groups:
             group.call("save_checkpoint", str(tmp))
         torch.save(controller_state, tmp / "controller.pt")
+        if base is not None:
+            (tmp / "base.json").write_text(json.dumps({"weights": base}))
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         (tmp / MANIFEST).write_text(json.dumps({str(p.relative_to(tmp)): p.stat().st_size for p in files}, indent=0))
     except Exception as e:  # a full disk, a lost mount: say so, leave the older checkpoints as they are
@@ -198,6 +201,23 @@ SHARED = ("model.path", "model.lora.rank", "model.lora.alpha", "model.lora.targe
 TINY_SHAPE = tuple(  # the tiny model's, when both runs have it
     f"model.tiny.{k}" for k in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
 )
+
+
+def check_base(folder: Path | None, base: str | None, model_path: str) -> None:
+    """A LoRA checkpoint holds its adapter alone: the base weights under `model_path` must be those
+    it was trained on (its `base.json`), else the adapter goes on (or is merged into) another model
+    (the eighteenth catalogue's t17, t18: rewards 0 after a resume, without a word)."""
+    from rlpost.config import ConfigError
+
+    record = folder / "base.json" if folder is not None else None
+    if base is None or record is None or not record.is_file():
+        return
+    if json.loads(record.read_text()).get("weights") != base:
+        raise ConfigError(
+            f"model.path={model_path!r}: its weights are not those {folder} was trained on (they changed on disk "
+            "since: a new revision, a re-download or a re-conversion); the checkpoint holds the LoRA adapter alone: "
+            "give the base model it was trained on"
+        )
 
 
 def check_resume(cfg, run_dir: Path) -> None:

@@ -97,6 +97,10 @@ def write_export(cfg, folder: Path, out_dir: Path, dtype: str, log=print) -> Non
     quiet = lambda line: None if str(line).startswith("start model, held-out") else log(line)  # noqa: E731
     base = resolve_model_path(cfg.model, cfg.data, log=quiet)  # (the base's start figure is not the export's: t15a)
     if cfg.model.lora.rank > 0:
+        from rlpost.controller.checkpoint import check_base
+        from rlpost.models.fingerprint import weights_fingerprint
+
+        check_base(folder, weights_fingerprint(base), base)  # (the adapter merged into another base: cat18's t17)
         adapter = folder / "adapter"
         if not (adapter / "adapter_model.safetensors").is_file():
             raise FileNotFoundError(

@@ -27,7 +27,7 @@ from rlpost.controller.adapter_probe import AdapterProbe
 from rlpost.controller.cluster import quiet_libraries
 from rlpost.controller.progress import run_steps
 from rlpost.controller.run_dir import claim_run_dir, release_run_dir
-from rlpost.controller.setup import load_data
+from rlpost.controller.setup import load_data, model_and_base
 from rlpost.controller.signals import Stopped, StopSignals
 from rlpost.controller.step import (
     batch_metrics,
@@ -47,7 +47,6 @@ from rlpost.data.microbatch import shard_batch
 from rlpost.metrics.summary import write_report
 from rlpost.metrics.trackers import SampleLog, trim_logs
 from rlpost.models.loading import load_tokenizer
-from rlpost.tiny.build import resolve_model_path
 
 
 class Controller:
@@ -67,7 +66,7 @@ class Controller:
         try:  # from here a failure gives the run folder back (`shutdown`; a closed stdout: cat11's t72)
             log(f"run folder: {self.run_dir}")
             pool = self.workers.pool(cfg)  # a user's reward file runs in it now, before any model is built
-            self.model_path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
+            self.model_path, self.base = model_and_base(cfg, self.run_dir, log)  # (with LoRA: its base's fingerprint)
             self.tokenizer = load_tokenizer(self.model_path, cfg.model.trust_remote_code)
             loader, self.val_rows, self.dropped_prompts = load_data(cfg, self.tokenizer, log, self.model_path, pool)
             self.workers.lap("prepare")  # the run folder, the reward pool, the model's files, tokenizer and data
@@ -188,9 +187,8 @@ class Controller:
             "python_rng": random.getstate(),
             "torch_rng": torch.get_rng_state(),
         }
-        return checkpoint.save(
-            self.run_dir, self.step, state, self.workers.trained(), self.cfg.trainer.keep_checkpoints
-        )
+        keep = self.cfg.trainer.keep_checkpoints
+        return checkpoint.save(self.run_dir, self.step, state, self.workers.trained(), keep, self.base)
 
     def _resume(self) -> None:
         folder = checkpoint.find(self.run_dir, self.cfg.trainer.resume, self.log)

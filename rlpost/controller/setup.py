@@ -138,6 +138,20 @@ def load_data(
     return loader, val.rows, dropped
 
 
+def model_and_base(cfg: TrainConfig, run_dir: Path, log=print) -> tuple[str, str | None]:
+    """The policy's local path, and with LoRA the fingerprint of its base weights, checked against
+    the checkpoint this run resumes (`checkpoint.check_base`) before any actor starts."""
+    from rlpost.controller import checkpoint
+    from rlpost.models.fingerprint import weights_fingerprint
+    from rlpost.tiny.build import resolve_model_path
+
+    path = resolve_model_path(cfg.model, cfg.data, cfg.trainer.device, log=log)
+    base = weights_fingerprint(path) if cfg.model.lora.rank > 0 else None
+    if cfg.trainer.resume != "none":
+        checkpoint.check_base(checkpoint.find(run_dir, cfg.trainer.resume, log=lambda *_: None), base, path)
+    return path, base
+
+
 def own_scorer(reward_fn: str, data_source: str) -> str | None:
     """The name of rlpost's own scorer of a row (each compares answers with its ground truth), or
     None where the user's function scores it."""

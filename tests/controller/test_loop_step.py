@@ -81,7 +81,7 @@ def controller(tmp_path, *overrides, recipe: str = "quickstart") -> Controller:
     cfg = load_config([f"+recipe={recipe}", f"data.train_batch_size={PROMPTS}", f"rollout.n={N}", *overrides])
     c = Controller.__new__(Controller)  # no Ray, no models: the groups are fakes
     calls: list = []
-    c.cfg, c.log, c.restarts, c.dropped_prompts, c.step, c.version = cfg, print, 2, 3, 0, 0
+    c.cfg, c.log, c.restarts, c.dropped_prompts, c.step, c.version, c.base = cfg, print, 2, 3, 0, 0, None
     c.algorithm = ALGORITHMS.get(cfg.algo.name)
     c.keep_groups = BATCH_FILTERS[c.algorithm.batch_filter]
     c.kl, c.probe = KLController(cfg.algo.kl_coef, cfg.algo.kl_target, cfg.algo.kl_horizon), AdapterProbe(False)

@@ -105,7 +105,7 @@ def test_a_start_that_fails_before_the_workers_gives_the_run_folder_back(tmp_pat
     def unreadable(*args, **kwargs):
         raise DataError("t.jsonl: row 0: field 'prompt' is missing")
 
-    monkeypatch.setattr(loop, "resolve_model_path", unreadable)
+    monkeypatch.setattr(loop, "model_and_base", unreadable)
     with pytest.raises(DataError):
         loop.Controller(load_config(["+recipe=quickstart", f"run.dir={tmp_path}"]), log=lambda *_: None)
     assert (tmp_path / "config.yaml").is_file() and not (tmp_path / LOCK).exists()  # no stale lock

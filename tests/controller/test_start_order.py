@@ -68,7 +68,7 @@ def start(placement: str, device: str = "cuda", backend: str = "vllm", kv_cache_
 def test_colocated_engines_start_after_the_trainers_answered(events):
     w = start("colocate")
     assert events == ["ray", "made trainer", "trainer: memory_report", "made rollout"]
-    assert set(w.start_s) == {"time/start_ray_s", "time/start_trainers_s"}
+    assert set(w.start_s) == {"time/start_ray_s", "time/start_trainers_s", "time/start_engines_s"}
 
 
 def test_colocated_engines_with_a_kv_cache_of_a_set_size_start_beside_the_trainers(events):
@@ -84,10 +84,10 @@ def test_colocated_hf_engines_wait_whatever_kv_cache_gb_says(events):
 def test_split_engines_load_while_the_trainers_do(events):
     w = start("split")
     assert events == ["ray", "made trainer", "made rollout", "trainer: memory_report"]
-    assert set(w.start_s) == {"time/start_ray_s", "time/start_trainers_s"}
+    assert set(w.start_s) == {"time/start_ray_s", "time/start_trainers_s", "time/start_engines_s"}
 
 
 def test_on_the_cpu_nothing_waits_for_the_trainers(events):
     w = start("colocate", device="cpu")
     assert events == ["ray", "made trainer", "made rollout"]
-    assert set(w.start_s) == {"time/start_ray_s"}
+    assert set(w.start_s) == {"time/start_ray_s", "time/start_engines_s"}
