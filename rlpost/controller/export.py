@@ -94,8 +94,7 @@ def write_export(cfg, folder: Path, out_dir: Path, dtype: str, log=print) -> Non
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             return write_full(folder, tmp, out_dir, dtype, trust, log)
-    quiet = lambda line: None if str(line).startswith("start model, held-out") else log(line)  # noqa: E731
-    base = resolve_model_path(cfg.model, cfg.data, log=quiet)  # (the base's start figure is not the export's: t15a)
+    base = resolve_model_path(cfg.model, cfg.data, log=log, describe=False)  # (the base's start figure: cat18's t15a)
     if cfg.model.lora.rank > 0:
         from rlpost.controller.checkpoint import check_base
         from rlpost.models.fingerprint import weights_fingerprint

@@ -167,6 +167,11 @@ def hint(said: str, timeout_key: str) -> str:
 HANGS_AFTER = 3  # timeouts in a row in one chunk: the function hangs; the rest of the chunk is not run
 
 
+def _hangs(out: list[Result]) -> bool:
+    """The last `HANGS_AFTER` results are all timeouts: the function hangs on everything."""
+    return len(out) >= HANGS_AFTER and all(kind == "timeouts" for _, kind, _ in out[-HANGS_AFTER:])
+
+
 def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str, done=None) -> list[Result]:
     """Every item in turn, each within `timeout_s` (SIGALRM must be handled by `_alarm`), counted in
     `done` (shared with the parent, which so tells a worker its alarm cannot stop). After
@@ -179,7 +184,7 @@ def _run_chunk(fn: Callable, items: list, timeout_s: float, timeout_key: str, do
     out: list[Result] = []
     try:
         for item in items:
-            if len(out) >= HANGS_AFTER and all(kind == "timeouts" for _, kind, _ in out[-HANGS_AFTER:]):
+            if _hangs(out):
                 skipped = (
                     f"not run: the {HANGS_AFTER} items before it in this worker timed out ({timeout_key}={timeout_s:g})"
                 )
@@ -378,7 +383,7 @@ class WorkerPool:
         a function stuck where no alarm reaches costs a few timeouts, not one per item."""
         out: list[Result] = []
         for j in chunk:
-            if len(out) >= HANGS_AFTER and all(kind == "timeouts" for _, kind, _ in out[-HANGS_AFTER:]):
+            if _hangs(out):
                 unrun = f"not run: the {HANGS_AFTER} items before it timed out ({self.timeout_key}={timeout_s:g})"
                 return out + [(None, "timeouts", unrun)] * (len(chunk) - len(out))
             out.append(self._one(i, items[j], timeout_s))

@@ -48,9 +48,10 @@ def tiny_model_dir(model_cfg, data_cfg) -> Path:
 START_EVAL = "start_eval.json"  # the built model's held-out greedy accuracy and pass@k
 
 
-def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print) -> Path:
-    """Build, warm up, evaluate and cache the tiny model unless a complete copy is cached already.
-    On `cuda` the build runs in a child process, so that this one holds no CUDA context."""
+def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print, describe: bool = True) -> Path:
+    """Build, warm up, evaluate and cache the tiny model unless a complete copy is cached already,
+    and (`describe`) say its start evaluation. On `cuda` the build runs in a child process, so that
+    this one holds no CUDA context."""
     final = tiny_model_dir(model_cfg, data_cfg)
     if not (final / "config.json").is_file():
         check_writable(final.parent, "model.cache_dir")  # before the minutes of warm-up, not after
@@ -73,7 +74,8 @@ def ensure_tiny_model(model_cfg, data_cfg, device: str = "cpu", log=print) -> Pa
             f"model.path=tiny: the built model in {final} has no {' or '.join(missing)} (removed since it was built): "
             "delete that folder and it is built again"
         )
-    log(describe_start(final))
+    if describe:
+        log(describe_start(final))
     return final
 
 
@@ -263,10 +265,10 @@ def describe_start(folder: Path) -> str:
     )
 
 
-def resolve_model_path(model_cfg, data_cfg, device: str = "cpu", log=print) -> str:
+def resolve_model_path(model_cfg, data_cfg, device: str = "cpu", log=print, describe: bool = True) -> str:
     """A local folder or hub id; `tiny` builds (once) and returns the tiny model's folder, on
-    `device` (`cuda` only where this process sees a GPU)."""
+    `device` (`cuda` only where this process sees a GPU), its start evaluation said (`describe`)."""
     if model_cfg.path == "tiny":
         device = "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
-        return str(ensure_tiny_model(model_cfg, data_cfg, device, log=log))
+        return str(ensure_tiny_model(model_cfg, data_cfg, device, log=log, describe=describe))
     return resolve_path(model_cfg.path, model_cfg.cache_dir, log)

@@ -174,7 +174,9 @@ def loaders(monkeypatch):
         def save_pretrained(self, out):
             calls["saved"] = out
 
-    monkeypatch.setattr(build, "resolve_model_path", lambda m, d, log: calls.update(resolve=(m, d, log)) or "/base")
+    monkeypatch.setattr(
+        build, "resolve_model_path", lambda m, d, log, describe: calls.update(resolve=(m, d, log, describe)) or "/base"
+    )
     monkeypatch.setattr(lora, "export_merged", lambda *a: calls.update(merged=a))
     monkeypatch.setattr(loading, "load_causal_lm", lambda *a, **k: calls.update(lm=(a, k)) or Model())
     tokenizer = SimpleNamespace(save_pretrained=lambda out: calls.update(tokenizer_saved=out))
@@ -202,15 +204,12 @@ def test_export_of_full_weights_into_an_empty_existing_folder(tmp_path, loaders)
     out.mkdir()  # empty: fine
     said = []
     assert exporting.export(run, out, log=said.append) == out
-    model_cfg, data_cfg, log = loaders["resolve"]
-    assert (model_cfg.path, data_cfg.task) == (cfg.model.path, cfg.data.task)
-    log("start model, held-out (256 problems): greedy accuracy 0.578")  # the base's figure: not the export's
-    assert said[-1] == f"exported {folder} to {out}"
-    said.pop()
+    model_cfg, data_cfg, log, describe = loaders["resolve"]
+    assert (model_cfg.path, data_cfg.task, log, describe) == (cfg.model.path, cfg.data.task, said.append, False)
     assert loaders["lm"] == (("/base", "float32"), {"trust_remote_code": True})
     assert loaders["dcp"] == str(folder / "trainer") and loaders["dtype"] == torch.bfloat16
     assert loaders["saved"] == loaders["tokenizer_saved"] == out and loaders["tokenizer"] == ("/base", True)
-    assert said == [f"loading {folder / 'trainer'} into /base"]
+    assert said == [f"loading {folder / 'trainer'} into /base", f"exported {folder} to {out}"]
     (out / "file").write_text("x")
     with pytest.raises(FileExistsError, match="exists and is not an empty folder"):
         exporting.export(run, out)
