@@ -100,10 +100,12 @@ class Scorer:
         ]
         import ray
 
+        from rlpost.roles.reward_model import ScoreFnError
+
         try:
             outs = self.reward_models.get(refs)
         except ray.exceptions.RayTaskError as e:  # the user's score_fn at fault, not a death (cat18's t43)
-            if type(e.cause).__name__ == "ScoreFnError":
+            if isinstance(e.cause, ScoreFnError):
                 raise RewardFailure(str(e.cause)) from None
             raise
         return torch.tensor([x for out in outs for x in out], dtype=torch.float32)
