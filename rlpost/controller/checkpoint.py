@@ -257,8 +257,8 @@ def check_resume(cfg, run_dir: Path) -> None:
         if (was == "layerwise") != (now == "layerwise"):
             differ.append(f"{role}.optim.offload={was!r} there, {now!r} here (layerwise keeps Adam's states apart)")
     for key in ("run.seed", "data.shuffle"):  # the epoch's order (the 11th catalogue's t85, the 18th's t13)
-        if get(saved, key) != get(cfg, key):
-            was, now = get(saved, key), get(cfg, key)
+        was, now = get(saved, key), get(cfg, key)
+        if was != now:
             differ.append(f"{key}={was} there, {now} here (mid-epoch, prompts would train twice or never)")
     if saved.algo.async_rollouts and not cfg.algo.async_rollouts:  # its drawn-ahead batches: only async reads them
         differ.append("algo.async_rollouts=true there, false here (the prompts it had drawn ahead would never train)")

@@ -58,7 +58,7 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool
     pool = RewardPool(r.fn, r.kwargs, 1, r.timeout_s, r.memory_mb, r.error_score) if own else pool
     try:
         pool.load()  # (the run's has: a no-op) the file's own error, as the start's
-        scores = pool.score([RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source)])
+        scores = pool.score([first_try(row)])
     except RuntimeError as e:
         raise not_loaded(r.fn, e, r.memory_mb) from None
     finally:
@@ -86,15 +86,18 @@ def check_reward_values(cfg: TrainConfig, rows: list[PromptRow], log=print, pool
     log(f"warning: {tried} failed: {last}; such samples score reward.error_score")
 
 
+def first_try(row: PromptRow) -> RewardInput:
+    """The sample a first try scores: `row` answered with its own ground truth."""
+    return RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source)
+
+
 def scores_without_kwargs(cfg: TrainConfig, row: PromptRow) -> bool:
     """Whether the user's `reward.fn` scores the first try's sample when given no `reward.kwargs`
     (a function that needs them cannot: False)."""
     r = cfg.reward
     pool = RewardPool(r.fn, {}, 1, r.timeout_s, r.memory_mb, r.error_score)
     try:
-        return not pool.score(
-            [RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source)]
-        ).error_rows
+        return not pool.score([first_try(row)]).error_rows
     except RuntimeError:
         return False
     finally:
@@ -106,7 +109,7 @@ def check_own_scorer(fn: str, kwargs: dict, row: PromptRow) -> None:
     response: one that raises there cannot score these rows, which are another task's (the seventeenth
     catalogue's t137: reward.fn=reasoning_gym on arithmetic rows trained on zeros after the actors started)."""
     try:
-        REWARDS.get(fn)(RewardInput(row.prompt_text, row.ground_truth, row.ground_truth, row.data_source), **kwargs)
+        REWARDS.get(fn)(first_try(row), **kwargs)
     except Exception as e:  # noqa: BLE001  (rlpost's own scorer, in this process: what it raises is the answer)
         raise ConfigError(
             f"reward.fn={fn} cannot score the first training row (its ground truth {row.ground_truth[:60]!r} as the "
