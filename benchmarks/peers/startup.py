@@ -22,9 +22,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import threading
 import time
+import traceback
 
 MAX_MODEL_LEN, SEQS, PROMPT, NEW = 64 + 128, 512, 46, 128
+
+
+def sample_stacks(path: str, every_s: float = 0.2) -> None:
+    """Write the main thread's stack every `every_s` seconds to `path` (one JSON line each: the
+    seconds since the start and the innermost 30 frames), from a daemon thread, until the process
+    ends: which code the start-up's seconds go to, without a profiler."""
+    main, t0 = threading.main_thread().ident, time.monotonic()
+
+    def loop():
+        with open(path, "w") as f:
+            while True:
+                frame = sys._current_frames().get(main)
+                if frame is not None:
+                    where = traceback.extract_stack(frame)[-30:]
+                    stack = ["/".join(s.filename.split("/")[-3:]) + f":{s.lineno}:{s.name}" for s in where]
+                    f.write(json.dumps([round(time.monotonic() - t0, 2), stack]) + "\n")
+                    f.flush()
+                time.sleep(every_s)
+
+    threading.Thread(target=loop, daemon=True).start()
 
 
 def engine_args(variant: str) -> dict:
@@ -123,8 +146,11 @@ def main() -> None:
     p.add_argument("part", choices=["engine", "trainer", "ray"])
     p.add_argument("variant", nargs="?", default="rlpost")
     p.add_argument("--model", default="")
+    p.add_argument("--stacks", default="", help="sample the main thread's stack into this file")
     p.add_argument("--set", action="append", default=[], help="a config override for the trainer (repeat)")
     a = p.parse_args()
+    if a.stacks:
+        sample_stacks(a.stacks)
     t = time.monotonic()
     if a.part == "engine":
         out = engine(a.variant, a.model)
