@@ -12,6 +12,8 @@ rollout.max_num_seqs=512, rollout.kv_cache_gb=8; rlpost.rollout.vllm_engine.engi
   chunked    chunked prefill on, 8192 tokens a step (the CPU needs it off, not CUDA)
   nosleep    sleep mode off
   both       chunked and nosleep
+  v1         rlpost's, on vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0: no start-up JIT of every
+             sampling kernel, `warmup_kernels`, which compiled 12-17 s in each of two processes in a row)
   trl        TRL 1.16's colocated engine (trl/generation/vllm_generation.py): 4096 tokens a step,
              chunked prefill on, no sleep, memory share 0.3
 Each then generates the step's 512 samples twice (64 random 46-token prompts x 8, 128 tokens) and,
@@ -61,6 +63,7 @@ def engine_args(variant: str) -> dict:
         "chunked": {**rlpost, **chunked},
         "nosleep": {**rlpost, "enable_sleep_mode": False},
         "both": {**rlpost, **chunked, "enable_sleep_mode": False},
+        "v1": rlpost,
         "trl": trl,
     }[variant]
 
@@ -70,6 +73,8 @@ def engine(variant: str, model: str) -> dict:
     from rlpost.rollout.vllm_engine import prepare_environment
 
     prepare_environment("cuda", 1)
+    if variant == "v1":
+        __import__("os").environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
