@@ -19,6 +19,9 @@
 # the peers follow too, through task.json: trainer.micro_batch_size=512 is TRL's per_device_train_batch_size), LIMIT (seconds for the whole call, 575), OUT (/tmp/out). A job stops at STEPS or when its time is up, whichever comes first: its framework's cap
 # (CAP_RLPOST 170 s, CAP_TRL 150 s, CAP_VERL 300 s), less than what the call has left after RESERVE (100 s) for each
 # later job of its lane; a stopped job's steps and validations so far still count.
+# CACHES=cold empties vLLM's, Triton's and Inductor's caches before every job: each framework starts as on its first
+# run on a machine (the model class inspected, torch.compile, every Triton kernel), not in whatever state the job
+# before it left them (startup_h200.json: the first job on a machine pays up to 60 s that later ones do not).
 # Needs: vLLM, Ray and the SmolLM2 wheel in /tmp/site (../shared/tools/gpu-install.sh from the .parts/ calls), and
 # the peers' wheels in .whl-peers/ (carried: `carry: [".whl-peers"]`) or /tmp/whl-peers (README.md, "Wheels").
 # Writes $OUT/peers_s$SEED.json (collect_peers.py) and $OUT/peers_s$SEED.tar.gz (every log, for collect_peers.py
@@ -98,7 +101,8 @@ run_job() {  # run_job NAME GPUS LATER: one job (LATER jobs after it in its lane
   case $name in rlpost*) cap=$CAP_RLPOST ;; trl*) cap=$CAP_TRL ;; *) cap=$CAP_VERL ;; esac
   left=$((LIMIT - 30 - (SECONDS - START) - later * RESERVE)); [ "$left" -gt "$cap" ] && left=$cap
   [ "$left" -lt 60 ] && { echo "$(date -u +%T) skip $name: ${left}s left"; return; }
-  echo "$(date -u +%T) start $name on GPU $gpus for at most ${left}s: $cmd"
+  [ "${CACHES:-}" = cold ] && rm -rf "$HOME/.cache/vllm" "$HOME/.triton" /tmp/torchinductor_*
+  echo "$(date -u +%T) start $name on GPU $gpus for at most ${left}s${CACHES:+ (caches: $CACHES)}: $cmd"
   t0=$EPOCHREALTIME
   CUDA_VISIBLE_DEVICES=$gpus timeout -k 20 "$left" bash -c "$cmd" 2>&1 \
     | while IFS= read -r line; do printf '%s\t%s\n' "$EPOCHREALTIME" "$line"; done > "$W/$name.log"
@@ -122,7 +126,7 @@ main() {
   for spec in "${LANES[@]}"; do lane "${spec%%=*}" "${spec#*=}" & done
   for j in $(jobs -p); do [ "$j" = "$smi" ] || wait "$j"; done
   kill $smi
-  finish "COMMIT=${COMMIT:-unknown} SEED=$SEED STEPS=$STEPS VAL_EVERY=$VAL_EVERY LIMIT=$LIMIT bash benchmarks/peers/peers.sh ${LANES[*]}"
+  finish "COMMIT=${COMMIT:-unknown} SEED=$SEED STEPS=$STEPS VAL_EVERY=$VAL_EVERY LIMIT=$LIMIT${CACHES:+ CACHES=$CACHES} bash benchmarks/peers/peers.sh ${LANES[*]}"
 }
 
 finish() {  # finish COMMAND: the JSON of this seed and the archive of its folder into $OUT
