@@ -83,3 +83,15 @@ def test_each_package_imports_only_what_the_design_allows():
             if package != "controller" and any(n == "ray" or n.startswith("ray.") for n in names):
                 wrong.append(f"{module} imports ray: only the controller knows about Ray")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_controller_imports_neither_peft_nor_vllm():
+    """The controller imports the roles' modules to start their actors; peft (seconds to import) and
+    vLLM (tens of seconds on a GPU machine) are imported where they are used: a run with LoRA, the
+    rollout actor. Checked in a fresh interpreter, as `rlpost train` starts."""
+    import subprocess
+    import sys
+
+    code = "import sys, rlpost.cli, rlpost.controller.loop; print(sorted({'peft', 'vllm'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -37,7 +37,6 @@ from rlpost.models.loading import DTYPES
 from rlpost.models.lora import apply_lora
 from rlpost.trainer.checkpoint import load_checkpoint, save_checkpoint
 from rlpost.trainer.fsdp import fsdp_units, full_tensor, params_on, shard_model
-from rlpost.trainer.lora import use_merged_forward
 from rlpost.trainer.optim import LayerwiseAdamW
 from rlpost.trainer.profile import part
 from rlpost.trainer.stats import Stats
@@ -85,6 +84,8 @@ class FSDPEngine:
         if self.lora is not None:  # before sharding: FSDP2 shards each adapter with its layer
             model = apply_lora(model, self.lora)
             if self.lora.mode == "merge":  # compute with the weights the rollout holds
+                from rlpost.trainer.lora_forward import use_merged_forward  # (peft: only with LoRA)
+
                 use_merged_forward(model)
         self.model = shard_model(model, self.device, self.compute_dtype, cpu_offload=o.offload == "cpu")
         self.model.train()

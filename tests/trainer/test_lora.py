@@ -271,7 +271,7 @@ def test_the_merged_forward_is_loras_and_so_is_its_gradient(base_dir):
     """`use_merged_forward` (model.lora.mode=merge) computes x @ (W + s B A)^T in one product: in
     float32 the outputs and the adapter's gradients are peft's (round-off apart), the frozen
     weights get none; with the adapter disabled (the KL reference) it is the base model."""
-    from rlpost.trainer.lora import MergedLoraLinear, use_merged_forward
+    from rlpost.trainer.lora_forward import MergedLoraLinear, use_merged_forward
 
     peft = lora_model(base_dir)
     merged = copy.deepcopy(peft)
