@@ -7,6 +7,7 @@ rlpost export RUN_DIR [--step N] --out DIR                  # checkpoint -> Hugg
 rlpost plan +recipe=grpo_lora [--gpu-gb 80]                # memory per GPU, before renting it
 rlpost plot RUN_DIR [RUN_DIR ...] | FILE.json [--out PNG]   # curves of runs, or of a benchmark
 rlpost doctor [--config-docs]                               # check the install / print key docs
+rlpost --version                                            # rlpost's version (and commit, in a checkout)
 """
 
 from __future__ import annotations
@@ -326,29 +327,9 @@ def cmd_plot(argv: list[str]) -> int:
 
 
 def cmd_doctor(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rlpost doctor")
-    parser.add_argument("--config-docs", action="store_true", help="print docs/configuration.md")
-    args = parser.parse_args(argv)
-    if args.config_docs:
-        from rlpost.config import config_docs
+    from rlpost.doctor import doctor  # (rlpost/doctor.py: the installed packages, rlpost's version first)
 
-        sys.stdout.write(config_docs())
-        return 0
-    import importlib
-
-    packages = "torch transformers ray hydra omegaconf peft datasets vllm flash_attn wandb tensorboard"
-    for name in packages.split():
-        try:
-            module = importlib.import_module(name)
-            print(f"{name:14s} {getattr(module, '__version__', '?')}")
-        except ImportError:
-            print(f"{name:14s} not installed")
-        except Exception as e:  # noqa: BLE001  (installed, but its import fails: a build for another device, cat15's t52)
-            print(f"{name:14s} cannot be imported ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})")
-    import torch
-
-    print(f"{'cuda':14s} {torch.cuda.device_count()} device(s)" if torch.cuda.is_available() else f"{'cuda':14s} none")
-    return 0
+    return doctor(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -368,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("-h", "--help", "help"):  # asked for: on stdout, exit 0
         print(__doc__.strip())
         return 0
+    if argv and argv[0] in ("-V", "--version"):  # (the nineteenth catalogue's t125: there was no way to ask)
+        from rlpost.doctor import version
+
+        return print(version()) or 0
     if not argv or argv[0] not in commands:
         if argv:
             print(f"rlpost: unknown command {argv[0]!r}; the commands are {', '.join(commands)}\n", file=sys.stderr)

@@ -342,7 +342,7 @@ def test_a_checkpoint_that_cannot_be_written_names_the_cause_and_the_one_to_resu
     assert str(info.value) == (
         f"writing checkpoint {tmp_path / 'checkpoints' / 'step_4'} failed: OSError: [Errno 28] No space left on "
         f"device; the newest complete checkpoint is {tmp_path / 'checkpoints' / 'step_2'}; free space there, then "
-        "trainer.resume=auto"
+        "run again with trainer.resume=auto"
     )
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_2"]
 

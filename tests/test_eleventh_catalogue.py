@@ -253,7 +253,7 @@ def test_a_full_disk_at_a_checkpoint_is_said_as_a_full_disk(tmp_path):
     assert str(info.value) == (
         f"writing checkpoint {tmp_path / 'checkpoints' / 'step_2'} failed: OSError: [Errno 28] No space left on "
         f"device: '/disk/run/checkpoints/.tmp_step_2/x.distcp'; the newest complete checkpoint is "
-        f"{tmp_path / 'checkpoints' / 'step_1'}; free space there, then trainer.resume=auto"
+        f"{tmp_path / 'checkpoints' / 'step_1'}; free space there, then run again with trainer.resume=auto"
     )
 
 

@@ -166,7 +166,7 @@ def check_forms(overrides: list[str]) -> None:
             )
 
 
-def _unknown_keys(node, prefix: str = "") -> list[str]:
+def keys_not_in_schema(node, prefix: str = "") -> list[str]:
     """Keys of a composed config that the schema does not have (`+key=` bypasses Hydra's check)."""
     out = []
     for k, v in node.items():
@@ -174,7 +174,7 @@ def _unknown_keys(node, prefix: str = "") -> list[str]:
         if key in ALL_KEYS:
             continue
         if isinstance(v, DictConfig) and any(a.startswith(key + ".") for a in ALL_KEYS):
-            out += _unknown_keys(v, key + ".")
+            out += keys_not_in_schema(v, key + ".")
         else:
             out.append(key)
     return out
@@ -232,7 +232,7 @@ def compose(overrides: list[str]) -> TrainConfig:
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             composed: DictConfig = hydra_compose(config_name="train", overrides=list(overrides))
-        unknown = _unknown_keys(composed)
+        unknown = keys_not_in_schema(composed)
         if unknown:
             raise ConfigError(unknown_key(unknown[0]))
         _check_group_choices(composed, list(overrides))

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from rlpost.config.knobs import knob, section
 
+# the longest timeout a key takes: far longer ones overflow the clocks of the signal timers, polls and
+# stack dumps that enforce them (1e12 s: raw OverflowErrors, the nineteenth catalogue's t127, t129, t131)
+WEEK_S = 7 * 24 * 3600
+
 
 # ---------------------------------------------------------------------------- weight sync, reward
 @dataclass
@@ -23,6 +27,7 @@ class WeightSyncConfig:
         "Timeout of the weight-sync process group. An actor whose sync still runs "
         "after half of it prints the stack of each of its threads to stderr.",
         ge=1,
+        le=WEEK_S,
     )
 
 
@@ -56,7 +61,7 @@ class RewardConfig:
         1.0, "Weight of the rule score (`fn`) in the training reward; validation scores by the rule alone."
     )
     num_workers: int = knob(2, "Processes that run a user `fn` in parallel (built-ins score in the controller).", ge=1)
-    timeout_s: float = knob(30.0, "Time one sample's `fn` may take; past it the sample is a timeout.", gt=0)
+    timeout_s: float = knob(30.0, "Time one sample's `fn` may take; past it the sample is a timeout.", gt=0, le=WEEK_S)
     memory_mb: int = knob(4096, "Address-space cap of each reward process, MiB (0 = none).", ge=0)
     error_score: float = knob(
         0.0, "Score of a sample whose `fn` raised, timed out, crashed or returned a non-finite or non-number."
@@ -83,6 +88,7 @@ class EnvConfig:
         "Wall-clock time of one episode; past it no further turn starts (counted). An environment its factory "
         "has not made within it ends its episode at once (counted in env/errors).",
         gt=0,
+        le=WEEK_S,
     )
     tool_parser: str = knob(
         "hermes",
@@ -93,6 +99,7 @@ class EnvConfig:
         "Time one tool call may take; past it the model reads an error (a worker's round trip alone takes "
         "milliseconds: below 0.01 s every call would time out).",
         ge=0.01,
+        le=WEEK_S,
     )
     workers: int = knob(
         16,

@@ -15,8 +15,27 @@ from rlpost.config import TrainConfig
 from rlpost.config.rules import GROUP_ADVANTAGES
 
 
+def greedy(r) -> str:
+    """The sampling setting that makes a prompt's samples alike, if one does ("": none)."""
+    if r.temperature < 0.1:
+        return f"rollout.temperature={r.temperature:g} makes a prompt's samples alike (0.7-1.0 is usual)"
+    if r.top_k == 1 or r.top_p < 0.01:  # (the nineteenth catalogue's t22, t134: the reward was blamed)
+        key = "rollout.top_k=1" if r.top_k == 1 else f"rollout.top_p={r.top_p:g}"
+        return f"{key} keeps only the likeliest token, so a prompt's samples are alike (leave it out: off by default)"
+    return ""
+
+
+def uniform_cause(cfg: TrainConfig, mean: float) -> str:
+    """Why every group scored alike: the sampling, else the answers or the reward function."""
+    return greedy(cfg.rollout) or (  # (the fifteenth catalogue's t25: reward.fn=gsm8k, which reads '#### N')
+        f"every answer is right or every one wrong (reward/mean {mean:.3f}), or reward.fn={cfg.reward.fn} "
+        "gives these answers one score (does it read the task's answer format?)"
+    )
+
+
 def no_signal(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[str, str]:
-    """What in step `step`'s metrics says it could not learn, by kind: `truncated`, `uniform`, `collapsed`."""
+    """What in step `step`'s metrics says it could not learn, by kind: `truncated`, `uniform`, `no_tokens`,
+    `collapsed`."""
     out, r = {}, cfg.rollout
     if metrics.get("response_length/truncated_frac", 0.0) >= 1.0:
         out["truncated"] = (
@@ -25,20 +44,24 @@ def no_signal(cfg: TrainConfig, step: int, metrics: dict[str, float]) -> dict[st
         )
     advantage = ALGORITHMS.get(cfg.algo.name).advantage
     if advantage in GROUP_ADVANTAGES and metrics.get("reward/uniform_groups", 0.0) >= 1.0:
-        mean = metrics.get("reward/mean", float("nan"))
-        if r.temperature < 0.1:
-            why = f"rollout.temperature={r.temperature:g} makes a prompt's samples alike (0.7-1.0 is usual)"
-        else:
-            why = (  # (the fifteenth catalogue's t25: reward.fn=gsm8k, which reads '#### N', on plain sums)
-                f"every answer is right or every one wrong (reward/mean {mean:.3f}), or reward.fn={cfg.reward.fn} "
-                "gives these answers one score (does it read the task's answer format?)"
-            )
         out["uniform"] = (
             f"warning: in step {step} every prompt's {r.n} samples scored the same reward (reward/uniform_groups "
-            f"1.0), so algo.name={cfg.algo.name}'s advantages are all 0 and the step did not change the model: {why}"
+            f"1.0), so algo.name={cfg.algo.name}'s advantages are all 0 and the step did not change the model: "
+            + uniform_cause(cfg, metrics.get("reward/mean", float("nan")))
         )
     collapsed = metrics.get("actor/entropy", 1.0) < 1e-6 and metrics.get("actor/grad_norm", 1.0) == 0.0
-    if collapsed and r.temperature >= 0.1:  # (at a near-zero temperature `uniform` names the cause)
+    if collapsed and metrics.get("actor/ppo_ratio_max", 0.0) == float("-inf"):  # no token in any micro-batch's loss
+        filtered = cfg.algo.overlong_filter and metrics.get("response_length/truncated_frac", 0.0) >= 1.0
+        out["no_tokens"] = (  # (the nineteenth catalogue's t115: told it had collapsed, to lower the lr)
+            f"warning: no token of step {step} was in the loss (actor/ppo_ratio_max -inf), so nothing trained: "
+            + (
+                "algo.overlong_filter=true leaves truncated responses out, and every one was: raise "
+                f"rollout.max_response_length={r.max_response_length}"
+                if filtered
+                else "every response's loss mask was empty"
+            )
+        )
+    elif collapsed and not greedy(r):  # (sampling that makes samples alike: `uniform` names the cause)
         out["collapsed"] = (
             f"warning: in step {step} the policy's entropy and gradient are 0 (actor/entropy, actor/grad_norm): it "
             "writes one answer with certainty and no update can move it; too large a step does this (now "
@@ -143,20 +166,31 @@ def setting_warnings(cfg: TrainConfig) -> list[str]:
         cfg.data.max_prompt_length + cfg.rollout.max_response_length,
         cfg.trainer.max_tokens_per_microbatch,
     )
-    rm = cfg.reward.model
-    if (
-        rm.path and rm.kind == "classifier" and rm.max_length < longest
-    ):  # (cat10's t56: max_length=1 scored every sample's first token)
-        out.append(
-            f"warning: reward.model.max_length={rm.max_length} is below a sample's {longest} tokens "
-            "(data.max_prompt_length + rollout.max_response_length, the policy's): the reward model reads each "
-            f"sample cut to its first {rm.max_length} tokens of its own, the end of the response dropped"
-        )
+    out += reward_warnings(cfg, longest)
     if 0 < budget < longest:
         out.append(
             f"warning: trainer.max_tokens_per_microbatch={budget} is below one sequence's {longest} tokens "
             "(data.max_prompt_length + rollout.max_response_length): a longer sequence goes alone in its micro-batch "
             "(slow where the budget is far below it)"
+        )
+    return out
+
+
+def reward_warnings(cfg: TrainConfig, longest: int) -> list[str]:
+    """The reward's settings that train, but not as their values say (`setting_warnings`'; `longest`: a
+    sample's tokens)."""
+    out, r, rm = [], cfg.reward, cfg.reward.model
+    if rm.path and rm.kind == "classifier" and rm.max_length < longest:  # (cat10's t56: its first token scored)
+        out.append(
+            f"warning: reward.model.max_length={rm.max_length} is below a sample's {longest} tokens "
+            "(data.max_prompt_length + rollout.max_response_length, the policy's): the reward model reads each "
+            f"sample cut to its first {rm.max_length} tokens of its own, the end of the response dropped"
+        )
+    if r.error_score >= 1.0:  # (the nineteenth catalogue's t126: failures scored as right answers)
+        out.append(
+            f"warning: reward.error_score={r.error_score:g} scores a sample whose reward failed at least as a right "
+            "answer (1): the run is rewarded for failing; 0 (the default) scores it as wrong (validation counts a "
+            "failed sample wrong whatever it scores)"
         )
     return out
 

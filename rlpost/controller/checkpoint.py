@@ -106,9 +106,10 @@ def save(run_dir: Path, step: int, controller_state: dict, groups: list, keep: i
         older, disk = complete_checkpoints(run_dir), os_error_in(e)
         why = f"{type(disk or cause).__name__}: {disk or cause}"
         full = disk is not None and disk.errno in (errno.ENOSPC, errno.EDQUOT)
+        then = "trainer.resume=auto" if older else "run.overwrite=true (no checkpoint to go on from)"  # (cat19's t68)
         raise CheckpointError(
             f"writing checkpoint {final} failed: {why}; the newest complete checkpoint is "
-            f"{older[-1] if older else 'none'}" + ("; free space there, then trainer.resume=auto" if full else "")
+            f"{older[-1] if older else 'none'}" + (f"; free space there, then run again with {then}" if full else "")
         ) from e
     if final.exists():
         shutil.rmtree(final)
@@ -304,8 +305,13 @@ def check_data_place(cfg, loader) -> None:
 
 
 # ---------------------------------------------------------------------------------------- export
-def run_config(run_dir: Path):
-    """The `TrainConfig` a run was started with (its `config.yaml`)."""
+_NOTED: set[Path] = set()  # config.yaml files whose keys of another version were said (once a process)
+
+
+def run_config(run_dir: Path, log=print):
+    """The `TrainConfig` a run was started with (its `config.yaml`). Keys this rlpost does not have
+    (another version's, one that removed them) are left out with a note: they could block every
+    resume of that run (the nineteenth catalogue's t88); a known key's value that does not fit is refused."""
     from omegaconf import OmegaConf
 
     from rlpost.config import TrainConfig
@@ -327,7 +333,8 @@ def run_config(run_dir: Path):
     from rlpost.config import ConfigError
 
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path)))
+        saved = without_unknown_keys(OmegaConf.load(path), path, log)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), saved))
     except (OmegaConfBaseException, YAMLError, UnicodeDecodeError) as e:  # edited by hand, or another version's
         where = f" ({e.full_key})" if getattr(e, "full_key", None) else ""
         reason = str(e).strip().splitlines()[0]
@@ -363,3 +370,22 @@ def select(run_dir: Path, step: int | None = None, log=print) -> Path:
         intact = [s for s, p in zip(steps, done) if damage(p) is None]
         raise FileNotFoundError(f"{folder} is damaged: {problem}; intact ones: steps {intact or 'none'}")
     return folder
+
+
+def without_unknown_keys(saved, path: Path, log=print):
+    """`saved` (a loaded config.yaml) less the keys this rlpost's schema does not have, said once."""
+    from omegaconf import DictConfig, OmegaConf
+
+    from rlpost.config.compose import keys_not_in_schema
+
+    unknown = keys_not_in_schema(saved) if isinstance(saved, DictConfig) else []
+    for key in unknown:
+        owner, _, leaf = key.rpartition(".")
+        del (OmegaConf.select(saved, owner) if owner else saved)[leaf]
+    if unknown and path not in _NOTED:
+        _NOTED.add(path)
+        log(
+            f"note: {path} holds keys this rlpost does not have ({', '.join(unknown)}): written by another version "
+            "of rlpost (or by hand); they are left out"
+        )
+    return saved

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from rlpost.config import ConfigError
@@ -30,6 +31,12 @@ def check_ray_can_start() -> None:
             f"PYTHONWARNINGS={os.environ['PYTHONWARNINGS']!r} makes every warning an error, also in Ray's own "
             "processes, which then cannot start: unset it, or make errors of your modules' warnings only "
             "(error::Category:module)"
+        )
+    if sys.flags.optimize >= 2:  # (the nineteenth catalogue's t63: Ray failed after 46 s, said as a killed start)
+        how = f"PYTHONOPTIMIZE={os.environ['PYTHONOPTIMIZE']!r}" if os.environ.get("PYTHONOPTIMIZE") else "python -OO"
+        raise ConfigError(
+            f"{how} strips docstrings, which Ray's own modules edit as they import (its dashboard then fails and "
+            "Ray does not start): unset it, or use optimize level 1 (PYTHONOPTIMIZE=1, python -O)"
         )
     root = ray_temp_root()
     if not os.path.isabs(root):  # Ray's raylet stops at start, said as a killed or busy start (cat16's t128)

@@ -227,11 +227,11 @@ class Rollouts:
         """Accuracy and mean reward of `params` (one sample each) on the validation rows."""
         start = time.perf_counter()
         batch = self.generate(rows, replace(params, ahead=True))  # (async: before the queued samples)
-        scores, errors, _ = self.score(rows, batch, params.n, rule_only=True)
+        scores, errors, failed = self.score(rows, batch, params.n, rule_only=True)
         episodes = {f"val/env_{k[4:]}": v for k, v in env_metrics(batch).items()} if "env_turns" in batch else {}
         return {
             **episodes,
-            "val/accuracy": (scores >= 1.0).float().mean().item(),
+            "val/accuracy": ((scores >= 1.0) & ~failed).float().mean().item(),  # a failed sample is not right
             "val/reward_mean": scores.mean().item(),
             "val/score_max": scores.max().item() if len(scores) else 0.0,  # (accuracy counts a score >= 1 right)
             "val/reward_errors": float(errors["errors"]),
@@ -245,9 +245,9 @@ class Rollouts:
         from rlpost.metrics.passk import pass_at_ks
 
         n = params.n
-        scores, _, _ = self.score(rows, self.generate(rows, params), n, rule_only=True)
+        scores, _, failed = self.score(rows, self.generate(rows, params), n, rule_only=True)
         self.busy.take()  # before the first step: not its generation
-        right = (scores >= 1.0).view(len(rows), n).tolist()
+        right = ((scores >= 1.0) & ~failed).view(len(rows), n).tolist()
         ks = sorted({k for k in (1, 2, 4, 8, 16, 32, 64) if k <= n} | {n})
         return {f"start/{k}": v for k, v in pass_at_ks(right, ks).items()}
 

@@ -12,7 +12,7 @@ from rlpost.config import TrainConfig
 from rlpost.controller.checkpoint import CheckpointError
 from rlpost.controller.loop import Controller
 from rlpost.controller.progress import run_time_at
-from rlpost.controller.signals import StopSignals
+from rlpost.controller.signals import StopSignals, WorkersGone
 
 
 def train(cfg: TrainConfig, log=print) -> Path:
@@ -20,7 +20,10 @@ def train(cfg: TrainConfig, log=print) -> Path:
     under way, with a checkpoint: `Stopped`; a second one stops at once: KeyboardInterrupt. When an
     actor dies (`trainer.max_restarts` > 0 times at most) the groups start again and the run
     resumes from its newest complete checkpoint."""
+    from rlpost.controller.cluster import local_ray_died
+
     stop = StopSignals()
+    stop.ray_gone = local_ray_died
     restarts, started = 0, time.monotonic()
     try:
         while True:
@@ -32,7 +35,7 @@ def train(cfg: TrainConfig, log=print) -> Path:
                     controller.stop_on(stop.signal)
                 return controller.run(stop)
             except Exception as e:
-                if stop.signal is not None and is_ray_error(e):  # the signal took the workers too
+                if stop.signal is not None and (is_ray_error(e) or isinstance(e, WorkersGone)):  # it took them too
                     controller.stop_on(stop.signal, workers_gone=True)
                 dead = controller.dead_actors() if is_ray_error(e) else []
                 if isinstance(e, CheckpointError) and not dead:  # a full disk: no worker died (cat11's t73)

@@ -37,8 +37,11 @@ class Scorer:
         """(rewards [N], how many samples failed to score, the decoded responses). The reward is
         `reward.rule_weight` x the rule score + `reward.model.weight` x the reward model's score
         (when one is configured; its parts go into `batch` as `rule_scores` and `model_scores`);
-        `rule_only`: the rule score alone (validation). A non-finite model score counts as an error
-        and scores 0. `interrupted`: the reward pool gives up when it turns true (`Interrupted`)."""
+        `rule_only`: the rule score alone (validation), with a mask of the samples that failed to score in
+        place of the responses: validation counts them wrong whatever `reward.error_score` gives them (the
+        nineteenth catalogue's t126: accuracy 1.000 at error_score=1 with 30 of 64 failed). A non-finite
+        model score counts as an error and scores 0. `interrupted`: the reward pool gives up when it turns
+        true (`Interrupted`)."""
         # (multi-turn: the reward function reads the model's last turn, its answer)
         starts = batch["last_turn_start"].tolist() if "last_turn_start" in batch else [0] * len(batch)
         responses = self.tokenizer.batch_decode(
@@ -59,7 +62,9 @@ class Scorer:
             first = result.first_error.splitlines()[-1]
             self.log(f"reward: {errors['errors']} samples failed{f' ({kinds})' if kinds else ''}; first: {first}")
         if rule_only:
-            return rule, errors, responses
+            failed = torch.zeros(len(samples), dtype=torch.bool)
+            failed[result.error_rows] = True
+            return rule, errors, failed
         self._check_failures(result, len(samples))
         model = None
         if self.reward_models is not None:

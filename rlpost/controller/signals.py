@@ -28,6 +28,11 @@ class SecondSignal(KeyboardInterrupt):
         self.signum = signum
 
 
+class WorkersGone(RuntimeError):
+    """A stop signal reached Ray's own processes too (sent to the whole process group: `timeout`,
+    Slurm's `scancel`): the step under way cannot finish, and no call to Ray returns any more."""
+
+
 class StopSignals:
     """While it is installed, the first SIGTERM, SIGINT or SIGHUP is only noted (`signal`: the loop stops
     after the step under way); a second one raises KeyboardInterrupt at once."""
@@ -37,6 +42,7 @@ class StopSignals:
         self.before_start = True  # until the workers start there is no step to finish: a signal stops at once
         self.starting = False  # the workers starting: a signal stops the start, and what started is shut down
         self.finishing = False  # the steps done: the report and the shutdown finish, whatever comes
+        self.ray_gone = lambda: False  # whether Ray's own processes died (`cluster.local_ray_died`, set by `train`)
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         if self.previous[signal.SIGHUP] is signal.SIG_IGN:  # `nohup`: the user asked to outlive the terminal
             del self.previous[signal.SIGHUP]
@@ -68,11 +74,17 @@ class StopSignals:
         sys.stderr.write(f"\nrlpost: {name}: stopping after the step under way; send it again to stop at once\n")
 
     def check(self) -> None:
-        """`Stopped` for a signal that came while the workers started: the start's waits look each
-        second. They waited for the whole start, which may never come (workers Ray's memory monitor
-        killed again and again: the tenth catalogue's t57)."""
-        if self.starting and self.signal is not None:
+        """Called each second by every wait on the workers. `Stopped` for a signal that came while the
+        workers started: they waited for the whole start, which may never come (workers Ray's memory
+        monitor killed again and again: the tenth catalogue's t57). `WorkersGone` for one that took
+        Ray's processes too: the step never ends, and Ray's client ended the program a minute later
+        with its own message (the nineteenth catalogue's t58, t60)."""
+        if self.signal is None or self.finishing:
+            return
+        if self.starting:
             raise Stopped(self.signal)
+        if self.ray_gone():
+            raise WorkersGone(f"{signal.Signals(self.signal).name} reached Ray's own processes too")
 
     def restore(self) -> None:
         for s, handler in self.previous.items():

@@ -126,6 +126,9 @@ def read_hub(source: str, path: Path) -> list[dict]:
         ) from None
 
 
+TOO_DEEP = "nested too deeply to read (lists or objects in each other past Python's recursion limit); flatten it"
+
+
 def read_text_rows(path: Path, suffix: str) -> list[dict]:
     """Raw rows of a .jsonl (one object a line), .json (one array of objects) or .csv file."""
     text = read_text(path)
@@ -138,6 +141,8 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
             raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
         except KeyError as e:  # (the fifteenth catalogue's t01: the last value kept, as .jsonl refuses it)
             raise DataError(f"{path}: an object gives the key {e.args[0]!r} twice; give each key once") from None
+        except RecursionError:  # (the nineteenth catalogue's t108: a raw RecursionError)
+            raise DataError(f"{path}: {TOO_DEEP}") from None
     if suffix == ".json" and columns_layout(text):
         raise DataError(
             f"{path}: one JSON object of columns (pandas' DataFrame.to_json() default), not rows; write "
@@ -157,6 +162,8 @@ def read_text_rows(path: Path, suffix: str) -> list[dict]:
             raise DataError(f"{path}: row {i}: not valid JSON ({e.msg}); want one JSON object a line") from None
         except KeyError as e:
             raise DataError(f"{path}: row {i}: the key {e.args[0]!r} is given twice; give each key once") from None
+        except RecursionError:
+            raise DataError(f"{path}: row {i}: {TOO_DEEP}") from None
     return rows
 
 

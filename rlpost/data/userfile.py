@@ -1,5 +1,6 @@
 """A user's own function named on the command line as `path/to/file.py:name` (a reward function,
-an environment factory), with errors that name the config key."""
+an environment factory; `name` may be an attribute path, `Class.method`), with errors that name the
+config key."""
 
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ def check_file(spec: str, key: str) -> None:
             bound.add((node.asname or node.name).split(".")[0])
         elif isinstance(node, ast.Name) and (isinstance(node.ctx, ast.Store) or node.id in DYNAMIC):
             bound.add(node.id)
-    if not bound & {name, *DYNAMIC}:
-        raise AttributeError(f"{key}={spec!r}: {path} defines no function {name!r}")
+    top = name.split(".")[0]  # `Class.method`: an attribute path, as entry points name one (the 19th's t40)
+    if not bound & {top, *DYNAMIC}:
+        raise AttributeError(f"{key}={spec!r}: {path} defines no {'function' if top == name else 'name'} {top!r}")
     if any(isinstance(node, ast.AsyncFunctionDef) and node.name == name for node in tree.body):
         raise ValueError(not_awaited(spec, key, name))
 
@@ -75,12 +77,17 @@ def load_from_file(spec: str, key: str) -> Callable:
         raise ValueError(f"{key}={spec!r}: running {path} raised {type(e).__name__}{where}: {e}") from e
     finally:
         slow.cancel()
-    fn = getattr(module, name, None)
+    fn, found = module, []
+    for part in name.split("."):  # `Class.method` as entry points name one
+        if not hasattr(fn, part):
+            missing = ".".join([*found, part])
+            raise AttributeError(
+                f"{key}={spec!r}: {path} defines no {'function' if missing == name else 'name'} {missing!r}"
+            )
+        fn = getattr(fn, part)
+        found.append(part)
     if not callable(fn):
-        what = (
-            f"{name!r} as a {type(fn).__name__}, not a function" if hasattr(module, name) else f"no function {name!r}"
-        )
-        raise AttributeError(f"{key}={spec!r}: {path} defines {what}")
+        raise AttributeError(f"{key}={spec!r}: {path} defines {name!r} as a {type(fn).__name__}, not a function")
     if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
         raise ValueError(not_awaited(spec, key, name))
     return fn

@@ -155,6 +155,8 @@ VIOLATIONS = {
     "flash_attn_is_installed": [["model.attn_implementation=flash_attention_2", "trainer.device=cuda"]],
     "profile_step_in_the_run": [["trainer.profile_step=101", "trainer.total_steps=100"]],
     "clip_low_read": [["algo.name=cispo", "algo.clip_ratio_low=0.5"]],
+    "clip_c_read": [["algo.name=cispo", "algo.clip_ratio_c=10"], ["algo.name=gspo", "algo.clip_ratio_c=2"]],
+    "samples_can_differ": [["rollout.top_k=1"], ["algo.name=rloo", "rollout.top_k=1"]],
     "vllm_is_installed": [["rollout.backend=vllm"]],
     "one_parameter_offload": [["trainer.param_offload=true", "trainer.optim.offload=cpu"]],
     "colocated_actor_per_rank": [

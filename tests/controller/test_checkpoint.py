@@ -95,7 +95,8 @@ def test_a_failed_first_save_names_the_actors_cause_and_no_older_checkpoint(tmp_
         checkpoint.save(tmp_path, 3, {"step": 3}, [Group(fail=error)], keep=2)
     assert str(info.value) == (
         f"writing checkpoint {tmp_path / 'checkpoints' / 'step_3'} failed: OSError: [Errno 28] No space left on "
-        "device; the newest complete checkpoint is none; free space there, then trainer.resume=auto"
+        "device; the newest complete checkpoint is none; free space there, then run again with run.overwrite=true (no "
+        "checkpoint to go on from)"
     )
     assert steps(tmp_path) == []  # the temporary folder is gone
 

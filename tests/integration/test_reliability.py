@@ -213,6 +213,6 @@ def test_a_full_disk_while_checkpointing_is_a_clear_error(ray_session, base_over
     assert str(info.value) == (
         f"writing checkpoint {run_dir / 'checkpoints' / 'step_2'} failed: OSError: [Errno 28] No space left on "
         f"device; the newest complete checkpoint is {run_dir / 'checkpoints' / 'step_1'}; free space there, then "
-        "trainer.resume=auto"
+        "run again with trainer.resume=auto"
     )
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_1"]  # no half-written folder
