@@ -86,7 +86,9 @@ def test_a_run_config_edited_by_hand_is_named_on_resume_and_on_export(tmp_path, 
     with pytest.raises(ConfigError) as info:
         checkpoint.check_resume(cfg, run)
     assert str(info.value).startswith(f"{path}: not a config rlpost can read (trainer.totl_steps): ")
-    assert str(info.value).endswith("undo the edit, or start a new run.dir")
+    assert str(info.value).endswith(
+        "(did you mean trainer.total_steps?); it is the run's own record of its settings: undo the edit"
+    )
     assert main(["export", str(run), "--out", str(tmp_path / "out")]) == 2
     said = capsys.readouterr().err
     assert said.startswith(f"rlpost export: {path}: not a config rlpost can read (trainer.totl_steps)")

@@ -305,16 +305,12 @@ def check_data_place(cfg, loader) -> None:
 
 
 # ---------------------------------------------------------------------------------------- export
-_NOTED: set[Path] = set()  # config.yaml files whose keys of another version were said (once a process)
 
 
 def run_config(run_dir: Path, log=print):
     """The `TrainConfig` a run was started with (its `config.yaml`). Keys this rlpost does not have
     (another version's, one that removed them) are left out with a note: they could block every
     resume of that run (the nineteenth catalogue's t88); a known key's value that does not fit is refused."""
-    from omegaconf import OmegaConf
-
-    from rlpost.config import TrainConfig
 
     path, run_dir = Path(run_dir) / "config.yaml", Path(run_dir)
     if not path.is_file():
@@ -327,21 +323,9 @@ def run_config(run_dir: Path, log=print):
             f"{path} not found: {run_dir} is not an rlpost run folder (`rlpost train` writes config.yaml into "
             f"run.dir){hint}"
         )
-    from omegaconf.errors import OmegaConfBaseException
-    from yaml import YAMLError
+    from rlpost.controller.saved_config import read_config
 
-    from rlpost.config import ConfigError
-
-    try:
-        saved = without_unknown_keys(OmegaConf.load(path), path, log)
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), saved))
-    except (OmegaConfBaseException, YAMLError, UnicodeDecodeError) as e:  # edited by hand, or another version's
-        where = f" ({e.full_key})" if getattr(e, "full_key", None) else ""
-        reason = str(e).strip().splitlines()[0]
-        raise ConfigError(
-            f"{path}: not a config rlpost can read{where}: {reason}; it is the run's own record of its settings: "
-            "undo the edit, or start a new run.dir"
-        ) from None
+    return read_config(path, log)
 
 
 def select(run_dir: Path, step: int | None = None, log=print) -> Path:
@@ -370,22 +354,3 @@ def select(run_dir: Path, step: int | None = None, log=print) -> Path:
         intact = [s for s, p in zip(steps, done) if damage(p) is None]
         raise FileNotFoundError(f"{folder} is damaged: {problem}; intact ones: steps {intact or 'none'}")
     return folder
-
-
-def without_unknown_keys(saved, path: Path, log=print):
-    """`saved` (a loaded config.yaml) less the keys this rlpost's schema does not have, said once."""
-    from omegaconf import DictConfig, OmegaConf
-
-    from rlpost.config.compose import keys_not_in_schema
-
-    unknown = keys_not_in_schema(saved) if isinstance(saved, DictConfig) else []
-    for key in unknown:
-        owner, _, leaf = key.rpartition(".")
-        del (OmegaConf.select(saved, owner) if owner else saved)[leaf]
-    if unknown and path not in _NOTED:
-        _NOTED.add(path)
-        log(
-            f"note: {path} holds keys this rlpost does not have ({', '.join(unknown)}): written by another version "
-            "of rlpost (or by hand); they are left out"
-        )
-    return saved
