@@ -36,13 +36,24 @@ RECIPE_DIR = REPO_ROOT / "recipes"
 _KEY_IN_MESSAGE = re.compile(r"full_key: ([\w.\[\]]+)|Could not override '([\w.]+)'|Key '([\w.]+)'")
 
 
+_registered: tuple = ()  # the recipe files (name, mtime) last registered in Hydra's config store
+
+
 def _register_schema_and_recipes() -> None:
+    """The schema and every recipe in Hydra's config store, again only when a recipe file changed:
+    registering them was half of each `compose` (0.08 of 0.16 s on 2 cores)."""
     from hydra.core.config_store import ConfigStore
 
+    global _registered
+    recipes = sorted(RECIPE_DIR.glob("*.yaml"))
+    stamp = tuple((p.name, p.stat().st_mtime_ns) for p in recipes)
     store = ConfigStore.instance()
+    if stamp == _registered and "rlpost_schema.yaml" in store.repo:
+        return
     store.store(name="rlpost_schema", node=TrainConfig)
-    for path in sorted(RECIPE_DIR.glob("*.yaml")):
+    for path in recipes:
         store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+    _registered = stamp
 
 
 def unknown_key(key: str) -> str:
