@@ -275,3 +275,49 @@ def test_validation_scores_that_never_reach_one_are_said_where_accuracy_reads_ze
     )
     assert off_scale({"val/score_max": 0.0, "val/accuracy": 0.0}) == {}  # nothing scored: nothing to read
     assert off_scale({"val/score_max": 0.9, "val/accuracy": 0.25}) == {}  # (not reachable, but not said)
+
+
+def test_the_sampling_that_makes_samples_alike_is_named_at_its_edges():
+    """`alerts.greedy` (the nineteenth catalogue's t22, t134), at the values either side of each edge."""
+    from rlpost.controller.alerts import greedy
+
+    said = lambda *overrides: greedy(load_config(["+recipe=quickstart", *overrides]).rollout)  # noqa: E731
+    assert said("rollout.top_k=2", "rollout.top_p=0.01") == ""
+    assert said("rollout.top_p=0.0099").startswith("rollout.top_p=0.0099 keeps only the likeliest token")
+    assert said("algo.name=ppo", "rollout.top_k=1") == (
+        "rollout.top_k=1 keeps only the likeliest token, so a prompt's samples are alike (leave it out: off by default)"
+    )
+    assert said("rollout.temperature=0.05").startswith("rollout.temperature=0.05 makes a prompt's samples alike")
+
+
+def test_a_step_with_no_loss_token_names_the_filter_only_when_it_removed_every_response():
+    nothing = {"actor/entropy": 0.0, "actor/grad_norm": 0.0, "actor/ppo_ratio_max": float("-inf")}
+    empty = "warning: no token of step 1 was in the loss (actor/ppo_ratio_max -inf), so nothing trained: every "
+    off = load_config(["+recipe=quickstart"])
+    assert no_signal(off, 1, {**nothing, "response_length/truncated_frac": 1.0})["no_tokens"].startswith(empty)
+    on = load_config(["+recipe=quickstart", "algo.overlong_filter=true"])
+    assert no_signal(on, 1, nothing)["no_tokens"].startswith(empty)  # nothing truncated: not the filter
+    assert "overlong_filter" in no_signal(on, 1, {**nothing, "response_length/truncated_frac": 1.0})["no_tokens"]
+
+
+def test_scores_that_reach_1_exactly_or_above_it_are_not_called_under_scale():
+    from rlpost.controller.alerts import off_scale
+
+    assert off_scale({"val/score_max": 1.0, "val/accuracy": 0.0}) == {}  # (a failed sample: scored 1, counted wrong)
+    assert list(off_scale({"val/score_max": 1.5, "val/accuracy": 0.0})) == ["off_scale"]
+    assert list(off_scale({"val/score_max": 0.9, "val/accuracy": 0.0})) == ["under_scale"]
+
+
+def test_the_tiny_keys_and_the_reward_workers_warnings_read_as_said(monkeypatch):
+    from rlpost.config.compose import compose  # (not validated: /m is no folder here)
+    from rlpost.controller.alerts import tiny_keys_warning, worker_count_warning
+
+    cfg = compose(["+recipe=quickstart", "model.path=/m", "model.tiny.hidden_size=32", "model.tiny.num_layers=3"])
+    assert tiny_keys_warning(cfg) == (
+        "warning: model.tiny.hidden_size=32, model.tiny.num_layers=3: read only when model.path=tiny builds the tiny "
+        "model, "
+        "and model.path=/m: they are not used"
+    )
+    monkeypatch.setattr("os.cpu_count", lambda: None)  # unknown: taken as one core
+    cfg = compose(["+recipe=quickstart", "reward.fn=/tmp/r.py:f", "reward.num_workers=2"])
+    assert worker_count_warning(cfg).startswith("warning: reward.num_workers=2 on a machine of 1 CPU cores")
