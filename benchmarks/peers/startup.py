@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -74,7 +75,7 @@ def engine(variant: str, model: str) -> dict:
 
     prepare_environment("cuda", 1)
     if variant == "v1":
-        __import__("os").environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -86,8 +87,10 @@ def engine(variant: str, model: str) -> dict:
         max_model_len=MAX_MODEL_LEN, max_num_seqs=SEQS, **kwargs,
     )  # fmt: skip
     out["engine_s"] = time.monotonic() - t
-    g = __import__("torch").Generator().manual_seed(0)
-    prompts = [TokensPrompt(prompt_token_ids=__import__("torch").randint(100, 40000, (PROMPT,), generator=g).tolist())]
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [TokensPrompt(prompt_token_ids=torch.randint(100, 40000, (PROMPT,), generator=g).tolist())]
     for i in range(2):
         params = SamplingParams(n=8, max_tokens=NEW, temperature=1.0, seed=i, logprobs=0, ignore_eos=True)
         t = time.monotonic()

@@ -11,6 +11,13 @@ _NOTED: set[Path] = set()  # config.yaml files whose keys of another version wer
 CLOSE = 0.85  # a key of config.yaml this near one of the schema's is a slip of an edit, refused; others are left out
 
 
+def schema_key_like(key: str) -> str | None:
+    """The schema's key that `key` is a slip of (within `CLOSE`), if any."""
+    from rlpost.config.compose import ALL_KEYS
+
+    return next(iter(difflib.get_close_matches(key, ALL_KEYS, n=1, cutoff=CLOSE)), None)
+
+
 def read_config(path: Path, log=print):
     """The `TrainConfig` of the config.yaml at `path` (`run_config`'s)."""
     from omegaconf import OmegaConf
@@ -18,15 +25,14 @@ def read_config(path: Path, log=print):
     from yaml import YAMLError
 
     from rlpost.config import ConfigError, TrainConfig
-    from rlpost.config.compose import ALL_KEYS
 
     try:
         saved = without_unknown_keys(OmegaConf.load(path), path, log)
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), saved))
     except (OmegaConfBaseException, YAMLError, UnicodeDecodeError) as e:  # edited by hand, or another version's
         key = getattr(e, "full_key", None)
-        close = difflib.get_close_matches(str(key), ALL_KEYS, n=1, cutoff=CLOSE) if key else []
-        reason = str(e).strip().splitlines()[0] + (f" (did you mean {close[0]}?)" if close else "")
+        close = schema_key_like(str(key)) if key else None
+        reason = str(e).strip().splitlines()[0] + (f" (did you mean {close}?)" if close else "")
         raise ConfigError(
             f"{path}: not a config rlpost can read{f' ({key})' if key else ''}: {reason}; it is the run's own record "
             "of its settings: undo the edit"
@@ -37,10 +43,10 @@ def without_unknown_keys(saved, path: Path, log=print):
     """`saved` (a loaded config.yaml) less the keys this rlpost's schema does not have, said once."""
     from omegaconf import DictConfig, OmegaConf
 
-    from rlpost.config.compose import ALL_KEYS, keys_not_in_schema
+    from rlpost.config.compose import keys_not_in_schema
 
-    unknown = keys_not_in_schema(saved) if isinstance(saved, DictConfig) else []  # (one like a key of ours: a slip
-    unknown = [k for k in unknown if not difflib.get_close_matches(k, ALL_KEYS, n=1, cutoff=CLOSE)]  # of an edit)
+    unknown = keys_not_in_schema(saved) if isinstance(saved, DictConfig) else []
+    unknown = [k for k in unknown if schema_key_like(k) is None]  # (one like a key of ours: a slip of an edit)
     for key in unknown:
         owner, _, leaf = key.rpartition(".")
         del (OmegaConf.select(saved, owner) if owner else saved)[leaf]
