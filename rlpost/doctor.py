@@ -22,14 +22,15 @@ def version() -> str:
     except PackageNotFoundError:  # run from a checkout that pip never installed
         number = "(not installed)"
     here = Path(__file__).resolve().parent.parent
+    if not (here / ".git").exists():  # an installed wheel: no commit to name
+        return f"rlpost {number}"
     try:
         out = subprocess.run(
             ["git", "-C", str(here), "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5
         )
-        commit = f", commit {out.stdout.strip()}" if out.returncode == 0 and (here / ".git").exists() else ""
     except (OSError, subprocess.SubprocessError):  # no git, or it hung
-        commit = ""
-    return f"rlpost {number}{commit}"
+        return f"rlpost {number}"
+    return f"rlpost {number}" + (f", commit {out.stdout.strip()}" if out.returncode == 0 else "")
 
 
 def doctor(argv: list[str]) -> int:
