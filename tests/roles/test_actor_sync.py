@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from rlpost.config import load_config
 from rlpost.trainer.fsdp import full_tensor
@@ -331,3 +332,34 @@ def test_merge_mode_trains_with_the_weights_the_rollout_holds(base, make_worker)
     gap = (trainer["old_logprobs"][order] - rollout_lp).abs()[mask]
     assert (base_lp - rollout_lp).abs()[mask].max() > 1e-2, "the adapter moved nothing: this would prove nothing"
     assert gap.max() < 1e-5, f"trainer vs rollout log-prob gap {gap.max():.3g}"
+
+
+@pytest.mark.parametrize("base", FAMILY_IDS, indirect=True)
+def test_merge_mode_log_probs_are_full_fine_tunings_on_the_same_weights(base, make_worker, tmp_path):
+    """Issue 36 item 4 on one run: a full fine-tuning trainer that holds the weights merge mode
+    synced computes merge mode's log-probs bit for bit, so against any rollout of those weights the
+    two modes' log-prob gaps are equal, their maximum and their mean (GPU: tests/gpu)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlpost.controller.step import step_plan
+    from rlpost.data.microbatch import shard_batch
+
+    path, model = base
+    lora = make_worker(config("merge", "model.dtype=bfloat16"), path)
+    for seed in (1, 2):  # B leaves 0
+        train(lora, model, seed)
+    expected = [(n, p.detach().to(torch.bfloat16)) for n, p in model.named_parameters()]
+    _, _, got = Rollout(lora).sync(1, expected)
+    merged = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    merged.load_state_dict(got, strict=False)  # a tied head follows its embedding
+    merged.save_pretrained(tmp_path / "merged")
+    AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / "merged")
+    full_ft = make_worker(config("none", "model.dtype=bfloat16"), str(tmp_path / "merged"))
+    batch, _ = ragged_generation(5)
+    shard = shard_batch(batch, step_plan(batch, lora.cfg)[1])[0]
+    a, b = lora.compute_logprobs(shard), full_ft.compute_logprobs(shard)
+    base_worker = make_worker(config("none", "model.dtype=bfloat16"), path)
+    moved = (base_worker.compute_logprobs(shard)["old_logprobs"] - a["old_logprobs"]).abs().max()
+    assert moved > 1e-2, "the adapter moved nothing: this would prove nothing"
+    assert torch.equal(a["row_index"], b["row_index"])
+    assert torch.equal(a["old_logprobs"], b["old_logprobs"]), (a["old_logprobs"] - b["old_logprobs"]).abs().max()
