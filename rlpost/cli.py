@@ -13,6 +13,7 @@ rlpost --version                                            # rlpost's version (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import signal
@@ -368,11 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         started = " as it started: nothing was trained" if argv[0] == "train" else ""  # (its own handlers: later)
         print(f"\nrlpost {argv[0]}: interrupted (SIGINT){started}", file=sys.stderr)
         return 130
-    except ConsoleError as e:
-        try:
-            print(f"rlpost: {e}", file=sys.stderr)
-        except ConsoleError:  # standard error itself
-            pass
+    except ConsoleError as e:  # said on the other stream (cat20's t122: stderr's went to /dev/null, not a word)
+        with contextlib.suppress(ConsoleError, OSError):
+            print(f"rlpost: {e}", file=sys.stdout if e.stream == "stderr" else sys.stderr, flush=True)
         return 1
 
 

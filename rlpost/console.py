@@ -8,10 +8,16 @@ from __future__ import annotations
 import os
 import sys
 
+WORD = {"stdout": "output", "stderr": "error"}  # (the stream's name in a message: cat20's t122 read "errput")
+
 
 class ConsoleError(Exception):
-    """Standard output or error cannot be written (a full disk, an I/O error): `rlpost` says so and
-    exits 1 (a raw OSError traceback from this file, the tenth catalogue's t59)."""
+    """Standard output or error (`stream`) cannot be written (a full disk, an I/O error): `rlpost` says
+    so on the other one and exits 1 (a raw OSError traceback from this file, the tenth catalogue's t59)."""
+
+    def __init__(self, message: str, stream: str = "stdout"):
+        super().__init__(message)
+        self.stream = stream
 
 
 class SteadyStream:
@@ -22,7 +28,7 @@ class SteadyStream:
 
     def write(self, text: str) -> int:
         if self._stream is None:  # closed when rlpost started (`>&-`: the eleventh catalogue's t72)
-            raise ConsoleError(f"cannot write to standard {self._name.removeprefix('std')}put (it is closed)")
+            raise ConsoleError(f"cannot write to standard {WORD[self._name]} (it is closed)", self._name)
         try:
             return self._stream.write(text)
         except BrokenPipeError:
@@ -44,7 +50,7 @@ class SteadyStream:
     def _failed(self, error: OSError) -> ConsoleError:
         """What it could not write is dropped (and the flush at exit with it)."""
         self._to_devnull()
-        return ConsoleError(f"cannot write to standard {self._name.removeprefix('std')}put ({error.strerror or error})")
+        return ConsoleError(f"cannot write to standard {WORD[self._name]} ({error.strerror or error})", self._name)
 
     def _to_devnull(self) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)

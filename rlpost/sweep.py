@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+from rlpost.controller.signals import STOPS
+
 
 def train_sweep(overrides: list[str], show_config: bool) -> int:
     """Hydra's multirun: every combination of the swept values, checked first, then one run after
@@ -141,10 +143,10 @@ def write_record(record, jobs: list[list[str]], done: set[int]) -> None:
 
 
 def run_job(job: list[str]) -> tuple[int, int | None]:
-    """One job in a process of its own: (its exit code, the signal that stopped the sweep). SIGTERM,
-    SIGINT or SIGHUP to the sweep go on to the job, which stops after its step as a single run does,
-    and the sweep waits for it: the sweep had exited at once and left the job training with no
-    parent (the tenth catalogue's t39)."""
+    """One job in a process of its own: (its exit code, the signal that stopped the sweep). The stop
+    signals (`rlpost.controller.signals.STOPS`) to the sweep go on to the job, which stops after its
+    step as a single run does, and the sweep waits for it: the sweep had exited at once and left the
+    job training with no parent (the tenth catalogue's t39)."""
     child = subprocess.Popen([sys.executable, "-m", "rlpost.cli", "train", *job])
     got: list[int] = []
 
@@ -152,8 +154,7 @@ def run_job(job: list[str]) -> tuple[int, int | None]:
         got.append(signum)
         child.send_signal(signum)
 
-    stops = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
-    before = {s: signal.signal(s, forward) for s in stops if signal.getsignal(s) is not signal.SIG_IGN}
+    before = {s: signal.signal(s, forward) for s in STOPS if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         return child.wait(), (got[0] if got else None)
     finally:

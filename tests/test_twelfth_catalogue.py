@@ -29,7 +29,8 @@ def test_overwrite_never_deletes_through_a_checkpoint_linked_to_another_runs(tmp
 
 def test_a_lock_whose_start_is_not_a_time_is_refused_by_name(tmp_path):
     """t18: a `run.lock` written by hand with `"since": "yesterday"` ended in a raw TypeError."""
-    from rlpost.controller.run_dir import LOCK, claim_run_dir
+    from rlpost.controller.run_dir import claim_run_dir
+    from rlpost.controller.run_lock import LOCK
 
     (tmp_path / LOCK).write_text(json.dumps({"pid": 1, "host": "elsewhere", "since": "yesterday"}))
     with pytest.raises(ConfigError, match=r"in use by another run \(pid 1 on host elsewhere, since 'yesterday'\); "):
@@ -104,7 +105,8 @@ def test_a_lock_that_cannot_be_written_is_not_left_empty(tmp_path, monkeypatch):
     import errno
 
     from rlpost.controller import run_dir
-    from rlpost.controller.run_dir import LOCK, claim_run_dir
+    from rlpost.controller.run_dir import claim_run_dir
+    from rlpost.controller.run_lock import LOCK
 
     def full(obj, f):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -166,3 +166,18 @@ def classifier_reward_model(cfg):
             "it would be random); give a sequence-classification reward model, or reward.model.kind=causal_lm with "
             "reward.model.score_fn=file.py:function"
         )
+
+
+CPU_RANKS_A_CORE = 8  # (the tests run 4 ranks on 2 cores)
+
+
+@rule("trainer.world_size", this_machine=True)
+def cpu_ranks_fit_the_machine(cfg):
+    """A local CPU run's trainer ranks are processes of this machine (cat20's t164: 64 ranks on 2 cores
+    started for minutes with nothing but Ray's warnings)."""
+    t, cores = cfg.trainer, os.cpu_count() or 1
+    if t.device == "cpu" and not cfg.cluster.address and t.world_size > CPU_RANKS_A_CORE * cores:
+        return (
+            f"trainer.world_size={t.world_size}: a CPU run's trainer ranks are processes of this machine, which has "
+            f"{cores} cores; give at most {CPU_RANKS_A_CORE * cores}, or train on a Ray cluster (cluster.address)"
+        )

@@ -24,6 +24,8 @@ from rlpost.config.sections import (
 )
 from rlpost.data.tasks import TASKS
 
+MAX_OPERANDS = 1000  # a sums_steps problem of 1000 two-digit numbers is ~5000 characters, past any prompt budget
+
 
 # ----------------------------------------------------------------------------------------- model
 @dataclass
@@ -67,10 +69,12 @@ class TinyModelConfig:
     eval_samples: int = knob(
         16,
         "Samples per held-out problem for the start model's pass@k, measured once when "
-        "the model is built (`start_eval.json` in its folder).",
+        "the model is built (`start_eval.json` in its folder; each sample is a generation of every held-out "
+        "problem, so 1024, the most, takes minutes).",
         ge=1,
+        le=1024,
     )
-    seed: int = knob(0, "Seed of the tiny model's initialisation and warm-up.", ge=0)
+    seed: int = knob(0, "Seed of the tiny model's initialisation and warm-up.", ge=0, le=2**31 - 1)
 
 
 @dataclass
@@ -136,6 +140,7 @@ class GymConfig:
         "Seed of the training rows; validation rows are seeded `seed + data.train_size` (reasoning-gym "
         "seeds item i with seed + i, so the splits share no generator).",
         ge=0,
+        le=2**31 - 1,
     )
     system_prompt: str = knob(
         "default",
@@ -172,14 +177,15 @@ class DataConfig:
         ge=1,
     )
     arithmetic_digits: int = knob(
-        2, "Digits of each number of the arithmetic, multiply, sums_chat and sums_steps tasks.", ge=1
+        2, "Digits of each number of the arithmetic, multiply, sums_chat and sums_steps tasks.", ge=1, le=100
     )
-    operands: int = knob(3, "Numbers added in each `sums_steps` problem (`sums_chat` adds two).", ge=2)
+    operands: int = knob(3, "Numbers added in each `sums_steps` problem (`sums_chat` adds two).", ge=2, le=MAX_OPERANDS)
     max_operands: int = knob(
         0,
         "`sums_steps` with answers of varied length: each problem adds between `data.operands` and this many "
         "numbers, drawn uniformly (0 = exactly `data.operands`).",
         ge=0,
+        le=MAX_OPERANDS,
     )
     gym: GymConfig = section(GymConfig, "`data.task=reasoning_gym`: the procedural dataset and its settings.")
     shuffle: bool = knob(True, "Reshuffle the training rows every epoch (seeded by `run.seed`).")
@@ -295,7 +301,9 @@ class TrainerConfig:
     )
     keep_checkpoints: int = knob(2, "Complete checkpoints kept; older ones are deleted.", ge=1)
     save_on_signal: bool = knob(
-        True, "On SIGTERM or SIGINT: finish the step, write a checkpoint, exit (a second signal exits at once)."
+        True,
+        "On SIGTERM, SIGINT, SIGHUP, SIGUSR1 or SIGUSR2 (Slurm's warning before a job's time runs out): finish "
+        "the step, write a checkpoint, exit (a second signal exits at once).",
     )
     resume: str = knob("none", "`none`, `auto` (newest complete checkpoint in `run.dir`), or a checkpoint folder.")
     max_restarts: int = knob(

@@ -152,9 +152,10 @@ class ClusterConfig:
     stall_timeout_s: float = knob(
         3600.0,
         "Longest wait on one call to the actors, and the trainer ranks' collective timeout: past it the run "
-        "stops, naming the role, rank and call it waited on. At least 10 s: loading a model or setting up the "
-        "weight sync takes seconds (0.001 was taken, then stopped the run once the actors were up).",
-        ge=10,
+        "stops, naming the role, rank and call it waited on. At least 60 s: the start's calls (the engines' "
+        "load, the weight sync's set-up) take 10-30 s for the quickstart on a CPU, minutes for large models (10 "
+        "was taken, then stopped the quickstart once its actors were up).",
+        ge=60,
     )
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import ray
@@ -123,11 +125,34 @@ def init_ray(**kwargs) -> None:
             raise
         ray.shutdown()
         why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        logs = f"{ray_temp_root()}/ray/session_latest/logs"
+        said = last_ray_error(logs)
+        guess = (  # (cat20's t57: an address-space limit was said as a killed or busy start)
+            f"Its last error: {said}"
+            if said
+            else "A process of it ended as it started (killed from outside, or by the out-of-memory killer) or the "
+            "machine was too busy to start it in time: start the run again"
+        )
         raise RayDidNotStart(
             f"Ray's local instance did not start ({why}). Its processes' logs (raylet.out, gcs_server.out) are in "
-            f"{ray_temp_root()}/ray/session_latest/logs. A process of it ended as it started (killed from outside, "
-            "or by the out-of-memory killer) or the machine was too busy to start it in time: start the run again"
+            f"{logs}. {guess}"
         ) from None
+
+
+def last_ray_error(logs: str) -> str | None:
+    """The last error line (glog's `E` or `F`) of Ray's raylet or GCS log in `logs`, without its prefix."""
+    found = None
+    for name in ("gcs_server.out", "raylet.out"):
+        try:
+            lines = Path(logs, name).read_text(errors="replace").splitlines()[-500:]
+        except OSError:
+            continue
+        errors = [m.group(1) for m in map(RAY_ERROR.match, lines) if m]
+        found = f"{name}: {errors[-1][:240]}" if errors else found
+    return found
+
+
+RAY_ERROR = re.compile(r"^\[[^\]]* [EF] \d+ \d+\] (.*\S)")  # [2026-11-29 11:10:06,227 E 897 897] file.cc:1: what
 
 
 class RayDidNotStart(RuntimeError):
@@ -221,7 +246,7 @@ def wait_first(refs: list, start: float, labels: dict | None = None, deadlines: 
         if waited >= deadlines.timeout_s:
             raise Stall(
                 f"waited {waited:.0f} s for {what} (cluster.stall_timeout_s={deadlines.timeout_s:g}): "
-                "the call is stuck or slower than the limit allows"
+                "the call is stuck or slower than the limit allows (if only slow, raise cluster.stall_timeout_s)"
             )
         if time.monotonic() >= warn:
             deadlines.log(f"still waiting after {waited:.0f} s for {what}")

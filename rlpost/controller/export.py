@@ -24,6 +24,11 @@ def export(run_dir, out_dir, step: int | None = None, dtype: str | None = None, 
     folder = select(run_dir, step, log=log)
     check_base_model(cfg, run_dir)
     claim = out_dir / ".rlpost-export"  # two exports into one new --out both wrote it (the ninth catalogue's n62)
+    if out_dir.is_symlink() and not out_dir.exists():  # (cat20's t117: read as another export's claim)
+        raise FileExistsError(
+            f"--out {out_dir}: a symbolic link that leads nowhere (in a loop, or to a folder "
+            "that is gone); give another --out"
+        )
     if out_dir.exists() and (not out_dir.is_dir() or any(p != claim for p in out_dir.iterdir())):
         raise FileExistsError(f"--out {out_dir} exists and is not an empty folder")
     made = not out_dir.exists()

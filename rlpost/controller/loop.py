@@ -26,7 +26,8 @@ from rlpost.controller import checkpoint
 from rlpost.controller.adapter_probe import AdapterProbe
 from rlpost.controller.cluster import quiet_libraries
 from rlpost.controller.progress import run_steps
-from rlpost.controller.run_dir import claim_run_dir, release_run_dir
+from rlpost.controller.run_dir import claim_run_dir
+from rlpost.controller.run_lock import release_run_dir
 from rlpost.controller.setup import load_data, model_and_base
 from rlpost.controller.signals import Stopped, StopSignals
 from rlpost.controller.step import (

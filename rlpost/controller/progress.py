@@ -124,9 +124,9 @@ def postfix(metrics: dict[str, float], val_acc: float | None) -> dict[str, str]:
 def check_run_folder(run_dir: Path, step: int, log=print) -> None:
     """The run's folder (its config.yaml) must still be there: one deleted under a run made it write
     its later checkpoints into a new folder no command could read, and end with exit 0. Its lock
-    must still be this run's (`run_dir.keep_lock`)."""
+    must still be this run's (`run_lock.keep_lock`)."""
     from rlpost.controller.checkpoint import CheckpointError
-    from rlpost.controller.run_dir import keep_lock
+    from rlpost.controller.run_lock import keep_lock
 
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(

@@ -4,6 +4,7 @@ processes, and name other causes (`check_ray_can_start`, called by `cluster.star
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sys
 from pathlib import Path
@@ -50,7 +51,8 @@ def check_ray_can_start() -> None:
             f"the temporary folder {root!r} (TMPDIR, or RAY_TMPDIR) cannot be written: Ray keeps its sessions "
             "there; set TMPDIR to a folder you can write, e.g. /tmp"
         )
-    free = shutil.disk_usage(root).free
+    check_limits()
+    free = shutil.disk_usage(ray_dir if os.path.isdir(ray_dir := f"{root}/ray") else root).free  # (cat20's t59b)
     if free < RAY_TMP_NEED:  # a full disk: Ray's start timed out after 40 s, a raw traceback (cat12's t158)
         raise ConfigError(
             f"the temporary folder {root!r} (TMPDIR, or RAY_TMPDIR) has {free / 2**20:.1f} MiB free: Ray writes its "
@@ -68,3 +70,25 @@ def check_ray_can_start() -> None:
 
 SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket path (Linux), which Ray checks as it starts
 RAY_TMP_NEED = 64 << 20  # bytes free in Ray's temporary folder below which it is not started
+LIMITS = {  # what Ray and a run need of each process limit at least (below it: refused, the `ulimit` named)
+    resource.RLIMIT_NOFILE: ("open files", "ulimit -n", 1024, 65536),  # (cat20's t55: 64, the raylet died)
+    resource.RLIMIT_FSIZE: ("file size", "ulimit -f", 1 << 30, None),  # (t56: 200 kB, Ray did not start)
+    resource.RLIMIT_AS: ("address space", "ulimit -v", 64 << 30, None),  # (t57: 3 GB; Ray's store maps GBs)
+}
+
+
+def check_limits() -> None:
+    """Each soft limit of `LIMITS` raised as far as its hard limit allows (NOFILE to 65536, as launchers
+    do); one still below what Ray and a run need is refused, naming its `ulimit`."""
+    for which, (what, flag, need, want) in LIMITS.items():
+        soft, hard = resource.getrlimit(which)
+        goal = hard if want is None else want if hard == resource.RLIM_INFINITY else min(hard, want)
+        if soft != resource.RLIM_INFINITY and (goal == resource.RLIM_INFINITY or soft < goal):
+            resource.setrlimit(which, (goal, hard))
+            soft = goal
+        if soft != resource.RLIM_INFINITY and soft < need:
+            unit, more = (1, "") if which == resource.RLIMIT_NOFILE else (1024, ", or unlimited")  # (-f, -v: KiB)
+            raise ConfigError(
+                f"this process's {what} limit ({flag}) is {soft // unit}, and its hard limit {hard // unit}: Ray's "
+                f"processes and a run need at least {need // unit}; raise it ({flag} {need // unit}{more})"
+            )

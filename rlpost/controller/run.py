@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rlpost.config import TrainConfig
 from rlpost.controller.checkpoint import CheckpointError
+from rlpost.controller.cluster import RayDidNotStart
 from rlpost.controller.loop import Controller
 from rlpost.controller.progress import run_time_at
 from rlpost.controller.signals import StopSignals, WorkersGone
@@ -27,7 +28,12 @@ def train(cfg: TrainConfig, log=print) -> Path:
     restarts, started = 0, time.monotonic()
     try:
         while True:
-            controller = Controller(cfg, log=log, restarts=restarts, stop=stop, started=started)
+            try:
+                controller = Controller(cfg, log=log, restarts=restarts, stop=stop, started=started)
+            except Exception as e:  # (cat20's t55: Ray's raylet died as the actors started, a raw traceback)
+                if is_ray_error(e) and not isinstance(e, RayDidNotStart):
+                    raise died_starting(e) from e
+                raise
             if restarts == 0 and controller.step > 0:  # resumed by a new process: its time goes on from the step's
                 started = controller.started = started - run_time_at(controller.run_dir, controller.step)
             try:
@@ -82,6 +88,17 @@ def workers_died(cfg: TrainConfig, controller: Controller, dead: list[str], rest
     return WorkersDied(
         f"{', '.join(dead) or 'a Ray worker or node of the run'} died ({type(e).__name__}: {why}); the run stopped "
         f"{left}after step {controller.step}. {go_on}" + episodes_hint(cfg, dead)
+    )
+
+
+def died_starting(e: Exception) -> WorkersDied:
+    """A Ray worker or node that died while the run's actors started: said in a line, with Ray's logs."""
+    from rlpost.controller.ray_checks import ray_temp_root
+
+    why = (str(e).strip().splitlines() or [""])[0][:200]
+    return WorkersDied(
+        f"a Ray worker or node of the run died while its actors started ({type(e).__name__}: {why}); nothing was "
+        f"trained. Why is in Ray's logs, {ray_temp_root()}/ray/session_latest/logs (raylet.out first)"
     )
 
 

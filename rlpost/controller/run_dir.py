@@ -4,29 +4,25 @@ the folder while the first lives, and a folder that holds another run's steps (m
 0, checkpoints) is refused unless this run resumes it (`trainer.resume`) or replaces it
 (`run.overwrite=true`, which deletes that run's logs and checkpoints; nothing else is deleted);
 a `config.yaml` that is not a run's is the user's, and refused.
-`release_run_dir` gives the lock back when the run ends."""
+`release_run_dir` (`run_lock`) gives the lock back when the run ends."""
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import math
 import os
 import re
 import shutil
-import socket
-import time
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
 from rlpost.config import ConfigError, TrainConfig, to_yaml
 from rlpost.controller.checkpoint import check_resume, complete_checkpoints
 from rlpost.controller.resume_notes import config_missing, say_edited_config, say_lost_metrics
+from rlpost.controller.run_lock import release_run_dir, take_lock
 from rlpost.metrics.trackers import WANDB_RUNS
 
-LOCK = "run.lock"
 RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "curves.png", WANDB_RUNS)  # and checkpoints/ ...
 # and in checkpoints/, tensorboard/ and profile/ what `run_trees` names, in wandb/ the W&B runs it recorded, which
 # `wandb sync` would upload (`_delete_wandb_runs`)
@@ -41,18 +37,20 @@ def claim_run_dir(cfg: TrainConfig, log=print, restart: bool = False) -> Path:
             "trainer.resume=auto looks for the newest checkpoint in run.dir, and run.dir is not set (this run "
             "would get a new folder, with none): give run.dir=<the run's folder>, or leave trainer.resume out"
         )
-    run_dir = Path(cfg.run.dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}").expanduser().resolve()
+    run_dir = Path(cfg.run.dir or f"runs/{datetime.now():%Y%m%d_%H%M%S}").expanduser()
     try:  # (a name longer than the file system takes raised a raw OSError here: the eleventh catalogue's t80)
+        run_dir = run_dir.resolve()  # (a symbolic-link loop raises RuntimeError in Python 3.11: cat20's t111)
         a_file = run_dir.exists() and not run_dir.is_dir()
-    except OSError as e:
-        raise ConfigError(f"run.dir={str(run_dir)!r}: cannot use that path ({e.strerror}); choose another run.dir")
+    except (OSError, RuntimeError) as e:
+        why = getattr(e, "strerror", None) or "a symbolic link in a loop"
+        raise ConfigError(f"run.dir={str(run_dir)!r}: cannot use that path ({why}); choose another run.dir")
     if a_file:
         raise ConfigError(f"run.dir={str(run_dir)!r} is a file, not a folder; choose another run.dir")
     if cfg.trainer.resume == "auto" and not run_dir.exists():  # (the fifteenth catalogue's t62: ${now:...})
         log(f"trainer.resume=auto: run.dir={run_dir} is a new folder (not there before this run): nothing to resume")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _lock(run_dir, log)
+        take_lock(run_dir, log)
     except OSError as e:  # a file where a folder of the path should be, no permission, read-only, a full disk
         raise ConfigError(f"run.dir={str(run_dir)!r}: cannot write there ({e.strerror}); choose another run.dir")
     try:
@@ -287,112 +285,3 @@ def written_by_a_run(folder: str, entry: Path) -> bool:
     # the names a run writes, exactly: a copy kept beside them (step_10_best) is the user's (the fifteenth's t41)
     checkpoint = re.fullmatch(r"step_\d+", entry.name) is not None and (entry / "controller.pt").exists()
     return checkpoint or re.fullmatch(r"\.tmp_step_\d+", entry.name) is not None
-
-
-def _lock(run_dir: Path, log) -> None:
-    """Create `run.lock` for this process; refuse when a live run holds it. A lock whose process is
-    gone (on this host) is taken over; one held on another host is refused: its owner cannot be
-    checked from here."""
-    path, me = run_dir / LOCK, {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-    with _one_claim_at_a_time(run_dir):
-        _take_lock(run_dir, path, me, log)
-
-
-@contextmanager
-def _one_claim_at_a_time(run_dir: Path):
-    """The folder itself flock-ed while a run claims it, so that two runs that both find a dead
-    run's lock cannot both take it over (each deleting the other's new lock). Where the file system
-    has no flock, claims go on unguarded, as before."""
-    fd = os.open(run_dir, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
-        yield
-    finally:
-        os.close(fd)  # (closing it releases the flock)
-
-
-def when(since) -> str:
-    """A lock's `since` as a date; one written by hand (the twelfth catalogue's t18: "yesterday") as it is."""
-    try:
-        return datetime.fromtimestamp(float(since)).strftime("%Y-%m-%d %H:%M:%S")
-    except (TypeError, ValueError, OverflowError, OSError):
-        return repr(since)
-
-
-def _take_lock(run_dir: Path, path: Path, me: dict, log) -> None:
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _read_lock(path)
-            if holder.get("pid") == me["pid"] and holder.get("host") == me["host"]:
-                return  # ours already (the run starting again after an actor died)
-            if holder.get("host") == me["host"] and not _alive(holder.get("pid")):
-                log(f"{path}: the run that held it (pid {holder.get('pid')}) is gone; taking the folder over")
-                path.unlink(missing_ok=True)
-                continue
-            since = when(holder.get("since", 0))
-            raise ConfigError(
-                f"run.dir={str(run_dir)!r} is in use by another run (pid {holder.get('pid')} on host "
-                f"{holder.get('host')}, since {since}); wait for it to end or choose another run.dir (if that run "
-                f"is gone, delete {path})"
-            )
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-        except OSError:  # a full disk: no empty lock left to refuse the next run (the twelfth catalogue's t16)
-            path.unlink(missing_ok=True)
-            raise
-        return
-    raise ConfigError(  # a dead run's lock came back as it was taken over: another claim, unguarded
-        f"run.dir={str(run_dir)!r}: {path} came back each time it was taken over (another run claiming the folder "
-        "at the same time?); try again, or choose another run.dir"
-    )
-
-
-def _read_lock(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # being written, or damaged: treated as a live lock of another host
-
-
-def _alive(pid) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, TypeError, ValueError):
-        return True  # another user's process, or no pid to check: assume it runs
-    return True
-
-
-def keep_lock(run_dir: Path, step: int, log=print) -> None:
-    """Each step: `run.lock` must still be this run's. Deleted by hand (its own message says to when
-    a run is gone), it is taken again and said; taken by another run meanwhile, this one stops before
-    it writes into a folder the other claims (the fourteenth catalogue's t29: a second run's
-    run.overwrite=true deleted a live run's files, and both went on writing there)."""
-    path = run_dir / LOCK
-    holder = _read_lock(path)
-    if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
-        return
-    if path.exists():
-        from rlpost.controller.checkpoint import CheckpointError
-
-        raise CheckpointError(
-            f"{path} was taken by another run (pid {holder.get('pid')} on host {holder.get('host')}) while this one "
-            f"trained, after step {step} (its lock had been deleted): stopped here so that the two do not write "
-            "into one folder; the other may have deleted this run's files (run.overwrite); go on in another run.dir"
-        )
-    log(f"{path} was deleted while the run trained (after step {step}): taken again; delete it only when no run is on")
-    _lock(run_dir, log)
-
-
-def release_run_dir(run_dir: Path) -> None:
-    """Delete `run.lock` if this process holds it."""
-    path = run_dir / LOCK
-    if _read_lock(path).get("pid") == os.getpid():
-        path.unlink(missing_ok=True)

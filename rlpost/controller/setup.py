@@ -57,12 +57,15 @@ def check_commas(files: list[str], key: str) -> None:
                 )
 
 
-def check_reward_routing(rows: list[PromptRow], reward_fn: str) -> None:
-    """With `reward.fn=auto`, every row's data_source must name a registered reward function:
-    fail at start rather than score every sample 0."""
-    if reward_fn != "auto":
-        return
-    unknown = sorted({r.data_source for r in rows} - set(REWARDS))
+def check_reward_routing(rows: list[PromptRow], reward_fn: str, default: str = "") -> None:
+    """With `reward.fn=auto`, every row's data_source (`default`: the one rows without were given)
+    must name a registered reward function: fail at start rather than score every sample 0."""
+    unknown = sorted({r.data_source for r in rows} - set(REWARDS)) if reward_fn == "auto" else []
+    if default and default in unknown:  # (cat20's t153: read as a row's, and the key that set it suggested)
+        raise DataError(
+            f"data.default_data_source={default!r}, given to the rows without a data_source, names no registered "
+            f"reward function (reward.fn=auto routes by it): choose one of {sorted(REWARDS)}, or set reward.fn"
+        )
     if unknown:
         what = "rows without a data_source" if unknown[0] == "" else f"data_source {unknown[0]!r}"
         raise DataError(
@@ -120,7 +123,7 @@ def load_data(
         log(f"dropped {dropped} prompts longer than data.max_prompt_length={cfg.data.max_prompt_length} tokens")
     check_row_counts(cfg, train_src, len(train.rows), val_src, len(val.rows), train.dropped_too_long)
     check_vocab(cfg, tokenizer, model_path, train.rows + val.rows)
-    check_reward_routing(train.rows + val.rows, cfg.reward.fn)
+    check_reward_routing(train.rows + val.rows, cfg.reward.fn, d.default_data_source)
     env = check_env(cfg, train.rows[0])
     check_reward_values(cfg, train.rows, log, pool)
     warnings = [overlap_warning(train.rows, val.rows), conflict_warning(train.rows)]

@@ -1,5 +1,6 @@
-"""Signals: the first SIGTERM, SIGINT or SIGHUP (the terminal or ssh session closed; not under
-`nohup`, which ignores it) stops the run after the step under way (with a checkpoint,
+"""Signals: the first SIGTERM, SIGINT, SIGHUP (the terminal or ssh session closed; not under
+`nohup`, which ignores it), SIGUSR1 or SIGUSR2 (Slurm's `--signal=USR1@SECONDS`, the warning before a
+job's time runs out; each left alone where it was ignored) stops the run after the step under way (with a checkpoint,
 `trainer.save_on_signal`), a second one at once; one before or while the workers start (a model being
 built, the data being read, actors starting) stops it at once."""
 
@@ -10,9 +11,11 @@ import signal
 import sys
 import threading
 
+STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)  # (cat20's t146: USR1 killed)
+
 
 class Stopped(Exception):
-    """The run stopped cleanly on a signal (SIGTERM, SIGINT, SIGHUP); the exit code is 128 + signal."""
+    """The run stopped cleanly on a signal (`STOPS`); the exit code is 128 + signal."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
@@ -34,7 +37,7 @@ class WorkersGone(RuntimeError):
 
 
 class StopSignals:
-    """While it is installed, the first SIGTERM, SIGINT or SIGHUP is only noted (`signal`: the loop stops
+    """While it is installed, the first signal of `STOPS` is only noted (`signal`: the loop stops
     after the step under way); a second one raises KeyboardInterrupt at once."""
 
     def __init__(self):
@@ -43,9 +46,10 @@ class StopSignals:
         self.starting = False  # the workers starting: a signal stops the start, and what started is shut down
         self.finishing = False  # the steps done: the report and the shutdown finish, whatever comes
         self.ray_gone = lambda: False  # whether Ray's own processes died (`cluster.local_ray_died`, set by `train`)
-        self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-        if self.previous[signal.SIGHUP] is signal.SIG_IGN:  # `nohup`: the user asked to outlive the terminal
-            del self.previous[signal.SIGHUP]
+        self.previous = {s: signal.getsignal(s) for s in STOPS}
+        for s in STOPS[2:]:  # ignored (`nohup`: the user asked to outlive the terminal): left so
+            if self.previous[s] is signal.SIG_IGN:
+                del self.previous[s]
         self.install()
 
     def install(self) -> None:

@@ -2,11 +2,10 @@
 
 One loader for every source: `.jsonl` (one object per line; `.json` too, or one array of
 objects), `.csv` (a header line), `.parquet`, a folder written by `datasets.Dataset.save_to_disk`,
-or a Hugging Face hub id (`name[:split]`). Every row must
-have `prompt` (a string, or chat messages `[{"role", "content"}, ...]`) and `ground_truth`
-(string or number); `data_source` is optional. A bad row stops the load with an error that names
-the file, the row number and the field. Prompts longer than `data.max_prompt_length` tokens are
-dropped and counted, not fatal.
+or a Hugging Face hub id (`name[:split]`). Every row must have `prompt` (a string, or chat messages
+`[{"role", "content"}, ...]`) and `ground_truth` (string or number); `data_source` is optional.
+A bad row stops the load with an error that names the file, the row number and the field. Prompts
+longer than `data.max_prompt_length` tokens are dropped and counted, not fatal.
 
 String prompts are tokenized as they are; chat messages go through the tokenizer's chat template
 with the generation prompt appended.
@@ -192,11 +191,17 @@ def read_csv(path: Path, text: str) -> list[dict]:
     return rows
 
 
+MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ": "xz", b"PK\x03\x04": "zip", b"\x28\xb5\x2f\xfd": "zstd"}
+
+
 def read_text(path: Path) -> str:
     """A data file's text: UTF-8, a byte-order mark (some Windows editors write one) left out."""
     try:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
+        packed = next((name for magic, name in MAGIC.items() if path.read_bytes().startswith(magic)), None)
+        if packed:  # (cat20's t23: a gzip file named .jsonl was told to save itself as UTF-8)
+            raise DataError(f"{path}: {packed}-compressed, though named {path.suffix}: decompress it") from None
         row = path.read_bytes()[: e.start].count(b"\n")
         raise DataError(
             f"{path}: row {row}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8"

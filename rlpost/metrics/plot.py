@@ -104,9 +104,13 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> tupl
     dirs = [Path(d) for d in run_dirs]
     seen: dict[Path, Path] = {}
     for d in dirs:  # (the fourteenth catalogue's t30: one run drawn twice as a comparison)
-        if d.resolve() in seen:
-            raise ValueError(f"{d} is given twice (as {seen[d.resolve()]} before): give each run once")
-        seen[d.resolve()] = d
+        try:
+            real = d.resolve()
+        except RuntimeError:  # a symbolic-link loop, in Python 3.11 (cat20's t120)
+            raise ValueError(f"{d}: a symbolic link in a loop, not a run folder; give the run's folder") from None
+        if real in seen:
+            raise ValueError(f"{d} is given twice (as {seen[real]} before): give each run once")
+        seen[real] = d
     runs = [read_metrics(d) for d in dirs]
     for d, rows in zip(dirs, runs):
         check_plottable(d / "metrics.jsonl", rows)

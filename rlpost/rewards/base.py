@@ -66,12 +66,30 @@ def check_call(fn: Callable, kwargs: dict, spec: str) -> None:
             raise TypeError(
                 f"reward.kwargs={kwargs}: reward.fn={spec} takes {signature} ({e}); leave out the rest"
             ) from None
+        missing = needed_kwargs(signature, kwargs)
+        if missing:  # (cat20's t46: `def score(s, *, scale)` was told to read the sample's fields)
+            give = " ".join(f"+reward.kwargs.{name}=VALUE" for name in missing)
+            raise TypeError(f"reward.fn={spec!r} takes {signature}: give {', '.join(missing)} with {give}") from None
         given = f" and reward.kwargs {sorted(kwargs)}" if kwargs else ""
         raise TypeError(
             f"reward.fn={spec!r} takes {getattr(fn, '__name__', 'fn')}{signature}, but a reward function is "
             f"called with one sample{given} ({e}): read sample.prompt, sample.response, sample.ground_truth and "
             "sample.data_source from its one argument"
         ) from None
+
+
+def needed_kwargs(signature: inspect.Signature, kwargs: dict) -> list[str]:
+    """The keyword-only parameters without a default that `reward.kwargs` does not give, when giving
+    them would make the call bind; else [] (more positional parameters are another framework's
+    signature: `reward(prompt, response, ground_truth)`)."""
+    params = signature.parameters.values()
+    kw_only = inspect.Parameter.KEYWORD_ONLY
+    missing = [p.name for p in params if p.kind is kw_only and p.default is p.empty and p.name not in kwargs]
+    try:
+        signature.bind(None, **kwargs, **dict.fromkeys(missing))
+    except TypeError:
+        return []
+    return missing
 
 
 def takes_one_sample(signature: inspect.Signature) -> bool:

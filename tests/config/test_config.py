@@ -257,6 +257,7 @@ VIOLATIONS = {
     "overwrite_or_resume": [["run.overwrite=true", "trainer.resume=auto"]],
     "critic_folder_exists": [["critic.model_path=/no/such/critic"]],
     "cache_dir_is_a_folder": [[f"model.cache_dir={REPO / 'README.md'}"], ["model.cache_dir="]],
+    "cpu_ranks_fit_the_machine": [["trainer.world_size=100000"]],
     "reward_model_folder_exists": [["reward.model.path=../no/rm"]],
     "reward_model_scorer": [
         ["reward.model.path=tiny", "reward.model.kind=causal_lm"],
@@ -310,6 +311,7 @@ def test_every_range_refuses_the_values_just_outside_it(key, bounds, kind):
     mode = ["env.name=retry"] if key.startswith("env.") else ["rollout.backend=vllm"] if vllm_only else []
     mode += ["reward.model.path=tiny"] * key.startswith("reward.model.")
     mode += ["data.task=sums_steps"] * (key in ("data.train_size", "data.operands", "data.max_operands"))
+    mode += ["data.task=reasoning_gym"] * key.startswith("data.gym.")
     if key in ("algo.max_filter_rounds", "algo.overlong_penalty", "algo.kl_horizon"):  # read under their switch
         recipe, mode = ("ppo", ["algo.kl_target=0.05"]) if key == "algo.kl_horizon" else ("dapo", [])
     mode += [f"{key.rsplit('.', 1)[0]}.offload=layerwise"] * key.endswith(".prefetch_layers")

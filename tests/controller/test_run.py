@@ -99,7 +99,7 @@ def test_a_signal_before_the_workers_start_stops_at_once(capsys):
 def test_a_start_that_fails_before_the_workers_gives_the_run_folder_back(tmp_path, monkeypatch):
     from rlpost.config import load_config
     from rlpost.controller import loop
-    from rlpost.controller.run_dir import LOCK
+    from rlpost.controller.run_lock import LOCK
     from rlpost.data.dataset import DataError
 
     def unreadable(*args, **kwargs):

@@ -14,7 +14,8 @@ from datetime import datetime
 import pytest
 
 from rlpost.config import ConfigError, load_config, to_yaml
-from rlpost.controller.run_dir import LOCK, claim_run_dir, release_run_dir
+from rlpost.controller.run_dir import claim_run_dir
+from rlpost.controller.run_lock import LOCK, release_run_dir
 from tests.run_dirs import cfg_in, earlier_run, run_config
 
 pytestmark = pytest.mark.timeout(60)

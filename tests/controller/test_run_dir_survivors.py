@@ -16,7 +16,8 @@ import pytest
 
 from rlpost.config import ConfigError, load_config, to_yaml
 from rlpost.controller import checkpoint
-from rlpost.controller.run_dir import HEADER, LOCK, claim_run_dir, keep_lock, release_run_dir
+from rlpost.controller.run_dir import HEADER, claim_run_dir
+from rlpost.controller.run_lock import LOCK, keep_lock, release_run_dir
 from tests.run_dirs import cfg_in, earlier_run, run_config
 
 pytestmark = pytest.mark.timeout(60)
