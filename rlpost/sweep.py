@@ -147,7 +147,9 @@ def run_job(job: list[str]) -> tuple[int, int | None]:
     signals (`rlpost.controller.signals.STOPS`) to the sweep go on to the job, which stops after its
     step as a single run does, and the sweep waits for it: the sweep had exited at once and left the
     job training with no parent (the tenth catalogue's t39)."""
-    child = subprocess.Popen([sys.executable, "-m", "rlpost.cli", "train", *job])
+    # a session of its own: a signal to the sweep's whole group (`timeout`, Slurm) reaches the job once, forwarded,
+    # not twice, which would stop it at once
+    child = subprocess.Popen([sys.executable, "-m", "rlpost.cli", "train", *job], start_new_session=True)
     got: list[int] = []
 
     def forward(signum, frame):

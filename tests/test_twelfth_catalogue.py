@@ -104,14 +104,14 @@ def test_a_lock_that_cannot_be_written_is_not_left_empty(tmp_path, monkeypatch):
     run.lock; once space was freed the same command was refused as "in use by another run (pid None"."""
     import errno
 
-    from rlpost.controller import run_dir
+    from rlpost.controller import run_lock
     from rlpost.controller.run_dir import claim_run_dir
     from rlpost.controller.run_lock import LOCK
 
     def full(obj, f):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(run_dir.json, "dump", full)
+    monkeypatch.setattr(run_lock.json, "dump", full)
     with pytest.raises((OSError, ConfigError)):
         claim_run_dir(cfg_in(tmp_path), log=lambda *_: None)
     assert not (tmp_path / LOCK).exists()

@@ -6,12 +6,13 @@ data source, standard error unwritable, Slurm's SIGUSR1, the stall timeout's flo
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import resource
 import signal
-import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -130,19 +131,26 @@ def test_an_unknown_default_data_source_is_said_as_that_key():
         check_reward_routing(rows, "auto", "")  # a row's own data_source: said as before
 
 
-def test_standard_error_unwritable_is_said_on_standard_output(tmp_path):
-    """t122: with `2>/dev/full` a run exited 1 without a word anywhere."""
-    with open("/dev/full", "w") as full:
-        done = subprocess.run(
-            [sys.executable, "-m", "rlpost.cli", "train", "+recipe=quickstart", f"run.dir={tmp_path / 'r'}"],
-            stdout=subprocess.PIPE,
-            stderr=full,
-            text=True,
-            timeout=120,
-            cwd=tmp_path,
-        )
-    assert done.returncode == 1
-    assert "rlpost: cannot write to standard error (No space left on device)" in done.stdout
+def test_standard_error_unwritable_is_said_on_standard_output(tmp_path, monkeypatch, capsys):
+    """t122: with `2>/dev/full` a run exited 1 without a word anywhere (stderr's own error went to the
+    /dev/null that its failed stream had been pointed at)."""
+    import rlpost.cli as cli
+    from rlpost.console import SteadyStream
+
+    class Full:  # a stream on a full disk
+        def __init__(self):
+            self.file = open(tmp_path / "err", "w")  # noqa: SIM115 (its descriptor: pointed at /dev/null)
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def fileno(self):
+            return self.file.fileno()
+
+    monkeypatch.setattr(sys, "stderr", SteadyStream(Full(), "stderr"))
+    monkeypatch.setattr(cli, "cmd_train", lambda argv: print("a line", file=sys.stderr))
+    assert cli.main(["train"]) == 1
+    assert capsys.readouterr().out == "rlpost: cannot write to standard error (No space left on device)\n"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGUSR1, signal.SIGUSR2])
@@ -198,13 +206,16 @@ def test_process_limits_are_raised_or_refused_before_ray(monkeypatch):
         ray_checks.check_limits()
     limits[resource.RLIMIT_NOFILE] = (1024, 1024)
     limits[resource.RLIMIT_FSIZE] = (200 * 1024, 200 * 1024)
-    with pytest.raises(ConfigError, match=r"file size limit \(ulimit -f\) is 200, .*ulimit -f 1048576, or unlimited"):
+    with pytest.raises(ConfigError, match=r"\(ulimit -f\) is 200, .*ulimit -f 1048576 \(KiB\), or unlimited"):
         ray_checks.check_limits()
-    limits[resource.RLIMIT_FSIZE] = (100, inf)  # a soft limit alone: raised
+    limits[resource.RLIMIT_FSIZE] = (100, inf)  # a soft limit alone: raised to what a run needs, no further
     limits[resource.RLIMIT_AS] = (3 << 30, 3 << 30)
-    with pytest.raises(ConfigError, match=r"address space limit \(ulimit -v\) is 3145728"):
+    with pytest.raises(ConfigError, match=r"address space limit \(ulimit -v\) is 3145728, and its hard limit 3145728"):
         ray_checks.check_limits()
-    assert limits[resource.RLIMIT_FSIZE] == (inf, inf)
+    assert limits[resource.RLIMIT_FSIZE] == (1 << 30, inf)
+    limits[resource.RLIMIT_AS] = (100 << 30, inf)  # the user's own soft limit above the need: kept
+    ray_checks.check_limits()
+    assert limits[resource.RLIMIT_AS] == (100 << 30, inf) and limits[resource.RLIMIT_FSIZE] == (1 << 30, inf)
 
 
 def test_a_full_ray_folder_is_refused_before_ray(tmp_path, monkeypatch):
@@ -230,22 +241,29 @@ def test_ray_that_did_not_start_quotes_its_last_error(tmp_path):
         "[2026-11-29 11:10:06,227 E 897 897] dlmalloc.cc:215: mmap failed with error: Cannot allocate memory\n"
         "[2026-11-29 11:10:06,300 I 897 897] main.cc:2: exiting\n"
     )
-    assert (
-        last_ray_error(str(tmp_path)) == "raylet.out: dlmalloc.cc:215: mmap failed with error: Cannot allocate memory"
-    )
-    assert last_ray_error(str(tmp_path / "none")) is None
+    said = "raylet.out: dlmalloc.cc:215: mmap failed with error: Cannot allocate memory"
+    assert last_ray_error(str(tmp_path), datetime(2026, 11, 29, 11, 10)) == said
+    assert last_ray_error(str(tmp_path), datetime(2026, 11, 29, 11, 11)) is None  # another run's, before this one
+    assert last_ray_error(str(tmp_path / "none"), datetime(2026, 11, 29, 11, 10)) is None
 
 
 def test_a_ray_worker_dying_as_the_actors_start_is_said_in_a_line(monkeypatch):
-    """t55: an ActorDiedError from the weight sync's set-up left the run as a 45-line traceback."""
+    """t55: an ActorDiedError from the weight sync's set-up left the run as a 45-line traceback. An
+    error raised in an actor's own code (a RayTaskError) keeps its traceback, which names it."""
     import ray
 
     import rlpost.controller.run as run
     from rlpost.controller.run import WorkersDied
 
+    raised = [ray.exceptions.ActorDiedError()]
+
     def dies(*args, **kwargs):
-        raise ray.exceptions.RayError("The actor died unexpectedly before finishing this task.\nmore lines")
+        raise raised[0]
 
     monkeypatch.setattr(run, "Controller", dies)
-    with pytest.raises(WorkersDied, match=r"died while its actors started \(RayError: The actor died unexpectedly"):
-        run.train(load_config(["+recipe=quickstart"]), log=lambda *_: None)
+    cfg = load_config(["+recipe=quickstart"])
+    with pytest.raises(WorkersDied, match=r"died while its actors started \(ActorDiedError: The actor died unexpected"):
+        run.train(cfg, log=lambda *_: None)
+    raised[0] = ray.exceptions.RayError("an error of the actor's own code")
+    with pytest.raises(ray.exceptions.RayError, match="actor's own code"):
+        run.train(cfg, log=lambda *_: None)

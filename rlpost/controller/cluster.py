@@ -10,6 +10,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -107,11 +108,14 @@ def start_ray(cfg: TrainConfig, log=print) -> None:
 def init_ray(**kwargs) -> None:
     """`ray.init`, whose own SIGTERM handler (in place while it starts, until rlpost's is installed
     again) ends the process with `sys.exit(15)` and no word: that is a stop on SIGTERM, said as one,
-    with what Ray had started shut down."""
+    with what Ray had started shut down. SIGUSR1 and SIGUSR2 are ignored by Ray's processes, which
+    inherit that: Slurm's warning reaches a whole job step, and only the controller stops on it."""
     import signal
 
     from rlpost.controller.signals import Stopped
 
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGUSR1, signal.SIGUSR2)}
+    started = datetime.now()
     try:
         ray.init(**kwargs)
     except SystemExit as e:
@@ -126,33 +130,34 @@ def init_ray(**kwargs) -> None:
         ray.shutdown()
         why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         logs = f"{ray_temp_root()}/ray/session_latest/logs"
-        said = last_ray_error(logs)
-        guess = (  # (cat20's t57: an address-space limit was said as a killed or busy start)
-            f"Its last error: {said}"
-            if said
-            else "A process of it ended as it started (killed from outside, or by the out-of-memory killer) or the "
-            "machine was too busy to start it in time: start the run again"
-        )
+        said = last_ray_error(logs, started)  # (cat20's t57: an address-space limit was said as a killed start)
         raise RayDidNotStart(
             f"Ray's local instance did not start ({why}). Its processes' logs (raylet.out, gcs_server.out) are in "
-            f"{logs}. {guess}"
+            f"{logs}.{f' Its last error: {said}.' if said else ''} Else a process of it ended as it started (killed "
+            "from outside, or by the out-of-memory killer) or the machine was too busy to start it in time: start "
+            "the run again"
         ) from None
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
-def last_ray_error(logs: str) -> str | None:
-    """The last error line (glog's `E` or `F`) of Ray's raylet or GCS log in `logs`, without its prefix."""
+def last_ray_error(logs: str, since: datetime) -> str | None:
+    """The last error line (glog's `E` or `F`) written since `since` to Ray's raylet or GCS log in
+    `logs`, without its prefix (`session_latest` may be another run's that started meanwhile)."""
     found = None
     for name in ("gcs_server.out", "raylet.out"):
         try:
             lines = Path(logs, name).read_text(errors="replace").splitlines()[-500:]
         except OSError:
             continue
-        errors = [m.group(1) for m in map(RAY_ERROR.match, lines) if m]
+        errors = [m.group(2) for m in map(RAY_ERROR.match, lines) if m and m.group(1) >= f"{since:%Y-%m-%d %H:%M:%S}"]
         found = f"{name}: {errors[-1][:240]}" if errors else found
     return found
 
 
-RAY_ERROR = re.compile(r"^\[[^\]]* [EF] \d+ \d+\] (.*\S)")  # [2026-11-29 11:10:06,227 E 897 897] file.cc:1: what
+# a glog line: [2026-11-29 11:10:06,227 E 897 897] file.cc:1: what (its time and what)
+RAY_ERROR = re.compile(r"^\[([\d-]+ [\d:]+),\d+ [EF] \d+ \d+\] (.*\S)")
 
 
 class RayDidNotStart(RuntimeError):

@@ -3,6 +3,7 @@ processes, and name other causes (`check_ray_can_start`, called by `cluster.star
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -70,25 +71,33 @@ def check_ray_can_start() -> None:
 
 SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket path (Linux), which Ray checks as it starts
 RAY_TMP_NEED = 64 << 20  # bytes free in Ray's temporary folder below which it is not started
-LIMITS = {  # what Ray and a run need of each process limit at least (below it: refused, the `ulimit` named)
-    resource.RLIMIT_NOFILE: ("open files", "ulimit -n", 1024, 65536),  # (cat20's t55: 64, the raylet died)
-    resource.RLIMIT_FSIZE: ("file size", "ulimit -f", 1 << 30, None),  # (t56: 200 kB, Ray did not start)
-    resource.RLIMIT_AS: ("address space", "ulimit -v", 64 << 30, None),  # (t57: 3 GB; Ray's store maps GBs)
+LIMITS = {  # (what, its ulimit, the least Ray and a run need, the soft limit it is raised to where lower)
+    resource.RLIMIT_NOFILE: ("open files", "ulimit -n", 1024, 65536),  # (cat20's t55: 64, the raylet died; 65536
+    # as launchers raise it)
+    resource.RLIMIT_FSIZE: ("file size", "ulimit -f", 1 << 30, 1 << 30),  # (t56: 200 kB, Ray did not start)
+    resource.RLIMIT_AS: ("address space", "ulimit -v", 64 << 30, 64 << 30),  # (t57: 3 GB; Ray's object store alone
+    # mapped 7.4 GB on a 24 GB machine: 64 GiB leaves torch and vLLM room, a margin not measured)
 }
 
 
 def check_limits() -> None:
-    """Each soft limit of `LIMITS` raised as far as its hard limit allows (NOFILE to 65536, as launchers
-    do); one still below what Ray and a run need is refused, naming its `ulimit`."""
+    """Each soft limit of `LIMITS` below what it is raised to is raised, as far as its hard limit allows
+    (a soft limit above it is left as the user set it); one still below what Ray and a run need is
+    refused, naming its `ulimit`."""
+    inf = resource.RLIM_INFINITY
     for which, (what, flag, need, want) in LIMITS.items():
         soft, hard = resource.getrlimit(which)
-        goal = hard if want is None else want if hard == resource.RLIM_INFINITY else min(hard, want)
-        if soft != resource.RLIM_INFINITY and (goal == resource.RLIM_INFINITY or soft < goal):
-            resource.setrlimit(which, (goal, hard))
-            soft = goal
-        if soft != resource.RLIM_INFINITY and soft < need:
-            unit, more = (1, "") if which == resource.RLIMIT_NOFILE else (1024, ", or unlimited")  # (-f, -v: KiB)
+        goal = want if hard == inf else min(hard, want)
+        if soft != inf and soft < goal:
+            with contextlib.suppress(ValueError, OSError):  # (a system that does not let it be raised: refused below)
+                resource.setrlimit(which, (goal, hard))
+                soft = goal
+        if soft != inf and soft < need:
+            unit, more = (
+                (1, "") if which == resource.RLIMIT_NOFILE else (1024, " (KiB), or unlimited")
+            )  # (bash counts KiB)
             raise ConfigError(
-                f"this process's {what} limit ({flag}) is {soft // unit}, and its hard limit {hard // unit}: Ray's "
-                f"processes and a run need at least {need // unit}; raise it ({flag} {need // unit}{more})"
+                f"this process's {what} limit ({flag}) is {soft // unit}, and its hard limit "
+                f"{'unlimited' if hard == inf else hard // unit}: Ray's processes and a run need at least "
+                f"{need // unit}; raise it ({flag} {need // unit}{more})"
             )

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from rlpost.config import TrainConfig
 from rlpost.controller.checkpoint import CheckpointError
-from rlpost.controller.cluster import RayDidNotStart
 from rlpost.controller.loop import Controller
 from rlpost.controller.progress import run_time_at
 from rlpost.controller.signals import StopSignals, WorkersGone
@@ -31,8 +30,8 @@ def train(cfg: TrainConfig, log=print) -> Path:
             try:
                 controller = Controller(cfg, log=log, restarts=restarts, stop=stop, started=started)
             except Exception as e:  # (cat20's t55: Ray's raylet died as the actors started, a raw traceback)
-                if is_ray_error(e) and not isinstance(e, RayDidNotStart):
-                    raise died_starting(e) from e
+                if restarts == 0 and stop.signal is None and died(e):  # (an actor's own error: its traceback)
+                    raise died_starting(cfg, e) from e
                 raise
             if restarts == 0 and controller.step > 0:  # resumed by a new process: its time goes on from the step's
                 started = controller.started = started - run_time_at(controller.run_dir, controller.step)
@@ -91,14 +90,23 @@ def workers_died(cfg: TrainConfig, controller: Controller, dead: list[str], rest
     )
 
 
-def died_starting(e: Exception) -> WorkersDied:
+def died(e: BaseException) -> bool:
+    """Whether `e` is a Ray process or node that died (not an error raised in an actor's own code)."""
+    import ray.exceptions as x
+
+    deaths = (x.ActorDiedError, x.ActorUnavailableError, x.NodeDiedError, x.WorkerCrashedError, x.LocalRayletDiedError)
+    return isinstance(e, deaths)
+
+
+def died_starting(cfg: TrainConfig, e: Exception) -> WorkersDied:
     """A Ray worker or node that died while the run's actors started: said in a line, with Ray's logs."""
     from rlpost.controller.ray_checks import ray_temp_root
 
     why = (str(e).strip().splitlines() or [""])[0][:200]
+    logs = "on the cluster's head node" if cfg.cluster.address else f"in {ray_temp_root()}/ray/session_latest/logs"
     return WorkersDied(
-        f"a Ray worker or node of the run died while its actors started ({type(e).__name__}: {why}); nothing was "
-        f"trained. Why is in Ray's logs, {ray_temp_root()}/ray/session_latest/logs (raylet.out first)"
+        f"a Ray worker or node of the run died while its actors started ({type(e).__name__}: {why}); no step was "
+        f"trained in this start. Why is in Ray's logs, {logs} (raylet.out first)"
     )
 
 

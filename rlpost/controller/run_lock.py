@@ -125,8 +125,13 @@ def keep_lock(run_dir: Path, step: int, log=print) -> None:
     if path.exists():
         from rlpost.controller.checkpoint import CheckpointError
 
+        taker = (  # (not "pid None on host None": the review of cat20's t61, t62)
+            f"another run (pid {holder['pid']} on host {holder.get('host')})"
+            if "pid" in holder
+            else "something that names no run (a folder, or bytes that are no lock)"
+        )
         raise CheckpointError(
-            f"{path} was taken by another run (pid {holder.get('pid')} on host {holder.get('host')}) while this one "
+            f"{path} was taken by {taker} while this one "
             f"trained, after step {step} (its lock had been deleted): stopped here so that the two do not write "
             "into one folder; the other may have deleted this run's files (run.overwrite); go on in another run.dir"
         )

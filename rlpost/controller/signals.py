@@ -47,8 +47,8 @@ class StopSignals:
         self.finishing = False  # the steps done: the report and the shutdown finish, whatever comes
         self.ray_gone = lambda: False  # whether Ray's own processes died (`cluster.local_ray_died`, set by `train`)
         self.previous = {s: signal.getsignal(s) for s in STOPS}
-        for s in STOPS[2:]:  # ignored (`nohup`: the user asked to outlive the terminal): left so
-            if self.previous[s] is signal.SIG_IGN:
+        for s in (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):  # ignored (`nohup`: the user asked to outlive
+            if self.previous[s] is signal.SIG_IGN:  # the terminal): left so
                 del self.previous[s]
         self.install()
 

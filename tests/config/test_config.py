@@ -257,7 +257,8 @@ VIOLATIONS = {
     "overwrite_or_resume": [["run.overwrite=true", "trainer.resume=auto"]],
     "critic_folder_exists": [["critic.model_path=/no/such/critic"]],
     "cache_dir_is_a_folder": [[f"model.cache_dir={REPO / 'README.md'}"], ["model.cache_dir="]],
-    "cpu_ranks_fit_the_machine": [["trainer.world_size=512"]],  # (512 sequences a step: one a rank)
+    # 65536 sequences a step, one a rank: past 8 ranks a core on any machine of under 8192 cores
+    "cpu_ranks_fit_the_machine": [["data.train_batch_size=4096", "rollout.n=16", "trainer.world_size=65536"]],
     "reward_model_folder_exists": [["reward.model.path=../no/rm"]],
     "reward_model_scorer": [
         ["reward.model.path=tiny", "reward.model.kind=causal_lm"],

@@ -64,16 +64,18 @@ def same_weights_gap(device: str, tmp_path, lora_overrides=("model.lora.rank=32"
     names = [spec.name for spec in lora.weights.manifests["merged"]]
     merged = dict(zip(names, (t.cpu() for t in lora.weights.export("merged"))))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    model.load_state_dict(merged, strict=False)  # a tied head follows its embedding
+    assert not model.load_state_dict(merged, strict=False).unexpected_keys  # (a tied head follows its embedding)
     model.save_pretrained(tmp_path / "merged")
     AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / "merged")
     full_ft = ActorWorker(cfg("model.path=" + path), str(tmp_path / "merged"), 0, 1, "127.0.0.1", free_port())
     base = ActorWorker(cfg("model.path=" + path), path, 0, 1, "127.0.0.1", free_port())
     batch, _ = _batch(5)
     shard = shard_batch(batch, step_plan(batch, lora.cfg)[1])[0]
-    out = [w.compute_logprobs(shard) for w in (lora, full_ft, base)]
-    for w in (lora, full_ft, base):
-        w.shutdown()
+    try:
+        out = [w.compute_logprobs(shard) for w in (lora, full_ft, base)]
+    finally:
+        for w in (lora, full_ft, base):
+            w.shutdown()
     assert all(torch.equal(o["row_index"], shard["row_index"]) for o in out)
     return [o["old_logprobs"] for o in out], shard["response_mask"]
 

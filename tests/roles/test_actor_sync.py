@@ -351,7 +351,7 @@ def test_merge_mode_log_probs_are_full_fine_tunings_on_the_same_weights(base, ma
     expected = [(n, p.detach().to(torch.bfloat16)) for n, p in model.named_parameters()]
     _, _, got = Rollout(lora).sync(1, expected)
     merged = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    merged.load_state_dict(got, strict=False)  # a tied head follows its embedding
+    assert not merged.load_state_dict(got, strict=False).unexpected_keys  # (a tied head follows its embedding)
     merged.save_pretrained(tmp_path / "merged")
     AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / "merged")
     full_ft = make_worker(config("none", "model.dtype=bfloat16"), str(tmp_path / "merged"))
