@@ -25,6 +25,12 @@ from rlpost.console import Terminated, raise_terminated
 
 def cmd_train(argv: list[str]) -> int:
     """`rlpost train [OVERRIDE ...] [--cfg job] [-m] [-h]` (rlpost/config/command_line.py)."""
+    from rlpost.limits import LimitError, check_limits
+
+    try:  # before torch loads (rlpost.config imports it): a low `ulimit -v` failed in its import (cat21's t41)
+        check_limits()
+    except LimitError as e:
+        return print(f"rlpost: {e}", file=sys.stderr) or 2
     from rlpost.config import ConfigError
     from rlpost.config.command_line import parse_train_args, repeated_keys, train_help
     from rlpost.config.compose import RECIPE_DIR

@@ -193,24 +193,25 @@ def test_cpu_ranks_beyond_the_cores_are_refused_before_ray(monkeypatch):
 def test_process_limits_are_raised_or_refused_before_ray(monkeypatch):
     """t55-t57: `ulimit -n 64` killed Ray's raylet as the actors started (a raw traceback); `ulimit -f`
     and `ulimit -v` were said as a killed or busy start, "start the run again"."""
-    from rlpost.controller import ray_checks
+    from rlpost import limits as ray_checks
+    from rlpost.limits import LimitError
 
     inf = resource.RLIM_INFINITY
-    limits = {resource.RLIMIT_NOFILE: (64, 100000), resource.RLIMIT_FSIZE: (inf, inf), resource.RLIMIT_AS: (inf, inf)}
+    limits = {which: (inf, inf) for which in ray_checks.LIMITS} | {resource.RLIMIT_NOFILE: (64, 100000)}
     monkeypatch.setattr(ray_checks.resource, "getrlimit", lambda which: limits[which])
     monkeypatch.setattr(ray_checks.resource, "setrlimit", lambda which, pair: limits.__setitem__(which, pair))
     ray_checks.check_limits()
     assert limits[resource.RLIMIT_NOFILE] == (65536, 100000)  # the soft limit raised, as launchers do
     limits[resource.RLIMIT_NOFILE] = (64, 64)
-    with pytest.raises(ConfigError, match=r"open files limit \(ulimit -n\) is 64, and its hard limit 64"):
+    with pytest.raises(LimitError, match=r"open files limit \(ulimit -n\) is 64, and its hard limit 64"):
         ray_checks.check_limits()
     limits[resource.RLIMIT_NOFILE] = (1024, 1024)
     limits[resource.RLIMIT_FSIZE] = (200 * 1024, 200 * 1024)
-    with pytest.raises(ConfigError, match=r"\(ulimit -f\) is 200, .*ulimit -f 1048576 \(KiB\), or unlimited"):
+    with pytest.raises(LimitError, match=r"\(ulimit -f\) is 200, .*ulimit -f 1048576 \(KiB\), or unlimited"):
         ray_checks.check_limits()
     limits[resource.RLIMIT_FSIZE] = (100, inf)  # a soft limit alone: raised to what a run needs, no further
     limits[resource.RLIMIT_AS] = (3 << 30, 3 << 30)
-    with pytest.raises(ConfigError, match=r"address space limit \(ulimit -v\) is 3145728, and its hard limit 3145728"):
+    with pytest.raises(LimitError, match=r"address space limit \(ulimit -v\) is 3145728, and its hard limit 3145728"):
         ray_checks.check_limits()
     assert limits[resource.RLIMIT_FSIZE] == (1 << 30, inf)
     limits[resource.RLIMIT_AS] = (100 << 30, inf)  # the user's own soft limit above the need: kept

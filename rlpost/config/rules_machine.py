@@ -175,7 +175,7 @@ CPU_RANKS_A_CORE = 8  # (the tests run 4 ranks on 2 cores)
 def cpu_ranks_fit_the_machine(cfg):
     """A local CPU run's trainer ranks are processes of this machine (cat20's t164: 64 ranks on 2 cores
     started for minutes with nothing but Ray's warnings)."""
-    t, cores = cfg.trainer, os.cpu_count() or 1
+    t, cores = cfg.trainer, len(os.sched_getaffinity(0)) or 1  # the cores it may use (`taskset`: cat21's t133)
     if t.device == "cpu" and not cfg.cluster.address and t.world_size > CPU_RANKS_A_CORE * cores:
         return (
             f"trainer.world_size={t.world_size}: a CPU run's trainer ranks are processes of this machine, which has "

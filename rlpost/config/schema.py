@@ -65,7 +65,9 @@ class TinyModelConfig:
         ge=0,
         le=1,
     )
-    warmup_threads: int = knob(2, "torch threads of the warm-up (it runs before the actors start).", ge=1)
+    warmup_threads: int = knob(  # (100000 crashed torch: cat21's t131)
+        2, "torch threads of the warm-up (it runs before the actors start).", ge=1, le=1024
+    )
     eval_samples: int = knob(
         16,
         "Samples per held-out problem for the start model's pass@k, measured once when "
@@ -235,7 +237,7 @@ class RolloutConfig:
 @dataclass
 class OptimConfig:
     lr: float = knob(1e-6, "AdamW learning rate (0 freezes the weights: the gradient tests use it).", ge=0)
-    weight_decay: float = knob(0.0, "AdamW decoupled weight decay.", ge=0)
+    weight_decay: float = knob(0.0, "AdamW decoupled weight decay (0.01-0.1 is usual).", ge=0, le=1)
     betas: list = knob([0.9, 0.999], "AdamW betas.")
     eps: float = knob(1e-8, "AdamW epsilon.", gt=0)
     grad_clip: float = knob(1.0, "Clip the global gradient norm to this (0 = off).", ge=0)
@@ -290,6 +292,7 @@ class TrainerConfig:
         "sampler and log the start model's pass@1..k (`start/pass@k`): the headroom RL can use "
         "(docs/learnable-start.md). 0 = off; a built tiny model reports its own.",
         ge=0,
+        le=1024,
     )
     save_every: int = knob(0, "Checkpoint every this many steps (0 = never).", ge=0)
     profile_step: int = knob(

@@ -145,7 +145,9 @@ class ClusterConfig:
         "`colocate`: rollout shares the trainer's devices and takes turns; `split`: disjoint devices.",
         ("colocate", "split"),
     )
-    num_threads: int = knob(1, "torch/OMP threads per actor (more threads on busy cores run slower).", ge=1)
+    num_threads: int = knob(  # (100000: Ray did not start, then a crash: cat21's t132)
+        1, "torch/OMP threads per actor (more threads on busy cores run slower).", ge=1, le=1024
+    )
     stall_warn_s: float = knob(
         300.0, "Each time a call to the actors (generate, update, sync...) runs this long, say what still runs.", gt=0
     )

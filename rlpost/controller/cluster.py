@@ -108,13 +108,11 @@ def start_ray(cfg: TrainConfig, log=print) -> None:
 def init_ray(**kwargs) -> None:
     """`ray.init`, whose own SIGTERM handler (in place while it starts, until rlpost's is installed
     again) ends the process with `sys.exit(15)` and no word: that is a stop on SIGTERM, said as one,
-    with what Ray had started shut down. SIGUSR1 and SIGUSR2 are ignored by Ray's processes, which
-    inherit that: Slurm's warning reaches a whole job step, and only the controller stops on it."""
+    with what Ray had started shut down."""
     import signal
 
     from rlpost.controller.signals import Stopped
 
-    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGUSR1, signal.SIGUSR2)}
     started = datetime.now()
     try:
         ray.init(**kwargs)
@@ -137,9 +135,6 @@ def init_ray(**kwargs) -> None:
             "from outside, or by the out-of-memory killer) or the machine was too busy to start it in time: start "
             "the run again"
         ) from None
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def last_ray_error(logs: str, since: datetime) -> str | None:

@@ -3,14 +3,13 @@ processes, and name other causes (`check_ray_can_start`, called by `cluster.star
 
 from __future__ import annotations
 
-import contextlib
 import os
-import resource
 import shutil
 import sys
 from pathlib import Path
 
 from rlpost.config import ConfigError
+from rlpost.limits import LimitError, check_limits
 
 
 def ray_temp_root() -> str:
@@ -52,7 +51,10 @@ def check_ray_can_start() -> None:
             f"the temporary folder {root!r} (TMPDIR, or RAY_TMPDIR) cannot be written: Ray keeps its sessions "
             "there; set TMPDIR to a folder you can write, e.g. /tmp"
         )
-    check_limits()
+    try:
+        check_limits()  # (again: `rlpost train` checks them before torch loads, a library call here)
+    except LimitError as e:
+        raise ConfigError(str(e)) from None
     free = shutil.disk_usage(ray_dir if os.path.isdir(ray_dir := f"{root}/ray") else root).free  # (cat20's t59b)
     if free < RAY_TMP_NEED:  # a full disk: Ray's start timed out after 40 s, a raw traceback (cat12's t158)
         raise ConfigError(
@@ -71,33 +73,3 @@ def check_ray_can_start() -> None:
 
 SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket path (Linux), which Ray checks as it starts
 RAY_TMP_NEED = 64 << 20  # bytes free in Ray's temporary folder below which it is not started
-LIMITS = {  # (what, its ulimit, the least Ray and a run need, the soft limit it is raised to where lower)
-    resource.RLIMIT_NOFILE: ("open files", "ulimit -n", 1024, 65536),  # (cat20's t55: 64, the raylet died; 65536
-    # as launchers raise it)
-    resource.RLIMIT_FSIZE: ("file size", "ulimit -f", 1 << 30, 1 << 30),  # (t56: 200 kB, Ray did not start)
-    resource.RLIMIT_AS: ("address space", "ulimit -v", 64 << 30, 64 << 30),  # (t57: 3 GB; Ray's object store alone
-    # mapped 7.4 GB on a 24 GB machine: 64 GiB leaves torch and vLLM room, a margin not measured)
-}
-
-
-def check_limits() -> None:
-    """Each soft limit of `LIMITS` below what it is raised to is raised, as far as its hard limit allows
-    (a soft limit above it is left as the user set it); one still below what Ray and a run need is
-    refused, naming its `ulimit`."""
-    inf = resource.RLIM_INFINITY
-    for which, (what, flag, need, want) in LIMITS.items():
-        soft, hard = resource.getrlimit(which)
-        goal = want if hard == inf else min(hard, want)
-        if soft != inf and soft < goal:
-            with contextlib.suppress(ValueError, OSError):  # (a system that does not let it be raised: refused below)
-                resource.setrlimit(which, (goal, hard))
-                soft = goal
-        if soft != inf and soft < need:
-            unit, more = (
-                (1, "") if which == resource.RLIMIT_NOFILE else (1024, " (KiB), or unlimited")
-            )  # (bash counts KiB)
-            raise ConfigError(
-                f"this process's {what} limit ({flag}) is {soft // unit}, and its hard limit "
-                f"{'unlimited' if hard == inf else hard // unit}: Ray's processes and a run need at least "
-                f"{need // unit}; raise it ({flag} {need // unit}{more})"
-            )

@@ -86,11 +86,20 @@ def _take_lock(run_dir: Path, path: Path, me: dict, log) -> None:
 
 
 def read_lock(path: Path) -> dict:
+    """The lock's fields; {} for one being written or damaged, and no `pid` where it names no process
+    a run can be (0, -1, true, 2**40: os.kill took them, or overflowed: cat21's t103-t106)."""
     try:
         found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}  # being written, or damaged: not taken over
-    return found if isinstance(found, dict) else {}
+    if not isinstance(found, dict):
+        return {}
+    pid = found.get("pid")
+    valid = isinstance(pid, int) and not isinstance(pid, bool) and 0 < pid <= PID_MAX
+    return found if valid else {k: v for k, v in found.items() if k != "pid"}
+
+
+PID_MAX = 2**22  # Linux's largest pid_max
 
 
 def not_a_lock(run_dir: Path, path: Path) -> str:

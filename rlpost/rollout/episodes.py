@@ -227,10 +227,10 @@ def step_problem(step) -> str | None:
         return f"returned done={step.done!r} ({type(step.done).__name__}), not True or False"
     messages = step.messages if isinstance(step.messages, list) else [step.messages]
     for m in messages:
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m):
-            return (
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))):
+            return (  # (content None was an empty tool turn, no error counted: cat21's t128b)
                 f"returned a message {m!r} ({type(m).__name__}); each of EnvStep.messages is a dict "
-                "{'role': ..., 'content': ...}"
+                "{'role': ..., 'content': ...} whose content is text (or a list of parts)"
             )
     return None
 

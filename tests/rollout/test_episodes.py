@@ -272,6 +272,14 @@ class StringMessageEnv(ScriptedEnv):
         return EnvStep(["No, try again."], out.reward, out.done) if turn.index >= 1 else out
 
 
+class NoContentEnv(ScriptedEnv):
+    """Its second step's tool message has `content: None` (cat21's t128b: an empty tool turn, no error)."""
+
+    def step(self, turn: Turn) -> EnvStep:
+        out = super().step(turn)
+        return EnvStep([{"role": "tool", "content": None}], out.reward, out.done) if turn.index >= 1 else out
+
+
 class StringDoneEnv(ScriptedEnv):
     """The user's environment whose second step says done="no" (the eleventh catalogue's t33: a
     truthy string ended every episode at that turn and dropped its message, with nothing said)."""
@@ -294,7 +302,12 @@ class StringDoneEnv(ScriptedEnv):
         (
             StringMessageEnv,
             "returned a message 'No, try again.' (str); each of EnvStep.messages is a dict "
-            "{'role': ..., 'content': ...}",
+            "{'role': ..., 'content': ...} whose content is text (or a list of parts)",
+        ),
+        (
+            NoContentEnv,
+            "returned a message {'role': 'tool', 'content': None} (dict); each of EnvStep.messages is a dict "
+            "{'role': ..., 'content': ...} whose content is text (or a list of parts)",
         ),
     ],
 )
