@@ -51,6 +51,7 @@ MAY_IMPORT = {
         "config",
         "data",
         "envs",
+        "limits",  # rlpost/limits.py (stdlib only): the process limits, checked again before a local Ray
         "metrics",
         "models",
         "rewards",
