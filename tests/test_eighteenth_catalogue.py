@@ -200,7 +200,7 @@ def test_a_sweep_numbers_its_jobs_one_way_and_goes_on_without_overwrite(tmp_path
     from rlpost import cli
 
     class FakeJob:
-        def __init__(self, command):
+        def __init__(self, command, **kwargs):
             self.command = command
 
         def wait(self):

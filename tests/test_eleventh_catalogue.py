@@ -42,7 +42,7 @@ def test_a_sweep_whose_job_had_finished_when_the_signal_came_does_not_say_to_res
     from rlpost import cli
 
     class Finished:  # the job: ends well (exit 0) though it got the signal
-        def __init__(self, command):
+        def __init__(self, command, **kwargs):
             pass
 
         def send_signal(self, signum):

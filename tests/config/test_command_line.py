@@ -59,7 +59,7 @@ def test_multirun_checks_every_job_then_runs_them_one_by_one_into_numbered_folde
     ran = []
 
     class FakeJob:
-        def __init__(self, command):
+        def __init__(self, command, **kwargs):
             ran.append(command)
 
         def wait(self):
@@ -112,8 +112,8 @@ def test_a_signal_to_a_sweep_goes_to_its_job_which_it_waits_for(tmp_path, monkey
     jobs = []
 
     class Job:
-        def __init__(self, command):
-            self.command, self.got = command, []
+        def __init__(self, command, **kwargs):
+            self.command, self.got, self.kwargs = command, [], kwargs
             jobs.append(self)
 
         def send_signal(self, signum):
@@ -128,6 +128,7 @@ def test_a_signal_to_a_sweep_goes_to_its_job_which_it_waits_for(tmp_path, monkey
     argv = ["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path / 's'}", "run.seed=0,1"]
     assert cli.main(argv) == 128 + signal.SIGTERM
     assert len(jobs) == 1 and jobs[0].got == [signal.SIGTERM]  # passed on; the second job never started
+    assert jobs[0].kwargs == {"start_new_session": True}  # a signal to the sweep's group reaches it once, forwarded
     err = capsys.readouterr().err
     assert err.rstrip().endswith(
         f"sweep stopped by SIGTERM in job 0 (exit 143); jobs 1.. did not run; to go on with the sweep: rlpost train -m "
@@ -137,7 +138,7 @@ def test_a_signal_to_a_sweep_goes_to_its_job_which_it_waits_for(tmp_path, monkey
 
 
 def test_multirun_refuses_before_any_run_when_one_job_is_bad(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(subprocess, "Popen", lambda command: pytest.fail("a run started"))
+    monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: pytest.fail("a run started"))
     argv = ["train", "-m", "+recipe=quickstart", f"run.dir={tmp_path / 's'}", "trainer.world_size=1,3"]
     assert cli.main(argv) == 2
     assert "trainer.world_size=3 does not divide" in capsys.readouterr().err
@@ -216,7 +217,7 @@ def test_a_sweep_given_again_with_run_overwrite_starts_anew(tmp_path, monkeypatc
     ran = []
 
     class FakeJob:
-        def __init__(self, command):
+        def __init__(self, command, **kwargs):
             ran.append(command)
 
         def wait(self):
