@@ -91,17 +91,18 @@ def sync_from_thread(named, expected, load, loaded, version: int, bucket_bytes: 
     return stats
 
 
-def ragged_generation(seed: int, rows: int = 8, multi_turn: bool = False):
-    """(a generation-layout batch of `rows` rows of random tokens: left-padded prompts of 2-5 tokens,
-    right-padded responses of 1-4, loss on every response token; the generator, for further draws).
-    `multi_turn`: responses of 4-10 tokens, each a model turn, an environment's answer (no loss)
-    and a second model turn, of random lengths."""
+def ragged_generation(seed: int, rows: int = 8, multi_turn: bool = False, lengths=None, vocab: int = 60):
+    """(a generation-layout batch of `rows` rows of random tokens below `vocab`: left-padded prompts of
+    2-5 tokens, right-padded responses of 1-4 (`lengths`: [(lo, hi) of prompts, of responses], hi
+    excluded), loss on every response token; the generator, for further draws). `multi_turn`:
+    responses of 4-10 tokens, each a model turn, an environment's answer (no loss) and a second
+    model turn, of random lengths."""
     from rlpost.data.padding import left_pad, right_pad
 
     g = torch.Generator().manual_seed(seed)
-    lengths = [(2, 6), (4, 11) if multi_turn else (1, 5)]
+    lengths = lengths or [(2, 6), (4, 11) if multi_turn else (1, 5)]
     prompts, responses = (
-        [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(lo, hi, (rows,), generator=g)]
+        [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(lo, hi, (rows,), generator=g)]
         for lo, hi in lengths
     )
     prompt_ids, prompt_mask = left_pad(prompts, 0)

@@ -9,32 +9,14 @@ import pytest
 import torch
 
 from rlpost.weightsync.transport import free_port
+from tests.helpers import ragged_generation
 
 pytestmark = pytest.mark.gpu
 
 
-def _batch(seed: int, rows: int = 16):
-    """Random tokens of SmolLM2's vocabulary: left-padded prompts of 20-60, right-padded responses
-    of 1-160 tokens, loss on every response token."""
-    from rlpost.data.batch import Batch
-    from rlpost.data.padding import left_pad, right_pad
-
-    g = torch.Generator().manual_seed(seed)
-    draw = lambda lo, hi: [  # noqa: E731
-        torch.randint(3, 49000, (int(n),), generator=g).tolist() for n in torch.randint(lo, hi, (rows,), generator=g)
-    ]
-    prompt_ids, prompt_mask = left_pad(draw(20, 61), 0)
-    response_ids, response_mask = right_pad(draw(1, 161), 0)
-    batch = Batch(
-        {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": prompt_mask,
-            "response_ids": response_ids,
-            "response_mask": response_mask,
-            "loss_mask": response_mask.clone(),
-        }
-    )
-    return batch, g
+def _batch(seed: int):
+    """16 rows of random tokens of SmolLM2's vocabulary: prompts of 20-60 tokens, responses of 1-160."""
+    return ragged_generation(seed, 16, lengths=[(20, 61), (1, 161)], vocab=49000)
 
 
 def same_weights_gap(device: str, tmp_path, lora_overrides=("model.lora.rank=32", "model.lora.alpha=64")):
